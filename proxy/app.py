@@ -1,0 +1,98 @@
+"""The app factory: builds the adapters once, wires them into the broker and the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from proxy import __version__
+from proxy.core.broker import Broker
+from proxy.core.errors import TrajproxyError
+from proxy.http.agent import agent_routes
+from proxy.http.edge import redact, status_of
+from proxy.http.trainer import trainer_routes
+from proxy.settings import Settings
+from proxy.storage.sql import SqlStore
+from proxy.tokens import TiktokenCounter
+
+log = logging.getLogger("trajproxy")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    store = SqlStore(settings.database_url)
+    tokens = TiktokenCounter()
+    broker = Broker(store, tokens, turn_timeout_s=settings.turn_timeout_s, lease_s=settings.lease_s)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await store.open()
+        warm = asyncio.ensure_future(asyncio.to_thread(tokens.warm_up))
+        try:
+            yield
+        finally:
+            warm.cancel()
+            await broker.drain()
+            await store.close()
+
+    app = FastAPI(
+        title="trajproxy",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url="/api/docs",
+        openapi_url="/api/openapi.json",
+        redoc_url=None,
+    )
+    app.state.broker = broker
+    app.include_router(agent_routes(broker, settings))
+    app.include_router(trainer_routes(broker, settings))
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> Response:
+        status = {"status": "ok", "open_turns": broker.open_turns, "ready_turns": broker.ready_turns}
+        return Response(orjson.dumps(status), media_type="application/json")
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def root() -> Response:
+        return Response(orjson.dumps({"name": "trajproxy", "version": __version__}), media_type="application/json")
+
+    app.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    return app
+
+
+def error_response(status: int, kind: str, message: str) -> Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+async def _domain_error(_request: Request, error: TrajproxyError) -> Response:
+    return error_response(status_of(error), error.kind, error.message)
+
+
+async def _invalid(_request: Request, error: RequestValidationError) -> Response:
+    problems = error.errors()
+    if any(problem.get("type") == "json_invalid" for problem in problems):
+        return error_response(400, "invalid_request_error", "request body is not valid JSON")
+    described = "; ".join(
+        f"{'.'.join(str(part) for part in problem.get('loc', ()))}: {problem.get('msg')}" for problem in problems
+    )
+    return error_response(422, "invalid_request_error", f"invalid request: {described}")
+
+
+async def _http_error(request: Request, error: HTTPException) -> Response:
+    if error.status_code == 404:
+        message = f"no route {request.method} {redact(request.url.path)}"
+        return error_response(404, "not_found_error", message)
+    if error.status_code == 405:
+        message = f"{request.method} is not allowed on {redact(request.url.path)}"
+        return error_response(405, "invalid_request_error", message)
+    return error_response(error.status_code, "error", str(error.detail))

@@ -1,0 +1,1 @@
+"""The domain core: episodes, turns, parking, leases and rewards; no web framework, ORM or SDK imports."""

@@ -1,0 +1,379 @@
+"""The broker: agents' calls become parked turns, trainers pull and answer them, every step is recorded.
+
+Promises kept here: a turn is committed to the store before any trainer can see it, and a reply is
+committed before its agent receives it. Cleanup of an open turn (answer, timeout, agent gone, episode
+finished) always goes through `_close`, which settles the turn in the parking lot exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, TurnClosed, TurnTimeout, Unauthorized
+from proxy.core.keys import hash_key, new_id, new_key, same_secret
+from proxy.core.parking import ParkingLot, Slot
+from proxy.core.ports import Store, TokenCounter
+from proxy.core.values import (
+    Episode,
+    EpisodeStatus,
+    JsonObject,
+    Reply,
+    Reward,
+    Turn,
+    TurnStatus,
+    Usage,
+)
+
+log = logging.getLogger("trajproxy")
+
+_RECENT_TURNS = 4096
+_COUNT_OFF_LOOP_BYTES = 32 * 1024
+
+
+@dataclass(eq=False, slots=True)
+class _Live:
+    """An open episode this process serves: its latest state and the next turn number."""
+
+    episode: Episode
+    next_seq: int
+
+
+class Broker:
+    def __init__(
+        self,
+        store: Store,
+        tokens: TokenCounter,
+        *,
+        turn_timeout_s: float,
+        lease_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._tokens = tokens
+        self._turn_timeout_s = turn_timeout_s
+        self._lease_s = lease_s
+        self._now = clock
+        self._lot = ParkingLot(on_lease_expired=self._lease_expired)
+        self._live: dict[str, _Live] = {}
+        self._live_by_key: dict[str, _Live] = {}
+        self._recent: OrderedDict[str, Turn] = OrderedDict()
+        self._background: set[asyncio.Future[Any]] = set()
+
+    @property
+    def open_turns(self) -> int:
+        return len(self._lot)
+
+    @property
+    def ready_turns(self) -> int:
+        return self._lot.ready_count
+
+    async def drain(self) -> None:
+        """Wait for background writes (state changes nobody is waiting on) to be committed."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # Episodes
+
+    async def create_episode(
+        self, task: str, metadata: JsonObject, turn_timeout_s: float | None = None
+    ) -> tuple[Episode, str]:
+        """Record a new episode; returns it with its key, which is never stored in the clear."""
+        key = new_key()
+        episode = Episode(
+            id=new_id("ep"),
+            key_hash=hash_key(key),
+            task=task,
+            metadata=metadata,
+            status=EpisodeStatus.PENDING,
+            created_at=self._now(),
+            turn_timeout_s=turn_timeout_s,
+        )
+        await self._store.add_episode(episode)
+        self._remember(episode, next_seq=0)
+        return episode, key
+
+    async def authenticate(self, key: str | None) -> Episode:
+        if not key:
+            raise Unauthorized(
+                "missing episode key: send it as 'Authorization: Bearer <key>', as 'x-api-key: <key>', "
+                "or in the path as /e/<key>/v1/..."
+            )
+        key_hash = hash_key(key)
+        live = self._live_by_key.get(key_hash)
+        episode = live.episode if live else await self._store.episode_by_key_hash(key_hash)
+        if episode is None or not same_secret(episode.key_hash, key_hash):
+            raise Unauthorized("unknown episode key: create an episode with POST /api/episodes and use its key")
+        if live is None and not episode.status.closed:
+            await self._live_episode(episode.id)
+        return episode
+
+    async def episode(self, episode_id: str) -> Episode:
+        live = self._live.get(episode_id)
+        episode = live.episode if live else await self._store.episode(episode_id)
+        if episode is None:
+            raise NotFound(f"no episode {episode_id!r}")
+        return episode
+
+    async def episodes(self, status: EpisodeStatus | None, limit: int, offset: int) -> list[Episode]:
+        return await self._store.episodes(status, limit, offset)
+
+    async def finish(self, episode_id: str, status: EpisodeStatus, reason: str | None) -> Episode:
+        """Close an episode; its open turns fail and their agents get an 'episode closed' error."""
+        if not status.closed:
+            raise BadRequest(f"an episode can only be finished as finished, failed or cancelled, not {status}")
+        episode = await self.episode(episode_id)
+        if episode.status.closed:
+            if episode.status is status:
+                return episode
+            raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
+        episode = replace(episode, status=status, reason=reason, ended_at=self._now())
+        live = self._live.pop(episode_id, None)
+        if live is not None:
+            live.episode = episode
+            self._live_by_key.pop(episode.key_hash, None)
+        why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
+        slots = self._lot.of_episode(episode_id)
+        closed = [turn for slot in slots if (turn := self._close(slot, TurnStatus.FAILED, why))]
+        await asyncio.gather(self._store.save_episode(episode), self._store.save_turns(closed))
+        for slot in slots:
+            if not slot.answer.done():
+                slot.answer.set_exception(EpisodeClosed(why))
+        return episode
+
+    # Agent side
+
+    async def park(self, episode_id: str, dialect: str, request: JsonObject, wire: bytes, *, stream: bool) -> Slot:
+        """Record the agent's call as a new turn and park it for a trainer to pull."""
+        live = await self._live_episode(episode_id)
+        if live is None:
+            raise self._closed_error(await self.episode(episode_id))
+        now = self._now()
+        model = request.get("model")
+        turn = Turn(
+            id=new_id("tu"),
+            episode_id=episode_id,
+            seq=live.next_seq,
+            dialect=dialect,
+            request=request,
+            wire=wire,
+            stream=stream,
+            status=TurnStatus.PARKED,
+            created_at=now,
+            model=model if isinstance(model, str) else None,
+        )
+        live.next_seq += 1
+        if live.episode.status is EpisodeStatus.PENDING:
+            live.episode = replace(live.episode, status=EpisodeStatus.RUNNING, started_at=now)
+            self._submit(self._store.save_episode(live.episode))
+        await self._store.add_turn(turn)
+        if live.episode.status.closed:
+            failed = replace(turn, status=TurnStatus.FAILED, ended_at=self._now(), reason="episode closed")
+            self._submit(self._store.save_turns([failed]))
+            raise self._closed_error(live.episode)
+        return self._lot.park(turn)
+
+    async def wait_for_reply(self, slot: Slot, episode: Episode) -> Turn:
+        """Wait for the trainer's reply to a parked turn; expire the turn if none comes in time."""
+        timeout_s = episode.turn_timeout_s or self._turn_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(slot.answer)
+        except TimeoutError:
+            expired = self._close(slot, TurnStatus.EXPIRED, f"no reply within the turn timeout of {timeout_s:g} s")
+            if expired is None:  # answered (or closed) at the last moment: honour that instead
+                return await slot.answer
+            await self._store.save_turns([expired])
+            raise TurnTimeout(
+                f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
+            ) from None
+
+    def leave(self, slot: Slot) -> None:
+        """The agent is gone: an unanswered turn is abandoned and never handed to a trainer again."""
+        abandoned = self._close(slot, TurnStatus.ABANDONED, "the agent disconnected before a reply")
+        if abandoned is not None:
+            self._submit(self._store.save_turns([abandoned]))
+
+    # Trainer side
+
+    async def pull(self, episode_id: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> list[Turn]:
+        """Lease up to `max_turns` parked turns, waiting up to `wait_s` for the first one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not (slots := self._lot.take(episode_id, max_turns, lease_s or self._lease_s, self._now())):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await self._lot.wait(episode_id, remaining)
+        turns = [slot.turn for slot in slots]
+        try:
+            await asyncio.shield(self._store.save_turns(turns))
+        except asyncio.CancelledError:
+            self.release(turns)
+            raise
+        return turns
+
+    def release(self, turns: Sequence[Turn]) -> None:
+        """Give back leased turns whose poller went away before receiving them."""
+        for turn in turns:
+            slot = self._lot.get(turn.id)
+            if slot is not None and slot.turn.lease_id == turn.lease_id:
+                self._lot.release(slot)
+                self._submit(self._store.save_turns([slot.turn]))
+
+    async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:
+        """Answer a turn. The same reply again succeeds; a different one is a conflict."""
+        slot = self._lot.get(turn_id)
+        if slot is None:
+            return await self._replied_before(turn_id, reply)
+        if lease_id is not None and slot.turn.lease_id != lease_id:
+            raise Conflict(
+                f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; "
+                "this reply was not recorded"
+            )
+        reply = await self._with_usage(slot.turn, reply)
+        if self._lot.get(turn_id) is not slot:  # settled while tokens were counted
+            return await self._replied_before(turn_id, reply)
+        now = self._now()
+        answered = self._close(slot, TurnStatus.ANSWERED, None, reply=reply, answered_at=now)
+        assert answered is not None
+        written = asyncio.ensure_future(self._store.save_turns([answered]))
+        written.add_done_callback(lambda done: _resolve(slot.answer, done, answered))
+        await asyncio.shield(written)
+        return answered
+
+    async def add_reward(
+        self,
+        episode_id: str,
+        name: str,
+        value: float,
+        *,
+        source: str,
+        info: JsonObject,
+        turn_id: str | None = None,
+    ) -> Reward:
+        if not math.isfinite(value):
+            raise BadRequest(f"reward {name!r} must be a finite number, not {value}")
+        await self.episode(episode_id)
+        if turn_id is not None:
+            turn = await self.turn(turn_id)
+            if turn.episode_id != episode_id:
+                raise NotFound(f"episode {episode_id} has no turn {turn_id!r}")
+        reward = Reward(
+            id=new_id("rw"),
+            episode_id=episode_id,
+            name=name,
+            value=value,
+            source=source,
+            created_at=self._now(),
+            turn_id=turn_id,
+            info=info,
+        )
+        await self._store.add_reward(reward)
+        return reward
+
+    async def turn(self, turn_id: str) -> Turn:
+        slot = self._lot.get(turn_id)
+        turn = slot.turn if slot else self._recent.get(turn_id) or await self._store.turn(turn_id)
+        if turn is None:
+            raise NotFound(f"no turn {turn_id!r}")
+        return turn
+
+    async def trajectory(self, episode_id: str) -> tuple[Episode, list[Turn], list[Reward]]:
+        episode = await self.episode(episode_id)
+        await self.drain()
+        turns, rewards = await asyncio.gather(self._store.turns(episode_id), self._store.rewards(episode_id))
+        return episode, turns, rewards
+
+    # Internals
+
+    def _close(self, slot: Slot, status: TurnStatus, reason: str | None, **changes: Any) -> Turn | None:
+        """Settle an open turn once, whatever ended it; None if something else settled it first."""
+        if self._lot.settle(slot.turn.id) is None:
+            return None
+        turn = replace(slot.turn, status=status, reason=reason, ended_at=self._now(), lease_id=None, **changes)
+        slot.turn = turn
+        self._recent[turn.id] = turn
+        if len(self._recent) > _RECENT_TURNS:
+            self._recent.popitem(last=False)
+        return turn
+
+    async def _replied_before(self, turn_id: str, reply: Reply) -> Turn:
+        turn = await self.turn(turn_id)
+        if turn.status is TurnStatus.ANSWERED:
+            if turn.reply is not None and _same_reply(turn.reply, reply):
+                return turn
+            raise Conflict(f"turn {turn_id} already has a different reply; replies cannot be changed")
+        if turn.status.open:
+            raise TurnClosed(f"turn {turn_id} is not waiting on this proxy any more; its agent is gone")
+        raise TurnClosed(f"turn {turn_id} is {turn.status} ({turn.reason}); it can no longer be answered")
+
+    async def _with_usage(self, turn: Turn, reply: Reply) -> Reply:
+        if reply.usage is not None or reply.message is None:
+            return reply
+        message = reply.message
+
+        def count() -> Usage:
+            return Usage(self._tokens.count_prompt(turn.request), self._tokens.count_completion(message))
+
+        usage = await asyncio.to_thread(count) if len(turn.wire) > _COUNT_OFF_LOOP_BYTES else count()
+        return replace(reply, usage=usage)
+
+    async def _live_episode(self, episode_id: str) -> _Live | None:
+        """The live state of an open episode, loaded from the store if this process has not seen it."""
+        live = self._live.get(episode_id)
+        if live is not None:
+            return live
+        episode = await self._store.episode(episode_id)
+        if episode is None or episode.status.closed:
+            return None
+        next_seq = await self._store.next_seq(episode_id)
+        return self._live.get(episode_id) or self._remember(episode, next_seq)
+
+    def _remember(self, episode: Episode, next_seq: int) -> _Live:
+        live = _Live(episode, next_seq)
+        self._live[episode.id] = live
+        self._live_by_key[episode.key_hash] = live
+        return live
+
+    def _lease_expired(self, slot: Slot) -> None:
+        log.info("lease on turn %s expired; it is back in the queue", slot.turn.id)
+        self._submit(self._store.save_turns([slot.turn]))
+
+    def _submit(self, write: Awaitable[None]) -> None:
+        future = asyncio.ensure_future(write)
+        self._background.add(future)
+        future.add_done_callback(self._written)
+
+    def _written(self, future: asyncio.Future[Any]) -> None:
+        self._background.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("a background write failed", exc_info=future.exception())
+
+    @staticmethod
+    def _closed_error(episode: Episode) -> EpisodeClosed:
+        why = f": {episode.reason}" if episode.reason else ""
+        return EpisodeClosed(f"episode {episode.id} is {episode.status}{why}; it takes no more calls")
+
+
+def _same_reply(recorded: Reply, offered: Reply) -> bool:
+    if offered.usage is None:
+        recorded = replace(recorded, usage=None)
+    return recorded == offered
+
+
+def _resolve(answer: asyncio.Future[Turn], written: asyncio.Future[None], turn: Turn) -> None:
+    if answer.done():
+        return
+    if written.cancelled():
+        answer.cancel()
+    elif (error := written.exception()) is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(turn)

@@ -1,0 +1,59 @@
+"""The one tree of domain errors; each dialect maps it, once, to its own error shape at the edge.
+
+TrajproxyError
+├── BadRequest          the input is malformed or invalid
+│   └── PayloadTooLarge the body is over the configured limit
+├── Unauthorized        unknown episode key or bad trainer token
+├── NotFound            no such episode, turn or route
+├── Conflict            the request contradicts what is recorded
+│   └── TurnClosed      the turn can no longer be answered (answered, expired, abandoned, failed)
+├── EpisodeClosed       the episode is finished, failed or cancelled
+├── TurnTimeout         nobody answered the turn within its timeout
+└── StorageError        the database could not record a change
+"""
+
+
+class TrajproxyError(Exception):
+    """Base of every error trajproxy reports to a client; `kind` is a stable machine-readable name."""
+
+    kind = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(TrajproxyError):
+    kind = "invalid_request_error"
+
+
+class PayloadTooLarge(BadRequest):
+    kind = "request_too_large"
+
+
+class Unauthorized(TrajproxyError):
+    kind = "authentication_error"
+
+
+class NotFound(TrajproxyError):
+    kind = "not_found_error"
+
+
+class Conflict(TrajproxyError):
+    kind = "conflict_error"
+
+
+class TurnClosed(Conflict):
+    kind = "turn_closed"
+
+
+class EpisodeClosed(TrajproxyError):
+    kind = "episode_closed"
+
+
+class TurnTimeout(TrajproxyError):
+    kind = "timeout_error"
+
+
+class StorageError(TrajproxyError):
+    kind = "storage_error"

@@ -1,0 +1,26 @@
+"""Episode keys and ids: random secrets for agents, stored only as hashes and compared in constant time."""
+
+import hashlib
+import hmac
+import secrets
+import time
+
+KEY_PREFIX = "tpk-"
+
+
+def new_key() -> str:
+    """A fresh episode key with 256 bits of randomness."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def same_secret(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def new_id(prefix: str) -> str:
+    """A unique id that sorts roughly by creation time (millisecond clock, then randomness)."""
+    return f"{prefix}_{time.time_ns() // 1_000_000:011x}{secrets.token_hex(6)}"

@@ -1,0 +1,145 @@
+"""The parking lot: open turns waiting for a trainer, their leases, and the futures their agents await.
+
+Everything here is synchronous and in memory, so each step is atomic on the event loop; the broker
+records each step in the store. A turn is in exactly one place: `ready` (parked, waiting to be pulled)
+or leased (a trainer holds it until its lease expires). `settle` takes it out of the lot for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from proxy.core.values import Turn, TurnStatus
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One open turn: its latest state and the future its agent is waiting on."""
+
+    turn: Turn
+    answer: asyncio.Future[Turn]
+    lease_timer: asyncio.TimerHandle | None = field(default=None)
+
+
+class ParkingLot:
+    def __init__(self, on_lease_expired: Callable[[Slot], None]) -> None:
+        self._slots: dict[str, Slot] = {}
+        self._ready: OrderedDict[str, Slot] = OrderedDict()
+        self._ready_by_episode: dict[str, OrderedDict[str, Slot]] = {}
+        self._pollers: list[tuple[str | None, asyncio.Future[None]]] = []
+        self._on_lease_expired = on_lease_expired
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def get(self, turn_id: str) -> Slot | None:
+        return self._slots.get(turn_id)
+
+    def of_episode(self, episode_id: str) -> list[Slot]:
+        return [slot for slot in self._slots.values() if slot.turn.episode_id == episode_id]
+
+    def park(self, turn: Turn) -> Slot:
+        slot = Slot(turn, asyncio.get_running_loop().create_future())
+        self._slots[turn.id] = slot
+        self._make_ready(slot, front=False)
+        return slot
+
+    def take(self, episode_id: str | None, max_turns: int, lease_s: float, now: float) -> list[Slot]:
+        """Lease up to `max_turns` ready turns, oldest first, to the caller."""
+        queue = self._ready if episode_id is None else self._ready_by_episode.get(episode_id)
+        taken: list[Slot] = []
+        loop = asyncio.get_running_loop()
+        while queue and len(taken) < max_turns:
+            _, slot = queue.popitem(last=False)
+            self._unready(slot)
+            deliveries = slot.turn.deliveries + 1
+            slot.turn = replace(
+                slot.turn,
+                status=TurnStatus.LEASED,
+                deliveries=deliveries,
+                lease_id=f"{slot.turn.id}.{deliveries}",
+                leased_at=now,
+            )
+            slot.lease_timer = loop.call_later(lease_s, self._expire_lease, slot, slot.turn.lease_id)
+            taken.append(slot)
+        return taken
+
+    def release(self, slot: Slot) -> None:
+        """Put a leased turn back at the front of the queue (lease expired, or its poller is gone)."""
+        if self._slots.get(slot.turn.id) is not slot or slot.turn.status is not TurnStatus.LEASED:
+            return
+        self._cancel_lease(slot)
+        slot.turn = replace(slot.turn, status=TurnStatus.PARKED, lease_id=None)
+        self._make_ready(slot, front=True)
+
+    def settle(self, turn_id: str) -> Slot | None:
+        """Take a turn out of the lot for good; returns None if it was already settled."""
+        slot = self._slots.pop(turn_id, None)
+        if slot is not None:
+            self._unready(slot)
+            self._cancel_lease(slot)
+        return slot
+
+    async def wait(self, episode_id: str | None, timeout_s: float) -> None:
+        """Wait until a turn this poller could take becomes ready, or the timeout passes."""
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (episode_id, waiter)
+        self._pollers.append(entry)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if not waiter.done():
+                self._pollers.remove(entry)
+
+    def _make_ready(self, slot: Slot, *, front: bool) -> None:
+        turn_id, episode_id = slot.turn.id, slot.turn.episode_id
+        self._ready[turn_id] = slot
+        by_episode = self._ready_by_episode.setdefault(episode_id, OrderedDict())
+        by_episode[turn_id] = slot
+        if front:
+            self._ready.move_to_end(turn_id, last=False)
+            by_episode.move_to_end(turn_id, last=False)
+        self._wake(episode_id)
+
+    def _unready(self, slot: Slot) -> None:
+        turn_id, episode_id = slot.turn.id, slot.turn.episode_id
+        self._ready.pop(turn_id, None)
+        by_episode = self._ready_by_episode.get(episode_id)
+        if by_episode is not None:
+            by_episode.pop(turn_id, None)
+            if not by_episode:
+                del self._ready_by_episode[episode_id]
+
+    def _wake(self, episode_id: str) -> None:
+        keep = []
+        for entry in self._pollers:
+            wanted, waiter = entry
+            if wanted is None or wanted == episode_id:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                keep.append(entry)
+        self._pollers = keep
+
+    def _expire_lease(self, slot: Slot, lease_id: str | None) -> None:
+        if slot.turn.lease_id != lease_id or self._slots.get(slot.turn.id) is not slot:
+            return
+        slot.lease_timer = None
+        self.release(slot)
+        self._on_lease_expired(slot)
+
+    @staticmethod
+    def _cancel_lease(slot: Slot) -> None:
+        if slot.lease_timer is not None:
+            slot.lease_timer.cancel()
+            slot.lease_timer = None

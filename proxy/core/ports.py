@@ -1,0 +1,53 @@
+"""The core's interfaces to the outside: where turns are recorded and how tokens are counted."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
+
+from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reward, Turn
+
+
+class Store(Protocol):
+    """Durable record of episodes, turns and rewards.
+
+    Writes return an awaitable that completes once the write is committed, so a caller can wait for
+    durability (before telling anyone) or let it proceed in the background; writes commit in the
+    order they were submitted.
+    """
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def add_episode(self, episode: Episode) -> Awaitable[None]: ...
+
+    def save_episode(self, episode: Episode) -> Awaitable[None]: ...
+
+    def add_turn(self, turn: Turn) -> Awaitable[None]: ...
+
+    def save_turns(self, turns: Sequence[Turn]) -> Awaitable[None]: ...
+
+    def add_reward(self, reward: Reward) -> Awaitable[None]: ...
+
+    async def episode(self, episode_id: str) -> Episode | None: ...
+
+    async def episode_by_key_hash(self, key_hash: str) -> Episode | None: ...
+
+    async def episodes(self, status: EpisodeStatus | None, limit: int, offset: int) -> list[Episode]: ...
+
+    async def turn(self, turn_id: str) -> Turn | None: ...
+
+    async def turns(self, episode_id: str) -> list[Turn]: ...
+
+    async def next_seq(self, episode_id: str) -> int: ...
+
+    async def rewards(self, episode_id: str) -> list[Reward]: ...
+
+
+class TokenCounter(Protocol):
+    """Counts tokens for replies whose usage the trainer did not supply."""
+
+    def count_prompt(self, request: JsonObject) -> int: ...
+
+    def count_completion(self, message: JsonObject) -> int: ...

@@ -1,0 +1,42 @@
+"""The Dialect interface: how one wire API maps onto the normalised chat turn and back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.core.values import JsonObject, Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """An agent's request, parsed: the normalised chat request and how the agent wants its answer."""
+
+    request: JsonObject
+    stream: bool
+    include_usage: bool = False
+
+
+class Dialect(Protocol):
+    name: str
+    keepalive: bytes
+
+    def parse(self, body: JsonObject) -> Call:
+        """Normalise a wire body to OpenAI chat shape; raise BadRequest if it is not a valid call."""
+        ...
+
+    def render(self, call: Call, turn: Turn) -> bytes:
+        """The full (non-streamed) response body for an answered turn."""
+        ...
+
+    def render_stream(self, call: Call, turn: Turn) -> list[bytes]:
+        """The server-sent events that deliver an answered turn to a streaming agent."""
+        ...
+
+    def error_body(self, status: int, kind: str, message: str) -> bytes:
+        """An error in the dialect's own shape, as a response body."""
+        ...
+
+    def stream_error(self, status: int, kind: str, message: str) -> bytes:
+        """An error in the dialect's own shape, as an event in a stream already under way."""
+        ...

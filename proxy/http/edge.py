@@ -1,0 +1,79 @@
+"""What every route needs at the edge: bounded body reading, credentials, and error statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.types import Receive
+
+from proxy.core import errors
+from proxy.core.values import JsonObject
+
+STATUS: dict[type[errors.TrajproxyError], int] = {
+    errors.PayloadTooLarge: 413,
+    errors.BadRequest: 400,
+    errors.Unauthorized: 401,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.EpisodeClosed: 410,
+    errors.TurnTimeout: 504,
+    errors.StorageError: 503,
+}
+
+
+def status_of(error: errors.TrajproxyError) -> int:
+    for kind in type(error).__mro__:
+        if kind in STATUS:
+            return STATUS[kind]
+    return 500
+
+
+async def read_json(request: Request, limit_bytes: int) -> tuple[bytes, JsonObject]:
+    """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise errors.PayloadTooLarge(f"request body of {declared} bytes is over the {limit_bytes}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise errors.PayloadTooLarge(f"request body is over the {limit_bytes}-byte limit")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise errors.BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise errors.BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
+    return raw, body
+
+
+def bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, credentials = header.partition(" ")
+    return credentials.strip() or None if scheme.lower() == "bearer" else None
+
+
+def agent_key(request: Request) -> str | None:
+    """The episode key, from the path (/e/<key>/...), a bearer token, or Anthropic's x-api-key."""
+    return request.path_params.get("key") or bearer(request) or request.headers.get("x-api-key")
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns once the client has gone away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def redact(path: str) -> str:
+    """A path fit for messages and logs: an episode key in it is replaced."""
+    if path.startswith("/e/"):
+        _, _, rest = path[3:].partition("/")
+        return "/e/<key>/" + rest
+    return path

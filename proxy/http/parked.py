@@ -1,0 +1,112 @@
+"""ParkedReply: holds an agent's HTTP exchange open while its turn is parked, then delivers the outcome.
+
+However the exchange ends (reply, error, timeout, the agent hanging up, the server stopping), the
+`finally` in `__call__` is the one place that lets go of the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.core.broker import Broker
+from proxy.core.errors import TrajproxyError
+from proxy.core.parking import Slot
+from proxy.core.values import Episode, Turn
+from proxy.dialects.dialect import Call, Dialect
+from proxy.http.edge import disconnected, status_of
+
+JSON = [(b"content-type", b"application/json")]
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class ParkedReply(Response):
+    def __init__(
+        self, broker: Broker, dialect: Dialect, call: Call, slot: Slot, episode: Episode, keepalive_s: float
+    ) -> None:
+        super().__init__()
+        self._broker = broker
+        self._dialect = dialect
+        self._call = call
+        self._slot = slot
+        self._episode = episode
+        self._keepalive_s = keepalive_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = asyncio.ensure_future(self._broker.wait_for_reply(self._slot, self._episode))
+        gone = asyncio.ensure_future(disconnected(receive))
+        try:
+            if self._call.stream:
+                await self._stream(send, answer, gone)
+            else:
+                await self._plain(send, answer, gone)
+        finally:
+            for task in (answer, gone):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self._broker.leave(self._slot)
+
+    async def _plain(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
+        await asyncio.wait(_either(answer, gone), return_when=asyncio.FIRST_COMPLETED)
+        if answer.done():
+            await self._respond(send, *self._outcome(answer))
+
+    async def _stream(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
+        started = False
+        while not answer.done():
+            await asyncio.wait(_either(answer, gone), timeout=self._keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
+                return
+            if not answer.done():
+                if not started:
+                    await send({"type": "http.response.start", "status": 200, "headers": SSE})
+                    started = True
+                await send({"type": "http.response.body", "body": self._dialect.keepalive, "more_body": True})
+        status, body = self._outcome(answer)
+        if not started:
+            if status != 200:
+                await self._respond(send, status, body)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        if status == 200:
+            turn = answer.result()
+            body = b"".join(self._dialect.render_stream(self._call, turn))
+        else:
+            body = self._stream_error(answer)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _outcome(self, answer: asyncio.Future[Turn]) -> tuple[int, bytes]:
+        """The status and (non-streamed) body the agent gets for a settled turn."""
+        error = answer.exception()
+        if isinstance(error, TrajproxyError):
+            return status_of(error), self._dialect.error_body(status_of(error), error.kind, error.message)
+        if error is not None:
+            raise error
+        turn = answer.result()
+        assert turn.reply is not None
+        if turn.reply.error is not None:
+            failure = turn.reply.error
+            return failure.status, self._dialect.error_body(failure.status, failure.kind, failure.message)
+        return 200, self._dialect.render(self._call, turn)
+
+    def _stream_error(self, answer: asyncio.Future[Turn]) -> bytes:
+        error = answer.exception()
+        if isinstance(error, TrajproxyError):
+            return self._dialect.stream_error(status_of(error), error.kind, error.message)
+        failure = answer.result().reply.error  # type: ignore[union-attr]
+        assert failure is not None
+        return self._dialect.stream_error(failure.status, failure.kind, failure.message)
+
+    @staticmethod
+    async def _respond(send: Send, status: int, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": JSON})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _either(*futures: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
+    return set(futures)

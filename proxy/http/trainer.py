@@ -1,0 +1,124 @@
+"""The trainer-facing API under /api: episodes, the turn queue, replies, rewards and trajectories."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.responses import Response
+
+from proxy import wire
+from proxy.core.broker import Broker
+from proxy.core.errors import PayloadTooLarge, Unauthorized
+from proxy.core.keys import same_secret
+from proxy.core.values import EpisodeStatus, JsonObject
+from proxy.http.edge import bearer, disconnected
+from proxy.http.views import episode_view, reply_from, reward_view, trajectory_view, turn_view
+from proxy.settings import Settings
+
+
+def json_response(data: JsonObject, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
+    token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
+
+    async def guard(request: Request) -> None:
+        if token is not None:
+            given = bearer(request)
+            if given is None or not same_secret(given, token):
+                raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
+            raise PayloadTooLarge(f"request body of {declared} bytes is over the {settings.max_body_bytes}-byte limit")
+
+    router = APIRouter(prefix="/api", dependencies=[Depends(guard)], tags=["trainer"])
+
+    @router.post("/episodes", status_code=201, response_model=wire.EpisodeCreated)
+    async def create_episode(body: wire.EpisodeCreate, request: Request) -> Response:
+        episode, key = await broker.create_episode(body.task, body.metadata, body.turn_timeout_s)
+        base = (settings.public_url or str(request.base_url)).rstrip("/")
+        env = {
+            "OPENAI_BASE_URL": f"{base}/v1",
+            "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": base,
+            "ANTHROPIC_API_KEY": key,
+        }
+        return json_response({**episode_view(episode), "key": key, "env": env}, 201)
+
+    @router.get("/episodes", response_model=wire.EpisodeList)
+    async def list_episodes(
+        status: EpisodeStatus | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> Response:
+        found = await broker.episodes(status, limit + 1, offset)
+        more = len(found) > limit
+        return json_response(
+            {
+                "episodes": [episode_view(episode) for episode in found[:limit]],
+                "next_offset": offset + limit if more else None,
+            }
+        )
+
+    @router.get("/episodes/{episode_id}", response_model=wire.Episode)
+    async def get_episode(episode_id: str) -> Response:
+        return json_response(episode_view(await broker.episode(episode_id)))
+
+    @router.post("/episodes/{episode_id}/finish", response_model=wire.Episode)
+    async def finish_episode(episode_id: str, body: wire.FinishIn) -> Response:
+        episode = await broker.finish(episode_id, EpisodeStatus(body.status), body.reason)
+        return json_response(episode_view(episode))
+
+    @router.post("/episodes/{episode_id}/rewards", status_code=201, response_model=wire.Reward)
+    async def add_reward(episode_id: str, body: wire.RewardIn) -> Response:
+        reward = await broker.add_reward(
+            episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=body.turn_id
+        )
+        return json_response(reward_view(reward), 201)
+
+    @router.get("/episodes/{episode_id}/trajectory", response_model=wire.Trajectory)
+    async def trajectory(episode_id: str) -> Response:
+        return json_response(trajectory_view(*await broker.trajectory(episode_id)))
+
+    @router.get("/turns/next", response_model=wire.TurnBatch)
+    async def next_turns(
+        request: Request,
+        episode: str | None = None,
+        max: Annotated[int, Query(ge=1, le=4096)] = 1,
+        wait: Annotated[float, Query(ge=0, le=600)] = 0,
+        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    ) -> Response:
+        if episode is not None:
+            await broker.episode(episode)
+        pull = asyncio.ensure_future(broker.pull(episode, max, wait, lease))
+        gone = asyncio.ensure_future(disconnected(request.receive))
+        try:
+            await asyncio.wait({pull, gone}, return_when=asyncio.FIRST_COMPLETED)
+            hung_up = gone.done()
+        finally:
+            gone.cancel()
+            if not pull.done():
+                pull.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pull
+        turns = pull.result() if not pull.cancelled() else []
+        if hung_up:
+            broker.release(turns)  # the poller hung up: its turns go back to the queue at once
+            return Response(status_code=499)
+        return json_response({"turns": [turn_view(turn) for turn in turns]})
+
+    @router.get("/turns/{turn_id}", response_model=wire.Turn)
+    async def get_turn(turn_id: str) -> Response:
+        return json_response(turn_view(await broker.turn(turn_id)))
+
+    @router.post("/turns/{turn_id}/reply", response_model=wire.Turn)
+    async def reply(turn_id: str, body: wire.ReplyIn) -> Response:
+        turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
+        return json_response(turn_view(turn))
+
+    return router

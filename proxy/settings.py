@@ -1,0 +1,42 @@
+"""Settings, read once at start-up from flags and TRAJPROXY_* environment variables."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAJPROXY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    database_url: str = "sqlite:///./trajproxy.db"
+    trainer_token: SecretStr | None = None
+    turn_timeout_s: float = Field(default=300.0, gt=0)
+    lease_s: float = Field(default=60.0, gt=0)
+    keepalive_s: float = Field(default=10.0, gt=0)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    public_url: str | None = None
+    log_level: str = "info"
+
+    @property
+    def loopback_only(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def refusal(self) -> str | None:
+        """Why these settings must not be served, or None if they are safe."""
+        if self.trainer_token is None and not self.loopback_only:
+            return (
+                f"refusing to listen on {self.host} without a trainer token: anyone who can reach it could "
+                "read and answer every episode. Set one with --trainer-token or TRAJPROXY_TRAINER_TOKEN "
+                "(e.g. TRAJPROXY_TRAINER_TOKEN=$(openssl rand -hex 32)), or bind 127.0.0.1."
+            )
+        return None

@@ -1,0 +1,1 @@
+"""Storage adapters: the one place that imports sqlmodel and SQLAlchemy."""

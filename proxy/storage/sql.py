@@ -1,0 +1,242 @@
+"""SqlStore: the Store port over SQLite (default, WAL) or Postgres, with group commit.
+
+All writes go through one writer thread. It drains whatever has queued up while the previous commit
+ran and commits it as one transaction, so many turns share one fsync; each write's future resolves
+only after its transaction commits. Reads run on a thread of their own connection pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import orjson
+from sqlalchemy import Connection, Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import SQLModel
+
+from proxy.core.errors import StorageError
+from proxy.core.values import Episode, EpisodeStatus, Reward, Turn
+from proxy.storage.tables import (
+    EpisodeRow,
+    RewardRow,
+    TurnRow,
+    dumps,
+    episode_from,
+    episode_row,
+    reward_from,
+    reward_row,
+    turn_from,
+    turn_row,
+    turn_state,
+)
+
+log = logging.getLogger("trajproxy.storage")
+
+T = TypeVar("T")
+Op = Callable[[Connection], object]
+_MAX_BATCH = 1024
+
+episodes = EpisodeRow.__table__  # type: ignore[attr-defined]
+turns = TurnRow.__table__  # type: ignore[attr-defined]
+rewards = RewardRow.__table__  # type: ignore[attr-defined]
+
+
+def engine_url(url: str) -> str:
+    """Accept plain `postgresql://` URLs and route them to the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+class SqlStore:
+    def __init__(self, url: str) -> None:
+        self.url = engine_url(url)
+        self._engine: Engine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: queue.SimpleQueue[tuple[Op, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+
+    async def open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._engine = await asyncio.to_thread(self._connect)
+        self._writer = threading.Thread(target=self._write_loop, name="trajproxy-writer", daemon=True)
+        self._writer.start()
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(self._writer.join)
+            self._writer = None
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    # Writes (group-committed)
+
+    def add_episode(self, episode: Episode) -> Awaitable[None]:
+        row = episode_row(episode)
+        return self._write(lambda conn: conn.execute(insert(episodes), row))
+
+    def save_episode(self, episode: Episode) -> Awaitable[None]:
+        row = episode_row(episode)
+        stmt = update(episodes).where(episodes.c.id == episode.id)
+        return self._write(lambda conn: conn.execute(stmt.values(row)))
+
+    def add_turn(self, turn: Turn) -> Awaitable[None]:
+        row = turn_row(turn)
+        return self._write(lambda conn: conn.execute(insert(turns), row))
+
+    def save_turns(self, batch: Sequence[Turn]) -> Awaitable[None]:
+        if not batch:
+            return _done()
+        rows = [{f"s_{key}": value for key, value in turn_state(turn).items()} for turn in batch]
+        stmt = (
+            update(turns)
+            .where(turns.c.id == bindparam("s_id"))
+            .values({key: bindparam(f"s_{key}") for key in turn_state(batch[0]) if key != "id"})
+        )
+        return self._write(lambda conn: conn.execute(stmt, rows))
+
+    def add_reward(self, reward: Reward) -> Awaitable[None]:
+        row = reward_row(reward)
+        return self._write(lambda conn: conn.execute(insert(rewards), row))
+
+    # Reads
+
+    async def episode(self, episode_id: str) -> Episode | None:
+        rows = await self._read(lambda conn: conn.execute(select(episodes).where(episodes.c.id == episode_id)))
+        return episode_from(rows[0]) if rows else None
+
+    async def episode_by_key_hash(self, key_hash: str) -> Episode | None:
+        stmt = select(episodes).where(episodes.c.key_hash == key_hash)
+        rows = await self._read(lambda conn: conn.execute(stmt))
+        return episode_from(rows[0]) if rows else None
+
+    async def episodes(self, status: EpisodeStatus | None, limit: int, offset: int) -> list[Episode]:
+        stmt = select(episodes).order_by(episodes.c.created_at.desc(), episodes.c.id.desc())
+        if status is not None:
+            stmt = stmt.where(episodes.c.status == status.value)
+        stmt = stmt.limit(limit).offset(offset)
+        return [episode_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+
+    async def turn(self, turn_id: str) -> Turn | None:
+        rows = await self._read(lambda conn: conn.execute(select(turns).where(turns.c.id == turn_id)))
+        return turn_from(rows[0]) if rows else None
+
+    async def turns(self, episode_id: str) -> list[Turn]:
+        stmt = select(turns).where(turns.c.episode_id == episode_id).order_by(turns.c.seq)
+        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+
+    async def next_seq(self, episode_id: str) -> int:
+        stmt = select(func.max(turns.c.seq)).where(turns.c.episode_id == episode_id)
+        rows = await self._read(lambda conn: conn.execute(stmt))
+        last = rows[0][0]
+        return 0 if last is None else int(last) + 1
+
+    async def rewards(self, episode_id: str) -> list[Reward]:
+        stmt = select(rewards).where(rewards.c.episode_id == episode_id).order_by(rewards.c.created_at)
+        return [reward_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+
+    # Machinery
+
+    def _connect(self) -> Engine:
+        sqlite = self.url.startswith("sqlite")
+        engine = create_engine(
+            self.url,
+            json_serializer=dumps,
+            json_deserializer=orjson.loads,
+            pool_pre_ping=not sqlite,
+            connect_args={"check_same_thread": False, "timeout": 30} if sqlite else {},
+        )
+        if sqlite:
+            event.listen(engine, "connect", _tune_sqlite)
+        try:
+            SQLModel.metadata.create_all(engine)
+        except SQLAlchemyError as e:
+            engine.dispose()
+            raise StorageError(f"cannot open the database at {engine.url!r}: {e}") from e
+        return engine
+
+    def _write(self, op: Op) -> asyncio.Future[None]:
+        assert self._loop is not None, "SqlStore.open() was not awaited"
+        future = self._loop.create_future()
+        self._queue.put((op, future))
+        return future
+
+    async def _read(self, query: Callable[[Connection], Any]) -> list[Any]:
+        engine = self._engine
+        assert engine is not None, "SqlStore.open() was not awaited"
+
+        def run() -> list[Any]:
+            with engine.connect() as conn:
+                return list(query(conn))
+
+        try:
+            return await asyncio.to_thread(run)
+        except SQLAlchemyError as e:
+            raise StorageError(f"database read failed: {e}") from e
+
+    def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            outcomes = self._commit([op for op, _ in batch])
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(_settle, [future for _, future in batch], outcomes)
+
+    def _commit(self, ops: list[Op]) -> list[BaseException | None]:
+        """Commit the batch as one transaction; if it fails, retry each write alone to isolate the bad one."""
+        assert self._engine is not None
+        try:
+            with self._engine.begin() as conn:
+                for op in ops:
+                    op(conn)
+            return [None] * len(ops)
+        except SQLAlchemyError:
+            if len(ops) == 1:
+                log.exception("database write failed")
+                return [StorageError("the database could not record this change")]
+        return [self._commit([op])[0] for op in ops]
+
+
+def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _settle(futures: list[asyncio.Future[None]], outcomes: list[BaseException | None]) -> None:
+    for future, outcome in zip(futures, outcomes, strict=True):
+        if future.done():
+            continue
+        if outcome is None:
+            future.set_result(None)
+        else:
+            future.set_exception(outcome)
+
+
+def _done() -> asyncio.Future[None]:
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future

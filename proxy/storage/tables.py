@@ -1,0 +1,226 @@
+"""The sqlmodel tables `episode`, `turn` and `reward`, and their mapping to and from domain values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlmodel import Field, SQLModel
+
+from proxy.core.values import (
+    AgentError,
+    Episode,
+    EpisodeStatus,
+    JsonObject,
+    Reply,
+    Reward,
+    Turn,
+    TurnStatus,
+    Usage,
+)
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+
+class EpisodeRow(SQLModel, table=True):
+    __tablename__ = "episode"
+
+    id: str = Field(primary_key=True)
+    key_hash: str = Field(unique=True)
+    status: str = Field(index=True)
+    task: str
+    meta: JsonObject = Field(sa_column=Column("metadata", Json, nullable=False))
+    turn_timeout_s: float | None = None
+    created_at: float = Field(index=True)
+    started_at: float | None = None
+    ended_at: float | None = None
+    reason: str | None = None
+
+
+class TurnRow(SQLModel, table=True):
+    __tablename__ = "turn"
+    __table_args__ = (UniqueConstraint("episode_id", "seq"), Index("ix_turn_status", "status"))
+
+    id: str = Field(primary_key=True)
+    episode_id: str = Field(foreign_key="episode.id")
+    seq: int
+    dialect: str
+    status: str
+    stream: bool
+    model: str | None = None
+    wire: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    request: JsonObject = Field(sa_column=Column(Json, nullable=False))
+    reply: JsonObject | None = Field(default=None, sa_column=Column(Json))
+    answered_by: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    policy_version: str | None = None
+    deliveries: int = 0
+    created_at: float
+    leased_at: float | None = None
+    answered_at: float | None = None
+    ended_at: float | None = None
+    reason: str | None = None
+
+
+class RewardRow(SQLModel, table=True):
+    __tablename__ = "reward"
+
+    id: str = Field(primary_key=True)
+    episode_id: str = Field(foreign_key="episode.id", index=True)
+    turn_id: str | None = Field(default=None, foreign_key="turn.id")
+    name: str
+    value: float
+    source: str
+    info: JsonObject = Field(sa_column=Column(Json, nullable=False))
+    created_at: float
+
+
+def episode_row(episode: Episode) -> dict[str, Any]:
+    return {
+        "id": episode.id,
+        "key_hash": episode.key_hash,
+        "status": episode.status.value,
+        "task": episode.task,
+        "metadata": episode.metadata,
+        "turn_timeout_s": episode.turn_timeout_s,
+        "created_at": episode.created_at,
+        "started_at": episode.started_at,
+        "ended_at": episode.ended_at,
+        "reason": episode.reason,
+    }
+
+
+def episode_from(row: Any) -> Episode:
+    return Episode(
+        id=row.id,
+        key_hash=row.key_hash,
+        task=row.task,
+        metadata=row.metadata,
+        status=EpisodeStatus(row.status),
+        created_at=row.created_at,
+        turn_timeout_s=row.turn_timeout_s,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        reason=row.reason,
+    )
+
+
+def turn_state(turn: Turn) -> dict[str, Any]:
+    """The columns of a turn that change after it is parked."""
+    reply = turn.reply
+    usage = reply.usage if reply else None
+    return {
+        "id": turn.id,
+        "status": turn.status.value,
+        "deliveries": turn.deliveries,
+        "leased_at": turn.leased_at,
+        "answered_at": turn.answered_at,
+        "ended_at": turn.ended_at,
+        "reason": turn.reason,
+        "reply": _reply_json(reply) if reply else None,
+        "answered_by": reply.answered_by if reply else None,
+        "policy_version": reply.policy_version if reply else None,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "completion_tokens": usage.completion_tokens if usage else None,
+    }
+
+
+def turn_row(turn: Turn) -> dict[str, Any]:
+    return {
+        **turn_state(turn),
+        "episode_id": turn.episode_id,
+        "seq": turn.seq,
+        "dialect": turn.dialect,
+        "stream": turn.stream,
+        "model": turn.model,
+        "wire": turn.wire,
+        "request": turn.request,
+        "created_at": turn.created_at,
+    }
+
+
+def turn_from(row: Any) -> Turn:
+    return Turn(
+        id=row.id,
+        episode_id=row.episode_id,
+        seq=row.seq,
+        dialect=row.dialect,
+        request=row.request,
+        wire=bytes(row.wire),
+        stream=row.stream,
+        status=TurnStatus(row.status),
+        created_at=row.created_at,
+        model=row.model,
+        deliveries=row.deliveries,
+        leased_at=row.leased_at,
+        answered_at=row.answered_at,
+        ended_at=row.ended_at,
+        reply=_reply_from(row) if row.reply is not None else None,
+        reason=row.reason,
+    )
+
+
+def reward_row(reward: Reward) -> dict[str, Any]:
+    return {
+        "id": reward.id,
+        "episode_id": reward.episode_id,
+        "turn_id": reward.turn_id,
+        "name": reward.name,
+        "value": reward.value,
+        "source": reward.source,
+        "info": reward.info,
+        "created_at": reward.created_at,
+    }
+
+
+def reward_from(row: Any) -> Reward:
+    return Reward(
+        id=row.id,
+        episode_id=row.episode_id,
+        turn_id=row.turn_id,
+        name=row.name,
+        value=row.value,
+        source=row.source,
+        info=row.info,
+        created_at=row.created_at,
+    )
+
+
+def _reply_json(reply: Reply) -> JsonObject:
+    data: JsonObject = {"message": reply.message, "finish_reason": reply.finish_reason}
+    if reply.error is not None:
+        data["error"] = {"status": reply.error.status, "message": reply.error.message, "type": reply.error.kind}
+    for name in ("prompt_token_ids", "completion_token_ids", "logprobs"):
+        value = getattr(reply, name)
+        if value is not None:
+            data[name] = list(value)
+    return data
+
+
+def _reply_from(row: Any) -> Reply:
+    data = row.reply
+    error = data.get("error")
+
+    def ints(name: str) -> tuple[int, ...] | None:
+        value = data.get(name)
+        return tuple(value) if value is not None else None
+
+    logprobs = data.get("logprobs")
+    return Reply(
+        message=data.get("message"),
+        finish_reason=data.get("finish_reason"),
+        usage=Usage(row.prompt_tokens, row.completion_tokens) if row.prompt_tokens is not None else None,
+        error=AgentError(error["status"], error["message"], error["type"]) if error else None,
+        prompt_token_ids=ints("prompt_token_ids"),
+        completion_token_ids=ints("completion_token_ids"),
+        logprobs=tuple(logprobs) if logprobs is not None else None,
+        policy_version=row.policy_version,
+        answered_by=row.answered_by or "trainer",
+    )
+
+
+def dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()

@@ -1,0 +1,83 @@
+"""TiktokenCounter: counts tokens for replies that came without usage; the one module importing tiktoken.
+
+tiktoken downloads its BPE files on first use; on machines without internet it reads them from the
+copies litellm ships, found without importing litellm (which would cost seconds of start-up).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from proxy.core.values import JsonObject
+
+FALLBACK_ENCODING = "o200k_base"
+_PER_MESSAGE = 3  # OpenAI's accounting: each message costs a few framing tokens
+_REPLY_PRIMER = 3
+
+
+def _bundled_bpe_dir() -> str | None:
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or spec.origin is None:
+        return None
+    folder = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+    return str(folder) if folder.is_dir() else None
+
+
+class TiktokenCounter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        if "TIKTOKEN_CACHE_DIR" not in os.environ and (bundled := _bundled_bpe_dir()):
+            os.environ["TIKTOKEN_CACHE_DIR"] = bundled
+
+    def warm_up(self) -> None:
+        """Load the fallback encoding ahead of the first reply (it takes a moment)."""
+        self._encoding(None)
+
+    def count_prompt(self, request: JsonObject) -> int:
+        encoding = self._encoding(request.get("model"))
+        total = _REPLY_PRIMER
+        for message in request.get("messages") or ():
+            total += _PER_MESSAGE + sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(message))
+        for tool in request.get("tools") or ():
+            total += sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(tool))
+        return total
+
+    def count_completion(self, message: JsonObject) -> int:
+        encoding = self._encoding(None)
+        return sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(message))
+
+    def _encoding(self, model: object) -> Any:
+        with self._lock:
+            return _encoding_for(model if isinstance(model, str) else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _encoding_for(model: str | None) -> Any:
+    import tiktoken
+
+    if model:
+        try:
+            return tiktoken.encoding_for_model(model.rsplit("/", 1)[-1])
+        except KeyError:
+            pass
+    return tiktoken.get_encoding(FALLBACK_ENCODING)
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside a message (content parts, tool calls, names), in order."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed([v for k, v in item.items() if k not in ("type", "id", "role")]))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return found

@@ -1,0 +1,177 @@
+"""Pydantic models of the trainer API's JSON, shared by the server routes and `proxy.client`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# Requests
+
+
+class EpisodeCreate(_Strict):
+    task: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    turn_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+
+
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Open):
+    """An assistant message in chat shape; extra fields (`reasoning_content`, …) are passed to the agent."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class UsageIn(_Strict):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+
+class AgentErrorIn(_Strict):
+    status: int = Field(ge=400, le=599)
+    message: str
+    type: str = "server_error"
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+
+class ReplyIn(_Strict):
+    """The action: a message for the agent (or an error to give it), with optional training extras."""
+
+    message: Message | None = None
+    error: AgentErrorIn | None = None
+    finish_reason: FinishReason | None = None
+    usage: UsageIn | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    policy_version: str | None = None
+    lease_id: str | None = None
+
+    @model_validator(mode="after")
+    def _message_or_error(self) -> ReplyIn:
+        if (self.message is None) == (self.error is None):
+            raise ValueError("a reply carries exactly one of 'message' or 'error'")
+        return self
+
+
+class FinishIn(_Strict):
+    status: Literal["finished", "failed", "cancelled"] = "finished"
+    reason: str | None = None
+
+
+class RewardIn(_Strict):
+    name: str = Field(default="reward", min_length=1, max_length=200)
+    value: float = Field(allow_inf_nan=False)
+    turn_id: str | None = None
+    source: str = Field(default="trainer", min_length=1, max_length=200)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+# Responses
+
+
+class Episode(_Open):
+    id: str
+    status: Literal["pending", "running", "finished", "failed", "cancelled"]
+    task: str
+    metadata: dict[str, Any]
+    turn_timeout_s: float | None
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    reason: str | None
+
+
+class EpisodeCreated(Episode):
+    key: str
+    env: dict[str, str]
+
+
+class EpisodeList(_Open):
+    episodes: list[Episode]
+    next_offset: int | None
+
+
+class Usage(_Open):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ReplyOut(_Open):
+    message: dict[str, Any] | None
+    finish_reason: str | None
+    usage: Usage | None
+    error: AgentErrorIn | None
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int] | None
+    logprobs: list[float] | None
+    policy_version: str | None
+    answered_by: str
+
+
+class Reward(_Open):
+    id: str
+    episode_id: str
+    turn_id: str | None
+    name: str
+    value: float
+    source: str
+    info: dict[str, Any]
+    created_at: float
+
+
+class Turn(_Open):
+    id: str
+    episode_id: str
+    seq: int
+    dialect: str
+    status: Literal["parked", "leased", "answered", "abandoned", "expired", "failed"]
+    model: str | None
+    stream: bool
+    request: dict[str, Any]
+    lease_id: str | None
+    deliveries: int
+    created_at: float
+    leased_at: float | None
+    answered_at: float | None
+    ended_at: float | None
+    reason: str | None
+    reply: ReplyOut | None
+
+
+class TurnBatch(_Open):
+    turns: list[Turn]
+
+
+class TrajectoryTurn(Turn):
+    rewards: list[Reward]
+
+
+class Trajectory(_Open):
+    episode: Episode
+    turns: list[TrajectoryTurn]
+    rewards: list[Reward]

@@ -1,0 +1,1 @@
+"""Sandboxes: one container per episode (arrives with the sandbox issue)."""
