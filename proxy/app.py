@@ -56,7 +56,12 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/health", include_in_schema=False)
     async def health() -> Response:
-        status = {"status": "ok", "open_turns": broker.open_turns, "ready_turns": broker.ready_turns}
+        status = {
+            "status": "ok",
+            "open_turns": broker.open_turns,
+            "ready_turns": broker.ready_turns,
+            "waiting_pollers": broker.waiting_pollers,
+        }
         return Response(orjson.dumps(status), media_type="application/json")
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)

@@ -74,6 +74,10 @@ class Broker:
     def ready_turns(self) -> int:
         return self._lot.ready_count
 
+    @property
+    def waiting_pollers(self) -> int:
+        return self._lot.poller_count
+
     async def drain(self) -> None:
         """Wait for background writes (state changes nobody is waiting on) to be committed."""
         while self._background:

@@ -39,6 +39,10 @@ class ParkingLot:
     def ready_count(self) -> int:
         return len(self._ready)
 
+    @property
+    def poller_count(self) -> int:
+        return len(self._pollers)
+
     def get(self, turn_id: str) -> Slot | None:
         return self._slots.get(turn_id)
 
@@ -98,7 +102,7 @@ class ParkingLot:
         except TimeoutError:
             pass
         finally:
-            if not waiter.done():
+            if entry in self._pollers:  # still registered: not woken (timed out, or its poller left)
                 self._pollers.remove(entry)
 
     def _make_ready(self, slot: Slot, *, front: bool) -> None:

@@ -1,0 +1,135 @@
+"""Shared fixtures: a live trajproxy on a free port, over SQLite or a real Postgres, and a trainer client."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy
+import uvicorn
+
+from proxy.app import create_app
+from proxy.client import TrainerClient
+from proxy.settings import Settings
+from proxy.storage.sql import engine_url
+
+POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "settings(**overrides): trajproxy settings for the `server` fixture")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a schema of its own on the test Postgres server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/trajproxy.db"
+        return
+    if not POSTGRES_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the Postgres tests: .ci/run sets TRAJPROXY_TEST_POSTGRES_URL")
+        pytest.skip("no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)")
+    schema = f"test_{secrets.token_hex(6)}"
+    admin = sqlalchemy.create_engine(engine_url(POSTGRES_URL))
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+@dataclass
+class LiveServer:
+    url: str
+    settings: Settings
+    app: Any
+
+    @property
+    def broker(self) -> Any:
+        return self.app.state.broker
+
+
+def _free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@dataclass
+class Running:
+    server: uvicorn.Server
+    thread: threading.Thread
+    live: LiveServer
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def start_server(settings: Settings) -> Running:
+    """Run trajproxy with uvicorn on a thread of its own, on a free loopback port."""
+    sock = _free_socket()
+    port = sock.getsockname()[1]
+    app = create_app(settings)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("trajproxy did not start")
+        time.sleep(0.01)
+    return Running(server, thread, LiveServer(f"http://127.0.0.1:{port}", settings, app))
+
+
+@pytest.fixture
+def make_server(database_url: str) -> Iterator[Callable[..., LiveServer]]:
+    """Start servers on the test's database with given setting overrides; all stop after the test."""
+    running: list[Running] = []
+
+    def make(**overrides: Any) -> LiveServer:
+        settings = Settings(
+            _env_file=None,  # type: ignore[call-arg]
+            database_url=database_url,
+            **{"keepalive_s": 0.2, "turn_timeout_s": 30.0, "lease_s": 30.0, **overrides},
+        )
+        running.append(start_server(settings))
+        return running[-1].live
+
+    yield make
+    for item in running:
+        item.stop()
+
+
+@pytest.fixture
+def server(make_server: Callable[..., LiveServer], request: pytest.FixtureRequest) -> LiveServer:
+    marker = request.node.get_closest_marker("settings")
+    return make_server(**(marker.kwargs if marker else {}))
+
+
+@pytest.fixture
+def trainer(server: LiveServer) -> Iterator[TrainerClient]:
+    token = server.settings.trainer_token
+    with TrainerClient(server.url, token=token.get_secret_value() if token else None) as client:
+        yield client
+
+
+@pytest.fixture
+def background() -> Iterator[Callable[..., Future[Any]]]:
+    """Run a blocking call (an agent's SDK request) on another thread; returns its future."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        yield pool.submit

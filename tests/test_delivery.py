@@ -1,0 +1,256 @@
+"""Delivery semantics: leases, redelivery, idempotent replies, abandonment, timeouts, keep-alives."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.client import TrainerClient, TrajproxyAPIError
+
+HELLO = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def agent_for(episode: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+
+
+def ask(episode: Any, text: str = "hello", **kwargs: Any) -> Any:
+    return agent_for(episode).chat.completions.create(model="m", messages=[{"role": "user", "content": text}], **kwargs)
+
+
+def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def test_lease_expiry_redelivers_and_refuses_the_stale_lease(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    call = background(ask, episode)
+    first = trainer.next_turns(wait_s=5, lease_s=0.3)[0]
+    assert (first.status, first.deliveries) == ("leased", 1)
+    assert trainer.next_turns(wait_s=0) == []  # leased: nobody else gets it meanwhile
+
+    again = trainer.next_turns(wait_s=5)[0]  # the crashed trainer's lease runs out
+    assert again.id == first.id
+    assert again.deliveries == 2
+    assert again.lease_id != first.lease_id
+
+    with pytest.raises(TrajproxyAPIError) as stale:
+        trainer.reply(first.id, "late", lease_id=first.lease_id)
+    assert stale.value.status == 409
+    assert "expired" in stale.value.message
+
+    trainer.reply(again.id, "on time", lease_id=again.lease_id)
+    assert call.result(timeout=5).choices[0].message.content == "on time"
+    recorded = trainer.trajectory(episode.id).turns
+    assert len(recorded) == 1
+    assert (recorded[0].status, recorded[0].deliveries) == ("answered", 2)
+    assert recorded[0].reply is not None and recorded[0].reply.message["content"] == "on time"
+
+
+def test_reply_is_idempotent_and_a_different_reply_conflicts(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    call = background(ask, episode)
+    turn = trainer.next_turns(wait_s=5)[0]
+    first = trainer.reply(turn.id, "one answer", lease_id=turn.lease_id)
+    again = trainer.reply(turn.id, "one answer", lease_id=turn.lease_id)
+    assert again.id == first.id and again.reply == first.reply
+
+    with pytest.raises(TrajproxyAPIError) as conflict:
+        trainer.reply(turn.id, "another answer")
+    assert conflict.value.status == 409
+    assert call.result(timeout=5).choices[0].message.content == "one answer"
+
+    recorded = trainer.trajectory(episode.id).turns
+    assert len(recorded) == 1
+    assert recorded[0].reply is not None and recorded[0].reply.message["content"] == "one answer"
+
+
+def test_an_abandoned_turn_is_never_handed_out(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    with pytest.raises(httpx.ReadTimeout):  # the agent gives up and hangs up while its turn is parked
+        httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json=HELLO,
+            headers={"authorization": f"Bearer {episode.key}"},
+            timeout=0.5,
+        )
+    wait_until(lambda: trainer.trajectory(episode.id).turns[0].status == "abandoned")
+    assert trainer.next_turns(wait_s=0.5) == []
+    turn_id = trainer.trajectory(episode.id).turns[0].id
+    with pytest.raises(TrajproxyAPIError) as gone:
+        trainer.reply(turn_id, "too late")
+    assert gone.value.status == 409
+    assert "abandoned" in gone.value.message
+
+
+def test_an_agent_leaving_during_the_lease_abandons_the_turn(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        json={**HELLO, "stream": True},
+        headers={"authorization": f"Bearer {episode.key}"},
+    ) as response:
+        assert response.status_code == 200  # keep-alives are flowing; the agent hangs up mid-stream
+        turn = trainer.next_turns(wait_s=5, lease_s=60)[0]
+    wait_until(lambda: trainer.turn(turn.id).status == "abandoned")
+    with pytest.raises(TrajproxyAPIError) as gone:
+        trainer.reply(turn.id, "too late", lease_id=turn.lease_id)
+    assert gone.value.status == 409
+
+
+@pytest.mark.settings(turn_timeout_s=0.5)
+def test_turn_timeout_gives_the_agent_a_504_and_records_expiry(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    with pytest.raises(openai.APIStatusError) as timeout:
+        ask(episode)
+    assert timeout.value.status_code == 504
+    assert timeout.value.body["type"] == "timeout_error"  # type: ignore[index]
+    assert "expired" in timeout.value.message
+
+    recorded = trainer.trajectory(episode.id).turns
+    assert [(turn.status, turn.reply) for turn in recorded] == [("expired", None)]
+    with pytest.raises(TrajproxyAPIError) as late:
+        trainer.reply(recorded[0].id, "late")
+    assert late.value.status == 409
+
+
+def test_an_episode_can_set_its_own_turn_timeout(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode(turn_timeout_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as timeout:
+        ask(episode)
+    assert timeout.value.status_code == 504
+    assert time.monotonic() - started < 20  # the server default (30 s) did not apply
+    assert trainer.trajectory(episode.id).turns[0].status == "expired"
+
+
+@pytest.mark.settings(keepalive_s=0.1)
+def test_a_stream_already_under_way_reports_the_timeout_as_an_error_event(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode(turn_timeout_s=0.5)
+    stream = ask(episode, stream=True)  # headers went out with the first keep-alive
+    with pytest.raises(openai.APIError) as timeout:
+        list(stream)
+    assert "expired" in timeout.value.message
+    assert trainer.trajectory(episode.id).turns[0].status == "expired"
+
+
+def test_finishing_an_episode_fails_its_parked_calls_and_refuses_new_ones(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    parked = background(ask, episode)
+    turn = trainer.next_turns(wait_s=5)[0]
+    finished = trainer.finish(episode.id, "finished", reason="tests passed")
+    assert (finished.status, finished.reason) == ("finished", "tests passed")
+
+    with pytest.raises(openai.APIStatusError) as cut_off:
+        parked.result(timeout=5)
+    assert cut_off.value.status_code == 410
+    assert "tests passed" in cut_off.value.message
+    with pytest.raises(openai.APIStatusError) as refused:
+        ask(episode)
+    assert refused.value.status_code == 410
+
+    recorded = trainer.trajectory(episode.id)
+    assert recorded.episode.status == "finished"
+    assert [(t.id, t.status) for t in recorded.turns] == [(turn.id, "failed")]
+    with pytest.raises(TrajproxyAPIError) as closed:
+        trainer.reply(turn.id, "late")
+    assert closed.value.status == 409
+
+
+def test_a_long_poll_whose_client_left_takes_no_turn(server: Any, trainer: TrainerClient, background: Any) -> None:
+    episode = trainer.create_episode()
+    with pytest.raises(httpx.ReadTimeout):  # a trainer long-polls, then dies
+        httpx.get(f"{server.url}/api/turns/next", params={"wait": 30}, timeout=0.5)
+    wait_until(lambda: httpx.get(f"{server.url}/health").json()["waiting_pollers"] == 0)  # the proxy noticed
+    call = background(ask, episode)
+    turn = trainer.next_turns(wait_s=5)[0]
+    assert turn.deliveries == 1  # nobody else ever held it
+    trainer.reply(turn.id, "fresh")
+    assert call.result(timeout=5).choices[0].message.content == "fresh"
+
+
+@pytest.mark.settings(keepalive_s=0.1)
+def test_keepalives_flow_while_a_stream_is_parked(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    lines: list[str] = []
+
+    def streaming_agent() -> None:
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v1/chat/completions",
+            json={**HELLO, "stream": True},
+            headers={"authorization": f"Bearer {episode.key}"},
+            timeout=10,
+        ) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines.extend(line for line in response.iter_lines() if line)
+
+    agent = threading.Thread(target=streaming_agent)
+    agent.start()
+    turn = trainer.next_turns(wait_s=5)[0]
+    time.sleep(0.6)  # parked for several keep-alive intervals
+    trainer.reply(turn.id, "streamed")
+    agent.join(timeout=5)
+
+    keepalives = [line for line in lines if line.startswith(":")]
+    data = [line for line in lines if line.startswith("data:")]
+    assert len(keepalives) >= 3
+    assert lines.index(keepalives[-1]) < lines.index(data[0])  # all keep-alives came before the reply
+    assert data[-1] == "data: [DONE]"
+    assert any('"content":"streamed"' in line for line in data)
+
+
+def test_concurrent_calls_in_one_episode_are_separate_ordered_turns(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    calls = [background(ask, episode, f"call {i}") for i in range(4)]
+    turns: list[Any] = []
+    while len(turns) < 4:
+        turns += trainer.next_turns(episode=episode.id, max=4, wait_s=5)
+    assert sorted(turn.seq for turn in turns) == [0, 1, 2, 3]
+    for turn in turns:
+        trainer.reply(turn.id, f"re: {turn.request['messages'][0]['content']}")
+    assert sorted(call.result(timeout=5).choices[0].message.content for call in calls) == [
+        f"re: call {i}" for i in range(4)
+    ]
+
+
+def test_batch_pull_across_episodes_and_for_one(server: Any, trainer: TrainerClient, background: Any) -> None:
+    one, two = trainer.create_episode(), trainer.create_episode()
+    calls = [background(ask, episode) for episode in (one, two, one, two, one)]
+    wait_until(lambda: server.broker.ready_turns == 5)
+
+    mine = trainer.next_turns(episode=two.id, max=10)
+    assert sorted(turn.episode_id for turn in mine) == [two.id, two.id]
+    rest = trainer.next_turns(max=2)
+    assert len(rest) == 2 and {turn.episode_id for turn in rest} == {one.id}
+    rest += trainer.next_turns(max=10)
+    assert len(rest) == 3
+    assert trainer.next_turns(max=10, wait_s=0) == []
+    for turn in mine + rest:
+        trainer.reply(turn.id, "ok")
+    assert [call.result(timeout=5).choices[0].message.content for call in calls] == ["ok"] * 5
+
+
+def test_pulling_for_an_unknown_episode_is_a_404(server: Any, trainer: TrainerClient) -> None:
+    with pytest.raises(TrajproxyAPIError) as missing:
+        trainer.next_turns(episode="ep_nope", wait_s=1)
+    assert missing.value.status == 404
