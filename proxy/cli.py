@@ -61,4 +61,5 @@ def serve(settings: Settings) -> None:
         log_level=settings.log_level,
         access_log=False,  # paths may carry episode keys (/e/<key>/...)
         timeout_keep_alive=75,
+        timeout_graceful_shutdown=5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
     )

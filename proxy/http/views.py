@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -46,16 +47,7 @@ def turn_view(turn: Turn) -> JsonObject:
 
 
 def reward_view(reward: Reward) -> JsonObject:
-    return {
-        "id": reward.id,
-        "episode_id": reward.episode_id,
-        "turn_id": reward.turn_id,
-        "name": reward.name,
-        "value": reward.value,
-        "source": reward.source,
-        "info": reward.info,
-        "created_at": reward.created_at,
-    }
+    return asdict(reward)
 
 
 def trajectory_view(episode: Episode, turns: list[Turn], rewards: list[Reward]) -> JsonObject:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -164,16 +165,7 @@ def turn_from(row: Any) -> Turn:
 
 
 def reward_row(reward: Reward) -> dict[str, Any]:
-    return {
-        "id": reward.id,
-        "episode_id": reward.episode_id,
-        "turn_id": reward.turn_id,
-        "name": reward.name,
-        "value": reward.value,
-        "source": reward.source,
-        "info": reward.info,
-        "created_at": reward.created_at,
-    }
+    return asdict(reward)
 
 
 def reward_from(row: Any) -> Reward:
