@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,7 +21,12 @@ class Settings(BaseSettings):
     keepalive_s: float = Field(default=10.0, gt=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     public_url: str | None = None
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lowercase(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @property
     def loopback_only(self) -> bool:

@@ -147,20 +147,23 @@ class SqlStore:
 
     def _connect(self) -> Engine:
         sqlite = self.url.startswith("sqlite")
-        engine = create_engine(
-            self.url,
-            json_serializer=dumps,
-            json_deserializer=orjson.loads,
-            pool_pre_ping=not sqlite,
-            connect_args={"check_same_thread": False, "timeout": 30} if sqlite else {},
-        )
-        if sqlite:
-            event.listen(engine, "connect", _tune_sqlite)
+        engine: Engine | None = None
         try:
+            engine = create_engine(
+                self.url,
+                json_serializer=dumps,
+                json_deserializer=orjson.loads,
+                pool_pre_ping=not sqlite,
+                connect_args={"check_same_thread": False, "timeout": 30} if sqlite else {},
+            )
+            if sqlite:
+                event.listen(engine, "connect", _tune_sqlite)
             SQLModel.metadata.create_all(engine)
         except SQLAlchemyError as e:
-            engine.dispose()
-            raise StorageError(f"cannot open the database at {engine.url!r}: {e}") from e
+            where = engine.url if engine is not None else self.url.split("@")[-1]
+            if engine is not None:
+                engine.dispose()
+            raise StorageError(f"cannot open the database at {where!r}: {e}") from e
         return engine
 
     def _write(self, op: Op) -> asyncio.Future[None]:
@@ -198,7 +201,11 @@ class SqlStore:
                     stopping = True
                     break
                 batch.append(item)
-            outcomes = self._commit([op for op, _ in batch])
+            try:
+                outcomes = self._commit([op for op, _ in batch])
+            except Exception as e:  # never let the writer die: every later write would hang
+                log.exception("database writer failed a batch")
+                outcomes = [StorageError(f"the database could not record this change: {e}")] * len(batch)
             assert self._loop is not None
             self._loop.call_soon_threadsafe(_settle, [future for _, future in batch], outcomes)
 
@@ -210,10 +217,10 @@ class SqlStore:
                 for op in ops:
                     op(conn)
             return [None] * len(ops)
-        except SQLAlchemyError:
+        except Exception as e:  # the driver's own errors (e.g. encoding) are not all SQLAlchemy's
             if len(ops) == 1:
                 log.exception("database write failed")
-                return [StorageError("the database could not record this change")]
+                return [StorageError(f"the database could not record this change: {type(e).__name__}")]
         return [self._commit([op])[0] for op in ops]
 
 

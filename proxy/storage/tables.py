@@ -7,7 +7,6 @@ from typing import Any
 
 import orjson
 from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 from proxy.core.values import (
@@ -22,7 +21,8 @@ from proxy.core.values import (
     Usage,
 )
 
-Json = JSON().with_variant(JSONB(), "postgresql")
+# Plain JSON, not JSONB, on Postgres too: JSONB refuses U+0000, which agents' tool output can carry.
+Json = JSON()
 
 
 class EpisodeRow(SQLModel, table=True):

@@ -1,0 +1,298 @@
+"""The real `trajproxy` console script, run as a subprocess: start-up, settings from flags and env, refusals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy import __version__
+
+START_S = 20  # generous: a cold interpreter imports fastapi, sqlalchemy and pydantic
+EXIT_S = 30
+
+
+def trajproxy_script() -> str:
+    beside = Path(sys.executable).parent / "trajproxy"
+    found = str(beside) if beside.exists() else shutil.which("trajproxy")
+    if found is None:
+        pytest.fail("the `trajproxy` console script is not installed (pip install -e .)")
+    return found
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any TRAJPROXY_* setting, plus `extra`."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("TRAJPROXY_")}
+    return {**env, **extra}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [trajproxy_script(), *args],
+        cwd=cwd,
+        env=env if env is not None else clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=EXIT_S,
+    )
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_healthy(self, port: int) -> float:
+        """Poll GET /health until it answers 200; returns the seconds since the process started."""
+        started = time.monotonic()
+        while time.monotonic() - started < START_S:
+            if self.process.poll() is not None:
+                pytest.fail(f"trajproxy exited with {self.process.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        pytest.fail(f"trajproxy did not answer /health within {START_S} s:\n{self.output()}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=EXIT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=EXIT_S)
+        return self.process.returncode
+
+
+@contextmanager
+def serving(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> Iterator[Served]:
+    log = cwd / f"trajproxy-{time.monotonic_ns()}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [trajproxy_script(), "serve", *args],
+            cwd=cwd,
+            env=env if env is not None else clean_env(),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    served = Served(process, log)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def journal_mode(database: Path) -> str:
+    with sqlite3.connect(database) as conn:
+        return str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+
+def test_version(tmp_path: Path) -> None:
+    done = run_cli(["--version"], tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"trajproxy {__version__}"
+
+
+def test_serve_answers_health_on_a_sqlite_file_in_wal_mode(tmp_path: Path) -> None:
+    port = free_port()
+    database = tmp_path / "x.db"
+    with serving(["--port", str(port), "--database-url", f"sqlite:///{database}"], tmp_path) as served:
+        start_s = served.wait_healthy(port)
+        print(f"trajproxy serve answered /health {start_s:.2f} s after it was started")
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+        assert health["status"] == "ok"
+        assert database.is_file()
+        assert journal_mode(database) == "wal"
+        # SIGTERM shuts it down cleanly (uvicorn re-raises the signal once its shutdown is complete).
+        assert served.stop() in (0, -signal.SIGTERM), served.output()
+        assert "Application shutdown complete" in served.output()
+
+
+def test_default_database_is_trajproxy_db_in_the_working_directory(tmp_path: Path) -> None:
+    port = free_port()
+    with serving(["--port", str(port)], tmp_path) as served:
+        served.wait_healthy(port)
+        assert (tmp_path / "trajproxy.db").is_file()
+        assert journal_mode(tmp_path / "trajproxy.db") == "wal"
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_refuses_a_public_address_without_a_trainer_token(tmp_path: Path, how: str) -> None:
+    port = str(free_port())
+    if how == "flag":
+        done = run_cli(["serve", "--host", "0.0.0.0", "--port", port], tmp_path)
+    else:
+        done = run_cli(["serve", "--port", port], tmp_path, clean_env(TRAJPROXY_HOST="0.0.0.0"))
+    assert done.returncode != 0
+    assert "TRAJPROXY_TRAINER_TOKEN" in done.stderr
+    assert "0.0.0.0" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "trajproxy.db").exists()
+
+
+def test_a_public_address_with_a_trainer_token_starts_and_guards_the_trainer_api(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["--host", "0.0.0.0", "--port", str(port), "--trainer-token", "tok-flag"]
+    with serving(args, tmp_path) as served:
+        served.wait_healthy(port)
+        api = f"http://127.0.0.1:{port}/api/episodes"
+        assert httpx.get(api, timeout=5).status_code == 401
+        assert httpx.get(api, headers={"Authorization": "Bearer tok-flag"}, timeout=5).status_code == 200
+
+
+def test_trajproxy_environment_variables_are_honoured(tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(
+        TRAJPROXY_PORT=str(port),
+        TRAJPROXY_HOST="0.0.0.0",
+        TRAJPROXY_TRAINER_TOKEN="tok-env",
+        TRAJPROXY_DATABASE_URL=f"sqlite:///{tmp_path}/env.db",
+        TRAJPROXY_PUBLIC_URL="http://proxy.example:9000",
+    )
+    with serving([], tmp_path, env) as served:
+        served.wait_healthy(port)
+        assert (tmp_path / "env.db").is_file()
+        assert not (tmp_path / "trajproxy.db").exists()
+        api = f"http://127.0.0.1:{port}/api/episodes"
+        assert httpx.get(api, timeout=5).status_code == 401
+        created = httpx.post(api, json={"task": "t"}, headers={"Authorization": "Bearer tok-env"}, timeout=5)
+        assert created.status_code == 201, created.text
+        assert created.json()["env"]["OPENAI_BASE_URL"] == "http://proxy.example:9000/v1"
+
+
+def test_flags_override_environment_variables(tmp_path: Path) -> None:
+    env_port, flag_port = free_port(), free_port()
+    env = clean_env(
+        TRAJPROXY_PORT=str(env_port),
+        TRAJPROXY_TRAINER_TOKEN="tok-env",
+        TRAJPROXY_DATABASE_URL=f"sqlite:///{tmp_path}/env.db",
+        TRAJPROXY_TURN_TIMEOUT_S="-1",  # invalid on its own; the flag below must win
+    )
+    args = [
+        "--port",
+        str(flag_port),
+        "--trainer-token",
+        "tok-flag",
+        "--database-url",
+        f"sqlite:///{tmp_path}/flag.db",
+        "--turn-timeout-s",
+        "5",
+    ]
+    with serving(args, tmp_path, env) as served:
+        served.wait_healthy(flag_port)
+        assert (tmp_path / "flag.db").is_file()
+        assert not (tmp_path / "env.db").exists()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{env_port}/health", timeout=2)
+        api = f"http://127.0.0.1:{flag_port}/api/episodes"
+        assert httpx.get(api, headers={"Authorization": "Bearer tok-env"}, timeout=5).status_code == 401
+        assert httpx.get(api, headers={"Authorization": "Bearer tok-flag"}, timeout=5).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "names"),
+    [
+        (["--turn-timeout-s", "-1"], {}, "turn_timeout_s"),
+        (["--port", "70000"], {}, "port"),
+        ([], {"TRAJPROXY_LEASE_S": "0"}, "lease_s"),
+        ([], {"TRAJPROXY_PORT": "eighty"}, "port"),
+        (["--max-body-bytes", "0"], {}, "max_body_bytes"),
+        (["--log-level", "loud"], {}, "log_level"),
+    ],
+    ids=["turn-timeout", "port-range", "lease-env", "port-env", "max-body", "log-level"],
+)
+def test_invalid_settings_exit_non_zero_with_a_readable_message(
+    tmp_path: Path, args: list[str], env: dict[str, str], names: str
+) -> None:
+    defaults = ["--database-url", f"sqlite:///{tmp_path}/x.db"]
+    if "--port" not in args and "TRAJPROXY_PORT" not in env:
+        defaults += ["--port", str(free_port())]
+    done = run_cli(["serve", *defaults, *args], tmp_path, clean_env(**env))
+    assert done.returncode != 0
+    assert names in done.stderr
+    assert "invalid settings" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_flag_of_the_wrong_type_is_a_usage_error(tmp_path: Path) -> None:
+    done = run_cli(["serve", "--port", "abc"], tmp_path)
+    assert done.returncode == 2
+    assert "--port" in done.stderr
+    assert "usage: trajproxy serve" in done.stderr
+
+
+@pytest.mark.parametrize("scheme", ["unknown-driver", "unreachable-server"])
+def test_a_database_it_cannot_open_stops_start_up_naming_the_database(tmp_path: Path, scheme: str) -> None:
+    secret = "s3cr3t-password"
+    if scheme == "unknown-driver":
+        url = f"nosuchdb://user:{secret}@localhost/db"
+    else:
+        url = f"postgresql://user:{secret}@127.0.0.1:{free_port()}/db"
+    done = run_cli(["serve", "--port", str(free_port()), "--database-url", url], tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "cannot open the database" in output
+    assert secret not in output
+
+
+LITELLM_PROBE = """
+import socket, sys, threading, time, urllib.request
+
+import proxy.cli
+import uvicorn
+from proxy.app import create_app
+from proxy.settings import Settings
+from proxy.tokens import TiktokenCounter
+
+app = create_app(Settings(database_url=sys.argv[1]))
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+thread.start()
+deadline = time.monotonic() + 20
+while not server.started and thread.is_alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
+port = sock.getsockname()[1]
+assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+assert TiktokenCounter().count_completion({"role": "assistant", "content": "hello there"}) > 0  # counting too
+server.should_exit = True
+thread.join(10)
+print(sorted(name for name in sys.modules if name.split(".")[0] == "litellm"))
+"""
+
+
+def test_litellm_is_not_imported_when_the_server_starts(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LITELLM_PROBE, f"sqlite:///{tmp_path}/probe.db"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=EXIT_S + 20,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
