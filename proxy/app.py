@@ -17,7 +17,8 @@ from proxy import __version__
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.http.agent import agent_routes
-from proxy.http.edge import redact, status_of
+from proxy.http.edge import error_body, redact, status_of
+from proxy.http.gate import TrainerGate
 from proxy.http.trainer import trainer_routes
 from proxy.settings import Settings
 from proxy.storage.sql import SqlStore
@@ -68,6 +69,8 @@ def create_app(settings: Settings) -> FastAPI:
     async def root() -> Response:
         return Response(orjson.dumps({"name": "trajproxy", "version": __version__}), media_type="application/json")
 
+    token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
+    app.add_middleware(TrainerGate, token=token, max_body_bytes=settings.max_body_bytes)
     app.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
@@ -75,8 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def error_response(status: int, kind: str, message: str) -> Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return Response(orjson.dumps(body), status, media_type="application/json")
+    return Response(error_body(kind, message), status, media_type="application/json")
 
 
 async def _domain_error(_request: Request, error: TrajproxyError) -> Response:

@@ -42,7 +42,9 @@ class TiktokenCounter:
         encoding = self._encoding(request.get("model"))
         total = _REPLY_PRIMER
         for message in request.get("messages") or ():
-            total += _PER_MESSAGE + sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(message))
+            role = message.get("role") if isinstance(message, dict) else None
+            total += _PER_MESSAGE + (len(encoding.encode(role)) if isinstance(role, str) else 0)
+            total += sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(message))
         for tool in request.get("tools") or ():
             total += sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(tool))
         return total

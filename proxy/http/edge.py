@@ -23,6 +23,11 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
 }
 
 
+def error_body(kind: str, message: str) -> bytes:
+    """OpenAI's error shape, used by the trainer API too."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+
 def status_of(error: errors.TrajproxyError) -> int:
     for kind in type(error).__mro__:
         if kind in STATUS:

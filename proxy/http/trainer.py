@@ -7,15 +7,13 @@ import contextlib
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from proxy import wire
 from proxy.core.broker import Broker
-from proxy.core.errors import PayloadTooLarge, Unauthorized
-from proxy.core.keys import same_secret
 from proxy.core.values import EpisodeStatus, JsonObject
-from proxy.http.edge import bearer, disconnected
+from proxy.http.edge import disconnected
 from proxy.http.views import episode_view, reply_from, reward_view, trajectory_view, turn_view
 from proxy.settings import Settings
 
@@ -25,18 +23,7 @@ def json_response(data: JsonObject, status: int = 200) -> Response:
 
 
 def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
-    token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-
-    async def guard(request: Request) -> None:
-        if token is not None:
-            given = bearer(request)
-            if given is None or not same_secret(given, token):
-                raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
-            raise PayloadTooLarge(f"request body of {declared} bytes is over the {settings.max_body_bytes}-byte limit")
-
-    router = APIRouter(prefix="/api", dependencies=[Depends(guard)], tags=["trainer"])
+    router = APIRouter(prefix="/api", tags=["trainer"])  # TrainerGate has checked the token and body size
 
     @router.post("/episodes", status_code=201, response_model=wire.EpisodeCreated)
     async def create_episode(body: wire.EpisodeCreate, request: Request) -> Response:

@@ -1,0 +1,81 @@
+"""TrainerGate: the trainer API's door; the token and the body size are checked before any route reads the body."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.core.errors import PayloadTooLarge, TrajproxyError, Unauthorized
+from proxy.core.keys import same_secret
+from proxy.http.edge import error_body, status_of
+
+OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; no data
+
+
+class TrainerGate:
+    """Pure ASGI (no BaseHTTPMiddleware): requests outside /api pass straight through."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+        self._app = app
+        self._token = token
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/api/") or path in OPEN_PATHS:
+            await self._app(scope, receive, send)
+            return
+        try:
+            self._check_token(scope)
+            body = await self._read_body(scope, receive)
+        except TrajproxyError as e:
+            await _refuse(send, e)
+            return
+        await self._app(scope, _replay(body, receive), send)
+
+    def _check_token(self, scope: Scope) -> None:
+        if self._token is None:
+            return
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not same_secret(given.strip(), self._token):
+            raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self._max_body_bytes
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit}-byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body, already read, then the client's own messages (so a long-poll still hears a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _refuse(send: Send, error: TrajproxyError) -> None:
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status_of(error), "headers": headers})
+    await send({"type": "http.response.body", "body": error_body(error.kind, error.message)})
