@@ -23,6 +23,7 @@ from proxy.http.trainer import trainer_routes
 from proxy.settings import Settings
 from proxy.storage.sql import SqlStore
 from proxy.tokens import TiktokenCounter
+from proxy.upstream import LitellmUpstream
 
 log = logging.getLogger("trajproxy")
 
@@ -30,7 +31,7 @@ log = logging.getLogger("trajproxy")
 def create_app(settings: Settings) -> FastAPI:
     store = SqlStore(settings.database_url)
     tokens = TiktokenCounter()
-    broker = Broker(store, tokens, turn_timeout_s=settings.turn_timeout_s, lease_s=settings.lease_s)
+    broker = Broker(store, tokens, LitellmUpstream(), turn_timeout_s=settings.turn_timeout_s, lease_s=settings.lease_s)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -94,6 +94,11 @@ class _Calls:
         return _Call("POST", f"/api/turns/{turn_id}/reply", wire.Turn.model_validate, json=body)
 
     @staticmethod
+    def forward(turn_id: str, model: str, options: dict[str, Any] | None, lease_id: str | None) -> _Call[wire.Turn]:
+        body = {"model": model, "options": options or {}, "lease_id": lease_id}
+        return _Call("POST", f"/api/turns/{turn_id}/forward", wire.Turn.model_validate, json=body, timeout_s=600)
+
+    @staticmethod
     def finish(episode_id: str, status: str, reason: str | None) -> _Call[wire.Episode]:
         body = {"status": status, "reason": reason}
         return _Call("POST", f"/api/episodes/{episode_id}/finish", wire.Episode.model_validate, json=body)
@@ -183,6 +188,12 @@ class TrainerClient:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return self._send(_Calls.reply(turn_id, _reply_body(content, tool_calls, message, error, extras)))
 
+    def forward(
+        self, turn_id: str, model: str, options: dict[str, Any] | None = None, lease_id: str | None = None
+    ) -> wire.Turn:
+        """Answer a turn from `model` through litellm (e.g. "openai/gpt-4o-mini", options={"api_base": ...})."""
+        return self._send(_Calls.forward(turn_id, model, options, lease_id))
+
     def finish(self, episode_id: str, status: str = "finished", reason: str | None = None) -> wire.Episode:
         return self._send(_Calls.finish(episode_id, status, reason))
 
@@ -253,6 +264,12 @@ class AsyncTrainerClient:
     ) -> wire.Turn:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return await self._send(_Calls.reply(turn_id, _reply_body(content, tool_calls, message, error, extras)))
+
+    async def forward(
+        self, turn_id: str, model: str, options: dict[str, Any] | None = None, lease_id: str | None = None
+    ) -> wire.Turn:
+        """Answer a turn from `model` through litellm (e.g. "openai/gpt-4o-mini", options={"api_base": ...})."""
+        return await self._send(_Calls.forward(turn_id, model, options, lease_id))
 
     async def finish(self, episode_id: str, status: str = "finished", reason: str | None = None) -> wire.Episode:
         return await self._send(_Calls.finish(episode_id, status, reason))

@@ -77,6 +77,14 @@ class ReplyIn(_Strict):
         return self
 
 
+class ForwardIn(_Strict):
+    """Answer a turn from a model through litellm; `options` go to the call (api_base, temperature, …)."""
+
+    model: str = Field(min_length=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    lease_id: str | None = None
+
+
 class FinishIn(_Strict):
     status: Literal["finished", "failed", "cancelled"] = "finished"
     reason: str | None = None

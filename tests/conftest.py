@@ -81,9 +81,13 @@ class Running:
 
 def start_server(settings: Settings) -> Running:
     """Run trajproxy with uvicorn on a thread of its own, on a free loopback port."""
+    return serve_app(create_app(settings), settings)
+
+
+def serve_app(app: Any, settings: Any = None) -> Running:
+    """Run an ASGI app with uvicorn on a thread of its own, on a free loopback port."""
     sock = _free_socket()
     port = sock.getsockname()[1]
-    app = create_app(settings)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -91,7 +95,7 @@ def start_server(settings: Settings) -> Running:
     deadline = time.monotonic() + 20
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("trajproxy did not start")
+            raise RuntimeError("the server did not start")
         time.sleep(0.01)
     return Running(server, thread, LiveServer(f"http://127.0.0.1:{port}", settings, app))
 

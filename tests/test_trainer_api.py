@@ -791,6 +791,7 @@ def every_api_route(episode_id: str, turn_id: str) -> list[tuple[str, str, Any]]
         ("GET", "/api/turns/next?wait=2", None),
         ("GET", f"/api/turns/{turn_id}", None),
         ("POST", f"/api/turns/{turn_id}/reply", {"message": {"content": "not from the trainer"}}),
+        ("POST", f"/api/turns/{turn_id}/forward", {"model": "openai/not-from-the-trainer"}),
     ]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, TurnClosed, TurnTimeout, Unauthorized
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
 from proxy.core.parking import ParkingLot, Slot
-from proxy.core.ports import Store, TokenCounter
+from proxy.core.ports import Store, TokenCounter, Upstream
 from proxy.core.values import (
     Episode,
     EpisodeStatus,
@@ -50,6 +50,7 @@ class Broker:
         self,
         store: Store,
         tokens: TokenCounter,
+        upstream: Upstream,
         *,
         turn_timeout_s: float,
         lease_s: float,
@@ -57,6 +58,7 @@ class Broker:
     ) -> None:
         self._store = store
         self._tokens = tokens
+        self._upstream = upstream
         self._turn_timeout_s = turn_timeout_s
         self._lease_s = lease_s
         self._now = clock
@@ -251,6 +253,21 @@ class Broker:
         written.add_done_callback(lambda done: _resolve(slot.answer, done, answered))
         await asyncio.shield(written)
         return answered
+
+    async def forward(
+        self, turn_id: str, model: str, options: JsonObject, lease_id: str | None = None, lease_s: float | None = None
+    ) -> Turn:
+        """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
+        slot = self._lot.get(turn_id)
+        if slot is None:
+            turn = await self.turn(turn_id)
+            raise TurnClosed(f"turn {turn_id} is {turn.status}; it can no longer be answered")
+        if lease_id is not None and slot.turn.lease_id != lease_id:
+            raise Conflict(f"lease {lease_id} on turn {turn_id} has expired; the turn was not forwarded")
+        self._lot.claim(slot, lease_s or self._lease_s, self._now())
+        lease_id = slot.turn.lease_id
+        reply = await self._upstream.complete(model, slot.turn.request, options)
+        return await self.reply(turn_id, replace(reply, answered_by=f"model:{model}"), lease_id)
 
     async def add_reward(
         self,

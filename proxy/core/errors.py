@@ -57,3 +57,7 @@ class TurnTimeout(TrajproxyError):
 
 class StorageError(TrajproxyError):
     kind = "storage_error"
+
+
+class UpstreamError(TrajproxyError):
+    kind = "upstream_error"

@@ -59,21 +59,29 @@ class ParkingLot:
         """Lease up to `max_turns` ready turns, oldest first, to the caller."""
         queue = self._ready if episode_id is None else self._ready_by_episode.get(episode_id)
         taken: list[Slot] = []
-        loop = asyncio.get_running_loop()
         while queue and len(taken) < max_turns:
             _, slot = queue.popitem(last=False)
-            self._unready(slot)
-            deliveries = slot.turn.deliveries + 1
-            slot.turn = replace(
-                slot.turn,
-                status=TurnStatus.LEASED,
-                deliveries=deliveries,
-                lease_id=f"{slot.turn.id}.{deliveries}",
-                leased_at=now,
-            )
-            slot.lease_timer = loop.call_later(lease_s, self._expire_lease, slot, slot.turn.lease_id)
-            taken.append(slot)
+            taken.append(self._lease(slot, lease_s, now))
         return taken
+
+    def claim(self, slot: Slot, lease_s: float, now: float) -> None:
+        """Lease one particular ready turn (to answer it from elsewhere) so no poller takes it meanwhile."""
+        if self._slots.get(slot.turn.id) is slot and slot.turn.status is TurnStatus.PARKED:
+            self._lease(slot, lease_s, now)
+
+    def _lease(self, slot: Slot, lease_s: float, now: float) -> Slot:
+        self._unready(slot)
+        deliveries = slot.turn.deliveries + 1
+        slot.turn = replace(
+            slot.turn,
+            status=TurnStatus.LEASED,
+            deliveries=deliveries,
+            lease_id=f"{slot.turn.id}.{deliveries}",
+            leased_at=now,
+        )
+        loop = asyncio.get_running_loop()
+        slot.lease_timer = loop.call_later(lease_s, self._expire_lease, slot, slot.turn.lease_id)
+        return slot
 
     def release(self, slot: Slot) -> None:
         """Put a leased turn back at the front of the queue (lease expired, or its poller is gone)."""

@@ -1,11 +1,11 @@
-"""The core's interfaces to the outside: where turns are recorded and how tokens are counted."""
+"""The core's interfaces to the outside: where turns are recorded, how tokens are counted, who else answers."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reward, Turn
+from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reply, Reward, Turn
 
 
 class Store(Protocol):
@@ -51,3 +51,11 @@ class TokenCounter(Protocol):
     def count_prompt(self, request: JsonObject) -> int: ...
 
     def count_completion(self, message: JsonObject) -> int: ...
+
+
+class Upstream(Protocol):
+    """A model that can answer a turn in the trainer's place (evaluation, teachers, side calls)."""
+
+    async def complete(self, model: str, request: JsonObject, options: JsonObject) -> Reply:
+        """Answer the chat request with `model`; raise UpstreamError if the model fails."""
+        ...

@@ -20,6 +20,7 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.EpisodeClosed: 410,
     errors.TurnTimeout: 504,
     errors.StorageError: 503,
+    errors.UpstreamError: 502,
 }
 
 

@@ -108,4 +108,9 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
         return json_response(turn_view(turn))
 
+    @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
+    async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
+        turn = await broker.forward(turn_id, body.model, body.options, body.lease_id)
+        return json_response(turn_view(turn))
+
     return router
