@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,7 +66,7 @@ class ReplyIn(_Strict):
     usage: UsageIn | None = None
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
     policy_version: str | None = None
     lease_id: str | None = None
 

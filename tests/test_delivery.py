@@ -254,3 +254,37 @@ def test_pulling_for_an_unknown_episode_is_a_404(server: Any, trainer: TrainerCl
     with pytest.raises(TrajproxyAPIError) as missing:
         trainer.next_turns(episode="ep_nope", wait_s=1)
     assert missing.value.status == 404
+
+
+def test_the_sdks_default_retries_do_not_multiply_timed_out_or_refused_calls(
+    server: Any, trainer: TrainerClient
+) -> None:
+    episode = trainer.create_episode(turn_timeout_s=0.3)
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key)  # max_retries=2
+    with pytest.raises(openai.APIStatusError) as timeout:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert timeout.value.response.headers["x-should-retry"] == "false"
+    assert len(trainer.trajectory(episode.id).turns) == 1  # one call, one turn: no retry became a second
+
+    trainer.finish(episode.id)
+    with pytest.raises(openai.APIStatusError) as closed:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+    assert closed.value.status_code == 410
+    assert len(trainer.trajectory(episode.id).turns) == 1
+
+
+def test_a_reply_with_non_finite_logprobs_is_refused_and_the_turn_stays_open(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    call = background(ask, episode)
+    turn = trainer.next_turns(wait_s=5)[0]
+    refused = httpx.post(
+        f"{server.url}/api/turns/{turn.id}/reply",
+        content=b'{"message": {"content": "x"}, "logprobs": [-0.5, -Infinity]}',
+        headers={"content-type": "application/json"},
+    )
+    assert refused.status_code in (400, 422)
+    assert trainer.turn(turn.id).status == "leased"
+    trainer.reply(turn.id, "fine", logprobs=[-0.5, -1e30])
+    assert call.result(timeout=5).choices[0].message.content == "fine"

@@ -34,6 +34,8 @@ from proxy.core.values import (
 log = logging.getLogger("trajproxy")
 
 _RECENT_TURNS = 4096
+_CLOSED_EPISODES = 100_000
+_LATE_ANSWER_S = 60.0
 _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 
@@ -65,6 +67,8 @@ class Broker:
         self._lot = ParkingLot(on_lease_expired=self._lease_expired)
         self._live: dict[str, _Live] = {}
         self._live_by_key: dict[str, _Live] = {}
+        self._closed: OrderedDict[str, Episode] = OrderedDict()  # tombstones: a stale read cannot reopen these
+        self._pending_replies: dict[str, asyncio.Future[None]] = {}
         self._recent: OrderedDict[str, Turn] = OrderedDict()
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -81,9 +85,9 @@ class Broker:
         return self._lot.poller_count
 
     async def drain(self) -> None:
-        """Wait for background writes (state changes nobody is waiting on) to be committed."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
+        if pending := list(self._background):
+            await asyncio.wait(pending)
 
     # Episodes
 
@@ -122,7 +126,7 @@ class Broker:
 
     async def episode(self, episode_id: str) -> Episode:
         live = self._live.get(episode_id)
-        episode = live.episode if live else await self._store.episode(episode_id)
+        episode = live.episode if live else self._closed.get(episode_id) or await self._store.episode(episode_id)
         if episode is None:
             raise NotFound(f"no episode {episode_id!r}")
         return episode
@@ -134,23 +138,24 @@ class Broker:
         """Close an episode; its open turns fail and their agents get an 'episode closed' error."""
         if not status.closed:
             raise BadRequest(f"an episode can only be finished as finished, failed or cancelled, not {status}")
-        episode = await self.episode(episode_id)
-        if episode.status.closed:
+        live = await self._live_episode(episode_id)
+        if live is None:
+            episode = await self.episode(episode_id)
             if episode.status is status:
                 return episode
             raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
-        episode = replace(episode, status=status, reason=reason, ended_at=self._now())
-        live = self._live.pop(episode_id, None)
-        if live is not None:
-            live.episode = episode
-            self._live_by_key.pop(episode.key_hash, None)
+        episode = replace(live.episode, status=status, reason=reason, ended_at=self._now())
+        live.episode = episode  # in-flight calls of this episode see it closed from now on
+        self._bury(episode)
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
         slots = self._lot.of_episode(episode_id)
         closed = [turn for slot in slots if (turn := self._close(slot, TurnStatus.FAILED, why))]
-        await asyncio.gather(self._store.save_episode(episode), self._store.save_turns(closed))
-        for slot in slots:
-            if not slot.answer.done():
-                slot.answer.set_exception(EpisodeClosed(why))
+        try:
+            await asyncio.gather(self._store.save_episode(episode), self._store.save_turns(closed))
+        finally:
+            for slot in slots:
+                if not slot.answer.done():
+                    slot.answer.set_exception(EpisodeClosed(why))
         return episode
 
     # Agent side
@@ -194,7 +199,7 @@ class Broker:
         except TimeoutError:
             expired = self._close(slot, TurnStatus.EXPIRED, f"no reply within the turn timeout of {timeout_s:g} s")
             if expired is None:  # answered (or closed) at the last moment: honour that instead
-                return await slot.answer
+                return await asyncio.wait_for(asyncio.shield(slot.answer), _LATE_ANSWER_S)
             await self._store.save_turns([expired])
             raise TurnTimeout(
                 f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
@@ -220,10 +225,11 @@ class Broker:
         turns = [slot.turn for slot in slots]
         try:
             await asyncio.shield(self._store.save_turns(turns))
-        except asyncio.CancelledError:
+        except BaseException:  # the poller left, or the lease could not be recorded: give the turns back
             self.release(turns)
             raise
-        return turns
+        # A turn settled while its lease was being recorded (agent gone, episode finished) is not handed out.
+        return [turn for slot, turn in zip(slots, turns, strict=True) if self._lot.get(turn.id) is slot]
 
     def release(self, turns: Sequence[Turn]) -> None:
         """Give back leased turns whose poller went away before receiving them."""
@@ -250,7 +256,8 @@ class Broker:
         answered = self._close(slot, TurnStatus.ANSWERED, None, reply=reply, answered_at=now)
         assert answered is not None
         written = asyncio.ensure_future(self._store.save_turns([answered]))
-        written.add_done_callback(lambda done: _resolve(slot.answer, done, answered))
+        self._pending_replies[turn_id] = written
+        written.add_done_callback(lambda done: self._reply_written(slot, done, answered))
         await asyncio.shield(written)
         return answered
 
@@ -264,9 +271,13 @@ class Broker:
             raise TurnClosed(f"turn {turn_id} is {turn.status}; it can no longer be answered")
         if lease_id is not None and slot.turn.lease_id != lease_id:
             raise Conflict(f"lease {lease_id} on turn {turn_id} has expired; the turn was not forwarded")
-        self._lot.claim(slot, lease_s or self._lease_s, self._now())
+        self._lot.hold(slot, self._now())
         lease_id = slot.turn.lease_id
-        reply = await self._upstream.complete(model, slot.turn.request, options)
+        try:
+            reply = await self._upstream.complete(model, slot.turn.request, options)
+        except BaseException:  # the model failed: the turn is the trainer's again, under a running lease
+            self._lot.renew(slot, lease_s or self._lease_s)
+            raise
         return await self.reply(turn_id, replace(reply, answered_by=f"model:{model}"), lease_id)
 
     async def add_reward(
@@ -326,6 +337,9 @@ class Broker:
         return turn
 
     async def _replied_before(self, turn_id: str, reply: Reply) -> Turn:
+        pending = self._pending_replies.get(turn_id)
+        if pending is not None:  # an answer is being recorded: judge this one against it once it is
+            await asyncio.shield(pending)
         turn = await self.turn(turn_id)
         if turn.status is TurnStatus.ANSWERED:
             if turn.reply is not None and _same_reply(turn.reply, reply):
@@ -349,13 +363,31 @@ class Broker:
     async def _live_episode(self, episode_id: str) -> _Live | None:
         """The live state of an open episode, loaded from the store if this process has not seen it."""
         live = self._live.get(episode_id)
-        if live is not None:
-            return live
+        if live is not None or episode_id in self._closed:
+            return live if live is not None and not live.episode.status.closed else None
         episode = await self._store.episode(episode_id)
         if episode is None or episode.status.closed:
             return None
         next_seq = await self._store.next_seq(episode_id)
+        if episode_id in self._closed:  # finished while we were reading the store
+            return None
         return self._live.get(episode_id) or self._remember(episode, next_seq)
+
+    def _reply_written(self, slot: Slot, written: asyncio.Future[None], answered: Turn) -> None:
+        self._pending_replies.pop(answered.id, None)
+        if not written.cancelled() and written.exception() is not None:
+            failed = replace(answered, status=TurnStatus.FAILED, reason="the reply could not be recorded")
+            self._recent[answered.id] = failed
+            self._submit(self._store.save_turns([failed]))
+        _resolve(slot.answer, written, answered)
+
+    def _bury(self, episode: Episode) -> None:
+        """Forget a closed episode's live state, keeping a tombstone so no stale read revives it."""
+        self._live.pop(episode.id, None)
+        self._live_by_key.pop(episode.key_hash, None)
+        self._closed[episode.id] = episode
+        if len(self._closed) > _CLOSED_EPISODES:
+            self._closed.popitem(last=False)
 
     def _remember(self, episode: Episode, next_seq: int) -> _Live:
         live = _Live(episode, next_seq)

@@ -64,10 +64,20 @@ class ParkingLot:
             taken.append(self._lease(slot, lease_s, now))
         return taken
 
-    def claim(self, slot: Slot, lease_s: float, now: float) -> None:
-        """Lease one particular ready turn (to answer it from elsewhere) so no poller takes it meanwhile."""
-        if self._slots.get(slot.turn.id) is slot and slot.turn.status is TurnStatus.PARKED:
-            self._lease(slot, lease_s, now)
+    def hold(self, slot: Slot, now: float) -> None:
+        """Lease a turn with no expiry while it is answered from elsewhere, so no poller takes it meanwhile."""
+        if self._slots.get(slot.turn.id) is not slot:
+            return
+        if slot.turn.status is TurnStatus.PARKED:
+            self._lease(slot, 0.0, now)
+        self._cancel_lease(slot)
+
+    def renew(self, slot: Slot, lease_s: float) -> None:
+        """Restart the expiry of a held lease (the answer from elsewhere did not come)."""
+        if self._slots.get(slot.turn.id) is slot and slot.turn.status is TurnStatus.LEASED:
+            self._cancel_lease(slot)
+            loop = asyncio.get_running_loop()
+            slot.lease_timer = loop.call_later(lease_s, self._expire_lease, slot, slot.turn.lease_id)
 
     def _lease(self, slot: Slot, lease_s: float, now: float) -> Slot:
         self._unready(slot)

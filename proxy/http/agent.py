@@ -28,7 +28,8 @@ def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
                 slot = await broker.park(episode.id, dialect.name, parsed.request, raw, stream=parsed.stream)
             except TrajproxyError as e:
                 status = status_of(e)
-                return Response(dialect.error_body(status, e.kind, e.message), status, media_type="application/json")
+                error = dialect.error_body(status, e.kind, e.message)
+                return Response(error, status, headers={"x-should-retry": "false"}, media_type="application/json")
             return ParkedReply(broker, dialect, parsed, slot, episode, settings.keepalive_s)
 
         return call

@@ -21,6 +21,8 @@ from proxy.dialects.dialect import Call, Dialect
 from proxy.http.edge import disconnected, status_of
 
 JSON = [(b"content-type", b"application/json")]
+# SDKs retry 5xx, 409 and 429 unless told not to; the proxy's own verdicts (timeout, closed) are final.
+NO_RETRY = [*JSON, (b"x-should-retry", b"false")]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -67,10 +69,10 @@ class ParkedReply(Response):
                     await send({"type": "http.response.start", "status": 200, "headers": SSE})
                     started = True
                 await send({"type": "http.response.body", "body": self._dialect.keepalive, "more_body": True})
-        status, body = self._outcome(answer)
+        status, body, headers = self._outcome(answer)
         if not started:
             if status != 200:
-                await self._respond(send, status, body)
+                await self._respond(send, status, body, headers)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
         if status == 200:
@@ -80,19 +82,20 @@ class ParkedReply(Response):
             body = self._stream_error(answer)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    def _outcome(self, answer: asyncio.Future[Turn]) -> tuple[int, bytes]:
+    def _outcome(self, answer: asyncio.Future[Turn]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
         """The status and (non-streamed) body the agent gets for a settled turn."""
         error = answer.exception()
         if isinstance(error, TrajproxyError):
-            return status_of(error), self._dialect.error_body(status_of(error), error.kind, error.message)
+            status = status_of(error)
+            return status, self._dialect.error_body(status, error.kind, error.message), NO_RETRY
         if error is not None:
             raise error
         turn = answer.result()
         assert turn.reply is not None
-        if turn.reply.error is not None:
+        if turn.reply.error is not None:  # the trainer's own error: the SDK's retry rules apply
             failure = turn.reply.error
-            return failure.status, self._dialect.error_body(failure.status, failure.kind, failure.message)
-        return 200, self._dialect.render(self._call, turn)
+            return failure.status, self._dialect.error_body(failure.status, failure.kind, failure.message), JSON
+        return 200, self._dialect.render(self._call, turn), JSON
 
     def _stream_error(self, answer: asyncio.Future[Turn]) -> bytes:
         error = answer.exception()
@@ -103,8 +106,8 @@ class ParkedReply(Response):
         return self._dialect.stream_error(failure.status, failure.kind, failure.message)
 
     @staticmethod
-    async def _respond(send: Send, status: int, body: bytes) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": JSON})
+    async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
