@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--keepalive-s", type=float, help="seconds between stream keep-alives (default 10)")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 32 MiB)")
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
+    serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     return parser
 
@@ -54,12 +57,33 @@ def serve(settings: Settings) -> None:
     from proxy.app import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # paths may carry episode keys (/e/<key>/...)
         timeout_keep_alive=75,
         timeout_graceful_shutdown=5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
     )
+    try:
+        sockets = listen(settings)
+    except OSError as e:
+        sys.exit(f"trajproxy: cannot listen: {e}")
+    where = f"http://{settings.host}:{sockets[0].getsockname()[1]}"
+    logging.getLogger("trajproxy").info(
+        "serving on %s%s", where, f" and unix:{settings.socket_path}" if settings.socket_path else ""
+    )
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def listen(settings: Settings) -> list[socket.socket]:
+    """The TCP socket trainers and agents use, and the Unix socket sandboxes' gates relay to, if any."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sockets = [socket.create_server((settings.host, settings.port), family=family)]
+    if settings.socket_path:
+        path = Path(settings.socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(str(path))
+        sockets.append(unix)
+    return sockets

@@ -21,6 +21,7 @@ class Settings(BaseSettings):
     keepalive_s: float = Field(default=10.0, gt=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     public_url: str | None = None
+    socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @field_validator("log_level", mode="before")

@@ -1,1 +1,1 @@
-"""Sandboxes: one container per episode (arrives with the sandbox issue)."""
+"""Sandboxes: one container per episode, in which an unmodified agent can reach trajproxy and nothing else."""

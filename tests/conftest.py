@@ -85,12 +85,17 @@ def start_server(settings: Settings) -> Running:
 
 
 def serve_app(app: Any, settings: Any = None) -> Running:
-    """Run an ASGI app with uvicorn on a thread of its own, on a free loopback port."""
+    """Run an ASGI app with uvicorn on a thread of its own, on a free loopback port (and its Unix socket)."""
     sock = _free_socket()
     port = sock.getsockname()[1]
+    sockets = [sock]
+    if settings is not None and settings.socket_path:
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(settings.socket_path)
+        sockets.append(unix)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:

@@ -35,6 +35,10 @@ class Unauthorized(TrajproxyError):
     kind = "authentication_error"
 
 
+class Forbidden(TrajproxyError):
+    kind = "permission_error"
+
+
 class NotFound(TrajproxyError):
     kind = "not_found_error"
 

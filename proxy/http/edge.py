@@ -15,6 +15,7 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.PayloadTooLarge: 413,
     errors.BadRequest: 400,
     errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.EpisodeClosed: 410,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.core.errors import PayloadTooLarge, TrajproxyError, Unauthorized
+from proxy.core.errors import Forbidden, PayloadTooLarge, TrajproxyError, Unauthorized
 from proxy.core.keys import same_secret
 from proxy.http.edge import error_body, status_of
 
@@ -25,6 +25,9 @@ class TrainerGate:
             await self._app(scope, receive, send)
             return
         try:
+            server = scope.get("server")
+            if server is None or server[1] is None:  # a Unix socket (no port): the sandboxes' door, agents only
+                raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
             self._check_token(scope)
             body = await self._read_body(scope, receive)
         except TrajproxyError as e:

@@ -1,0 +1,61 @@
+"""The Sandbox interface: a narrow view of one episode's container, whatever runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class SandboxError(Exception):
+    """A sandbox could not be started, used or stopped; the message says what to do about it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Resources one sandbox may use."""
+
+    cpus: float = 1.0
+    memory_bytes: int = 2 * 1024**3
+    pids: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """What to start: an image, its working directory, and the environment the agent gets."""
+
+    image: str
+    workdir: str = "/"
+    env: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    labels: dict[str, str] = field(default_factory=dict)
+    proxy: bool = True  # reach trajproxy (and nothing else); False: no network at all
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int
+    output: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class Sandbox(Protocol):
+    """One running sandbox. Commands run through `sh -c` in the working directory."""
+
+    @property
+    def id(self) -> str: ...
+
+    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult: ...
+
+    async def upload(self, path: str, content: bytes) -> None: ...
+
+    async def download(self, path: str) -> bytes: ...
+
+    async def stop(self) -> None: ...
+
+
+class SandboxFactory(Protocol):
+    async def start(self, spec: SandboxSpec) -> Sandbox: ...

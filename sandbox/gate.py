@@ -1,0 +1,39 @@
+"""The gate's forwarder: run inside a network-less container, it relays loopback TCP to trajproxy's Unix socket.
+
+An agent container joins the gate's network namespace, so 127.0.0.1:<port> (this relay) is the only
+address it has: no internet, no host ports, no other sandbox. Standard library only; it runs as
+`python3 -c SOURCE SOCKET PORT` in any image with Python 3.
+"""
+
+import asyncio
+import sys
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _relay(socket_path: str, client: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    try:
+        upstream, upstream_writer = await asyncio.open_unix_connection(socket_path)
+    except OSError:
+        client_writer.close()
+        return
+    await asyncio.gather(_pipe(client, upstream_writer), _pipe(upstream, client_writer))
+
+
+async def main(socket_path: str, port: int) -> None:
+    server = await asyncio.start_server(lambda reader, writer: _relay(socket_path, reader, writer), "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
