@@ -44,12 +44,14 @@ class DockerSandboxes:
         *,
         gate_image: str = "python:3.11-slim",
         proxy_port: int = 8000,
+        labels: dict[str, str] | None = None,
         client: Any = None,
     ) -> None:
         self._socket_source = socket_source
         self._socket_name = socket_name
         self._gate_image = gate_image
         self.proxy_port = proxy_port
+        self.labels = {MANAGED: "1", **(labels or {})}  # on every container; prune() removes what carries them
         self._client = client
 
     @property
@@ -61,7 +63,7 @@ class DockerSandboxes:
         return await asyncio.to_thread(self._start, spec)
 
     async def prune(self) -> int:
-        """Remove every container trajproxy started and left behind; returns how many."""
+        """Remove every container these sandboxes' labels mark (all of trajproxy's, by default); returns how many."""
         return await asyncio.to_thread(self._prune)
 
     def _docker(self) -> Any:
@@ -77,7 +79,7 @@ class DockerSandboxes:
         client = self._docker()
         for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
             _ensure_image(client, image)
-        labels = {MANAGED: "1", **spec.labels}
+        labels = {**self.labels, **spec.labels}
         hardening: dict[str, Any] = {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "labels": labels}
         gate = None
         try:
@@ -116,7 +118,8 @@ class DockerSandboxes:
         return DockerSandbox(agent, gate, spec.workdir)
 
     def _prune(self) -> int:
-        containers = self._docker().containers.list(all=True, filters={"label": f"{MANAGED}=1"})
+        selector = [f"{name}={value}" for name, value in self.labels.items()]
+        containers = self._docker().containers.list(all=True, filters={"label": selector})
         for container in containers:
             _remove(container)
         return len(containers)
@@ -202,5 +205,8 @@ def _remove(container: Any) -> None:
         container.remove(force=True)
     except docker.errors.NotFound:
         pass
+    except docker.errors.APIError as e:
+        if e.status_code != 409:  # 409: a removal is already under way
+            raise SandboxError(f"could not remove container {container.id[:12]}: {e}") from e
     except docker.errors.DockerException as e:
         raise SandboxError(f"could not remove container {container.id[:12]}: {e}") from e

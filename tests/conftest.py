@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import docker
 import pytest
 import sqlalchemy
 import uvicorn
@@ -20,6 +23,7 @@ from proxy.app import create_app
 from proxy.client import TrainerClient
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
+from sandbox.docker_sandbox import DockerSandboxes
 
 POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
@@ -142,3 +146,49 @@ def background() -> Iterator[Callable[..., Future[Any]]]:
     """Run a blocking call (an agent's SDK request) on another thread; returns its future."""
     with ThreadPoolExecutor(max_workers=16) as pool:
         yield pool.submit
+
+
+# Docker: sandboxes on a real engine.
+
+SANDBOX_IMAGE = "python:3.11-slim"
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    try:
+        client = docker.from_env()
+        client.ping()
+        client.images.get(SANDBOX_IMAGE)
+    except docker.errors.DockerException as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Docker tests, but the engine is not ready: {e}")
+        pytest.skip(f"no Docker engine with {SANDBOX_IMAGE} ({e}); run ../shared/tools/docker-up or bash .ci/run")
+    return client
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="tp")  # short: Unix socket paths are limited to 108 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def sandboxes(engine: Any, socket_dir: str) -> Iterator[DockerSandboxes]:
+    """Sandboxes labelled for this test alone, so tests (and test runs) sharing an engine never meet."""
+    factory = DockerSandboxes(socket_dir, labels={"trajproxy.test": secrets.token_hex(6)})
+    yield factory
+    leftovers = engine.containers.list(all=True, filters={"label": mine(factory)})
+    for container in leftovers:
+        container.remove(force=True)
+    assert not leftovers, "a test left containers behind"
+
+
+@pytest.fixture
+def proxied(make_server: Any, socket_dir: str) -> Any:
+    return make_server(socket_path=f"{socket_dir}/proxy.sock")
+
+
+def mine(factory: DockerSandboxes) -> list[str]:
+    """A docker label filter for the containers this factory started."""
+    return [f"{name}={value}" for name, value in factory.labels.items()]

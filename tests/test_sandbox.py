@@ -4,63 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import os
-import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-import docker
 import httpx
 import pytest
 
 from proxy.client import TrainerClient
 from sandbox.containers import Limits, SandboxError, SandboxSpec
-from sandbox.docker_sandbox import MANAGED, DockerSandboxes
+from sandbox.docker_sandbox import DockerSandboxes
+from tests.conftest import mine
 
 IMAGE = "python:3.11-slim"
-
-
-@pytest.fixture(scope="module")
-def engine() -> Any:
-    try:
-        client = docker.from_env()
-        client.ping()
-        client.images.get(IMAGE)
-    except docker.errors.DockerException as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the Docker tests, but the engine is not ready: {e}")
-        pytest.skip(f"no Docker engine with {IMAGE} ({e}); run ../shared/tools/docker-up or bash .ci/run")
-    return client
 
 
 @pytest.fixture
 def database_url(tmp_path: Any) -> str:
     """Sandboxes do not care where turns are stored: SQLite only (the store has its own contract suite)."""
     return f"sqlite:///{tmp_path}/trajproxy.db"
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="tp")  # short: Unix socket paths are limited to 108 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def sandboxes(engine: Any, socket_dir: str) -> Iterator[DockerSandboxes]:
-    yield DockerSandboxes(socket_dir)
-    leftovers = engine.containers.list(all=True, filters={"label": f"{MANAGED}=1"})
-    for container in leftovers:
-        container.remove(force=True)
-    assert not leftovers, "a test left containers behind"
-
-
-@pytest.fixture
-def proxied(make_server: Any, socket_dir: str) -> Any:
-    return make_server(socket_path=f"{socket_dir}/proxy.sock")
 
 
 def run(coro: Any) -> Any:
@@ -213,7 +176,7 @@ def test_exec_timeouts_and_files(sandboxes: DockerSandboxes) -> None:
 def test_a_missing_image_is_a_clear_error_and_leaves_nothing(sandboxes: DockerSandboxes, engine: Any) -> None:
     with pytest.raises(SandboxError, match="not found"):
         run(sandboxes.start(SandboxSpec("trajproxy-test/no-such-image:404")))
-    assert not engine.containers.list(all=True, filters={"label": f"{MANAGED}=1"})
+    assert not engine.containers.list(all=True, filters={"label": mine(sandboxes)})
 
 
 def test_prune_removes_what_was_left_behind(sandboxes: DockerSandboxes, engine: Any) -> None:
@@ -223,7 +186,7 @@ def test_prune_removes_what_was_left_behind(sandboxes: DockerSandboxes, engine: 
         return await sandboxes.prune()
 
     assert run(scenario()) == 3  # two agents and one gate
-    assert not engine.containers.list(all=True, filters={"label": f"{MANAGED}=1"})
+    assert not engine.containers.list(all=True, filters={"label": mine(sandboxes)})
 
 
 def test_the_sandbox_socket_serves_agents_but_never_the_trainer_api(proxied: Any, socket_dir: str) -> None:

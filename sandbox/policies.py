@@ -1,0 +1,91 @@
+"""Who answers an episode's LLM calls during a run: an external trainer, a script, or a model.
+
+A policy serves the turns of the episodes it is given until they finish. The trainer policy does
+nothing: an external trainer pulls the turns over the trainer API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from proxy.client import AsyncTrainerClient, TrajproxyAPIError
+
+_POLL_S = 1.0
+
+
+class Policy(Protocol):
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        """Answer the episode's turns until it is cancelled."""
+        ...
+
+
+class TrainerPolicy:
+    """An external trainer answers: nothing to do here."""
+
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        await asyncio.Event().wait()
+
+
+class ScriptedPolicy:
+    """Replies from a JSONL file, one object per turn in order: {"content": ..., "tool_calls": ...}.
+
+    Turn n of every episode gets line n; past the end, the last line repeats.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.replies: list[dict[str, Any]] = []
+        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    reply = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{number}: not valid JSON ({e.msg})") from e
+                if not isinstance(reply, dict) or not ({"content", "tool_calls"} & reply.keys()):
+                    raise ValueError(f'{path}:{number}: expected {{"content": ...}} or {{"tool_calls": [...]}}')
+                self.replies.append(reply)
+        if not self.replies:
+            raise ValueError(f"{path}: the script has no replies")
+
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        answered = 0
+        while True:
+            for turn in await trainer.next_turns(episode=episode_id, max=8, wait_s=_POLL_S * 10):
+                reply = self.replies[min(answered, len(self.replies) - 1)]
+                answered += 1
+                await _answer(trainer.reply(turn.id, message=reply, lease_id=turn.lease_id))
+
+
+class ModelPolicy:
+    """Forwards every turn to a model through litellm (any name litellm knows, e.g. openai/gpt-4o-mini)."""
+
+    def __init__(self, model: str, options: dict[str, Any] | None = None) -> None:
+        self.model = model
+        self.options = options or {}
+
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        while True:
+            for turn in await trainer.next_turns(episode=episode_id, max=8, wait_s=_POLL_S * 10):
+                await _answer(trainer.forward(turn.id, self.model, self.options, lease_id=turn.lease_id))
+
+
+async def _answer(call: Any) -> None:
+    try:
+        await call
+    except TrajproxyAPIError as e:
+        if e.status != 409:  # 409: the turn ended meanwhile (its agent left, or the episode finished)
+            raise
+
+
+def policy_from(spec: str) -> Policy:
+    """`trainer`, `scripted:FILE` or `model:NAME`."""
+    kind, _, argument = spec.partition(":")
+    if kind == "trainer" and not argument:
+        return TrainerPolicy()
+    if kind == "scripted" and argument:
+        return ScriptedPolicy(argument)
+    if kind == "model" and argument:
+        return ModelPolicy(argument)
+    raise ValueError(f"unknown policy {spec!r}: use trainer, scripted:FILE or model:NAME")
