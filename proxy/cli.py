@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    from sandbox.launch import add_commands  # light: the run command imports what it needs when it runs
+
+    add_commands(commands)
     return parser
 
 
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> None:
         except ValidationError as e:
             sys.exit(f"trajproxy: invalid settings:\n{e}")
         serve(settings)
+    else:
+        from sandbox.launch import main as launch
+
+        sys.exit(launch(args))
 
 
 def serve(settings: Settings) -> None:

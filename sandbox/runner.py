@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from proxy.client import AsyncTrainerClient
+from sandbox.agents import AGENTS
 from sandbox.containers import ExecResult, Limits, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.policies import Policy
 from sandbox.tasks import Task
 
-AGENTS = {"minimal": "minimal-agent @{task_file} --workdir {workdir}"}
+__all__ = ["AGENTS", "Outcome", "Progress", "RunConfig", "Runner"]
+
 TASK_FILE = "/tmp/trajproxy-task.md"
 DIFF_FILE = "/tmp/trajproxy.diff"
 CAPTURE_DIFF = "git add -A >/dev/null && git diff --cached --binary HEAD"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -192,3 +193,19 @@ def proxied(make_server: Any, socket_dir: str) -> Any:
 def mine(factory: DockerSandboxes) -> list[str]:
     """A docker label filter for the containers this factory started."""
     return [f"{name}={value}" for name, value in factory.labels.items()]
+
+
+# The example task, built from the repository's own Dockerfiles.
+
+ROOT = Path(__file__).parent.parent
+EXAMPLE = ROOT / "examples" / "tasks" / "calc"
+AGENT_IMAGE = "trajproxy/agent-minimal"
+TASK_IMAGE = "trajproxy/example-calc"
+
+
+@pytest.fixture(scope="session")
+def task_image(engine: Any) -> str:
+    """The example task's image, built from the repo's own Dockerfiles (the agent's first)."""
+    engine.images.build(path=str(ROOT / "agents" / "minimal"), tag=AGENT_IMAGE, rm=True)
+    engine.images.build(path=str(EXAMPLE), tag=TASK_IMAGE, rm=True)
+    return TASK_IMAGE

@@ -16,20 +16,7 @@ from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.policies import ScriptedPolicy
 from sandbox.runner import AGENTS, Outcome, RunConfig, Runner
 from sandbox.tasks import Task, TaskError, read_tasks
-from tests.conftest import mine
-
-ROOT = Path(__file__).parent.parent
-EXAMPLE = ROOT / "examples" / "tasks" / "calc"
-AGENT_IMAGE = "trajproxy/agent-minimal"
-TASK_IMAGE = "trajproxy/example-calc"
-
-
-@pytest.fixture(scope="session")
-def task_image(engine: Any) -> str:
-    """The example task's image, built from the repo's own Dockerfiles (the agent's first)."""
-    engine.images.build(path=str(ROOT / "agents" / "minimal"), tag=AGENT_IMAGE, rm=True)
-    engine.images.build(path=str(EXAMPLE), tag=TASK_IMAGE, rm=True)
-    return TASK_IMAGE
+from tests.conftest import EXAMPLE, mine
 
 
 @pytest.fixture

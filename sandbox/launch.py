@@ -1,0 +1,190 @@
+"""`trajproxy run`: run a file of tasks in sandboxes, with a live progress display, against an embedded or
+a running trajproxy; and `trajproxy sandbox prune`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox.agents import AGENTS
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from sandbox.policies import Policy
+    from sandbox.runner import Outcome, Progress, RunConfig
+    from sandbox.tasks import Task, TaskError
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = commands.add_parser("run", help="run a JSONL file of tasks in sandboxes and grade them")
+    run.add_argument("tasks", help="JSONL, one task per line (prompt, label, metadata.image/workdir/eval_cmd)")
+    run.add_argument("--image", help="run every task in this image instead of its metadata.image")
+    agent = run.add_mutually_exclusive_group(required=True)
+    agent.add_argument("--agent", choices=sorted(AGENTS), help="a preset agent command")
+    agent.add_argument("--agent-cmd", help="the agent's command; {task_file} and {workdir} are filled in")
+    run.add_argument("--policy", default="trainer", help="trainer (default), scripted:FILE or model:NAME")
+    run.add_argument("--concurrency", type=int, default=4)
+    run.add_argument("--agent-timeout-s", type=float, default=1800.0)
+    run.add_argument("--grade-timeout-s", type=float, default=600.0)
+    run.add_argument("--cpus", type=float, default=1.0)
+    run.add_argument("--memory-mb", type=int, default=2048)
+    run.add_argument("--pids", type=int, default=512)
+    run.add_argument("--proxy-url", help="a running trajproxy's URL (default: run one for this run)")
+    run.add_argument("--trainer-token", help="its trainer token")
+    run.add_argument("--socket-source", help="with --proxy-url: the host folder or volume of its --socket-path")
+    run.add_argument("--port", type=int, default=8000, help="the embedded trajproxy's port, for a trainer")
+    run.add_argument("--database-url", default="sqlite:///./trajproxy.db", help="the embedded trajproxy's database")
+    sandbox = commands.add_parser("sandbox", help="manage sandboxes")
+    sandbox.add_argument("action", choices=["prune"], help="prune: remove every container trajproxy left behind")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the `run` or `sandbox` command; returns the exit status."""
+    from sandbox.containers import Limits
+    from sandbox.docker_sandbox import DockerSandboxes
+    from sandbox.policies import policy_from
+    from sandbox.runner import RunConfig
+    from sandbox.tasks import TaskError, read_tasks
+
+    console = _console()
+    if args.command == "sandbox":
+        removed = asyncio.run(DockerSandboxes("unused").prune())
+        console.print(f"removed {removed} container(s)")
+        return 0
+    try:
+        policy = policy_from(args.policy)
+    except (ValueError, OSError) as e:
+        console.print(f"[red]trajproxy run: {e}")
+        return 2
+    if not Path(args.tasks).is_file():
+        console.print(f"[red]trajproxy run: no such file: {args.tasks}")
+        return 2
+    parsed = list(read_tasks(args.tasks, image=args.image))
+    config = RunConfig(
+        agent_cmd=args.agent_cmd or AGENTS[args.agent],
+        agent_timeout_s=args.agent_timeout_s,
+        grade_timeout_s=args.grade_timeout_s,
+        limits=Limits(cpus=args.cpus, memory_bytes=args.memory_mb * 1024**2, pids=args.pids),
+    )
+    try:
+        outcomes = asyncio.run(_run(args, parsed, policy, config))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: the unfinished episodes are recorded as cancelled")
+        return 130
+    _summarise(console, outcomes, [e for e in parsed if isinstance(e, TaskError)])
+    return 0
+
+
+async def _run(
+    args: argparse.Namespace, parsed: list[Task | TaskError], policy: Policy, config: RunConfig
+) -> list[Outcome]:
+    from rich.live import Live
+
+    from proxy.client import AsyncTrainerClient
+    from sandbox.docker_sandbox import DockerSandboxes
+    from sandbox.runner import Progress, Runner
+    from sandbox.tasks import Task, TaskError
+
+    console = _console()
+    tasks = [task for task in parsed if isinstance(task, Task)]
+    async with _proxy(args) as (url, token, socket_source):
+        sandboxes = DockerSandboxes(socket_source)
+        async with AsyncTrainerClient(url, token=token) as trainer:
+            for error in (e for e in parsed if isinstance(e, TaskError)):
+                console.print(f"[red]skipped: {error}")
+                rejected = await trainer.create_episode(task=str(error), metadata={"rejected": True})
+                await trainer.finish(rejected.id, "failed", str(error))
+            if args.policy == "trainer":
+                console.print(f"waiting for a trainer at {url}/api (GET /api/turns/next)")
+            with Live(_status(Progress(total=len(tasks))), console=console, refresh_per_second=4) as live:
+                runner = Runner(trainer, sandboxes, policy, config, lambda p: live.update(_status(p)))
+                return await runner.run_many(tasks, concurrency=args.concurrency)
+
+
+@contextlib.asynccontextmanager
+async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None, str]]:
+    """A running trajproxy's URL, trainer token and socket source: the one given, or one started here."""
+    if args.proxy_url:
+        if not args.socket_source:
+            raise SystemExit("trajproxy run: --proxy-url needs --socket-source (the folder or volume of its socket)")
+        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source
+        return
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.cli import listen
+    from proxy.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="trajproxy-") as folder:
+        settings = Settings(port=args.port, database_url=args.database_url, socket_path=f"{folder}/proxy.sock")
+        try:
+            sockets = listen(settings)
+        except OSError as e:
+            raise SystemExit(f"trajproxy run: cannot listen on port {args.port} ({e}); pass --port") from e
+        config = uvicorn.Config(
+            create_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        )
+        server = _embedded_server(config)
+        serving = asyncio.create_task(server.serve(sockets=sockets))
+        while not server.started:
+            if serving.done():
+                serving.result()
+            await asyncio.sleep(0.02)
+        try:
+            yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}", None, folder
+        finally:
+            server.should_exit = True
+            await serving
+
+
+def _embedded_server(config: Any) -> Any:
+    """uvicorn without its signal handlers: Ctrl-C belongs to the run, which closes its episodes first."""
+    import uvicorn
+
+    class EmbeddedServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return EmbeddedServer(config)
+
+
+def _status(progress: Progress) -> Table:
+    from rich.table import Table
+
+    mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
+    done = progress.finished + progress.failed
+    table = Table.grid(padding=(0, 2))
+    table.add_row(
+        f"[bold]{done}/{progress.total}[/] done",
+        f"[cyan]{progress.running}[/] running",
+        f"[green]{progress.finished}[/] finished",
+        f"[red]{progress.failed}[/] failed",
+        f"mean reward [bold]{mean}[/]",
+    )
+    return table
+
+
+def _summarise(console: Any, outcomes: list[Outcome], rejected: list[TaskError]) -> None:
+    from rich.table import Table
+
+    table = Table("line", "episode", "status", "reward", "reason")
+    for outcome in outcomes:
+        reward = "-" if outcome.reward is None else f"{outcome.reward:g}"
+        table.add_row(str(outcome.task.line), outcome.episode_id or "-", outcome.status, reward, outcome.reason)
+    console.print(table)
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+    console.print(f"{len(outcomes)} task(s) run, {len(rejected)} rejected, mean reward {mean}")
