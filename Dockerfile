@@ -1,0 +1,14 @@
+# trajproxy itself. `docker compose up` runs it with Postgres; see docker-compose.yml.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY proxy proxy
+COPY sandbox sandbox
+RUN pip install --no-cache-dir . && rm -rf /root/.cache
+ENV TRAJPROXY_HOST=0.0.0.0 \
+    TRAJPROXY_SOCKET_PATH=/run/trajproxy/proxy.sock \
+    PYTHONUNBUFFERED=1
+EXPOSE 8000
+HEALTHCHECK --interval=5s --timeout=3s --retries=20 \
+    CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)"
+CMD ["trajproxy", "serve"]

@@ -1,0 +1,28 @@
+"""The compose demo: build the example images, run the example task with scripted replies, print the reward.
+
+Runs in the trajproxy image with the host's Docker socket mounted (see docker-compose.yml).
+"""
+
+import os
+import subprocess
+import sys
+
+import docker
+
+client = docker.from_env()
+for path, tag in [("agents/minimal", "trajproxy/agent-minimal"), ("examples/tasks/calc", "trajproxy/example-calc")]:
+    print(f"building {tag} from {path}", flush=True)
+    client.images.build(path=path, tag=tag, rm=True)
+
+sys.exit(
+    subprocess.call(
+        [
+            "trajproxy", "run", "examples/tasks/calc/tasks.jsonl",
+            "--agent", "minimal",
+            "--policy", "scripted:examples/tasks/calc/solve.script.jsonl",
+            "--proxy-url", "http://trajproxy:8000",
+            "--trainer-token", os.environ["TRAJPROXY_TRAINER_TOKEN"],
+            "--socket-source", "trajproxy-sockets",
+        ]
+    )
+)  # fmt: skip
