@@ -110,7 +110,11 @@ async def _run(
                 console.print(f"waiting for a trainer at {url}/api (GET /api/turns/next)")
             with Live(_status(Progress(total=len(tasks))), console=console, refresh_per_second=4) as live:
                 runner = Runner(trainer, sandboxes, policy, config, lambda p: live.update(_status(p)))
-                return await runner.run_many(tasks, concurrency=args.concurrency)
+                watching = asyncio.create_task(_watch_parked(url, runner.progress, lambda p: live.update(_status(p))))
+                try:
+                    return await runner.run_many(tasks, concurrency=args.concurrency)
+                finally:
+                    watching.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -161,6 +165,18 @@ def _embedded_server(config: Any) -> Any:
     return EmbeddedServer(config)
 
 
+async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
+    """Keep the count of calls waiting on a reply fresh, from trajproxy's /health."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                progress.parked = int((await http.get("/health")).json()["open_turns"])
+                show(progress)
+            await asyncio.sleep(1)
+
+
 def _status(progress: Progress) -> Table:
     from rich.table import Table
 
@@ -170,6 +186,7 @@ def _status(progress: Progress) -> Table:
     table.add_row(
         f"[bold]{done}/{progress.total}[/] done",
         f"[cyan]{progress.running}[/] running",
+        f"[yellow]{progress.parked}[/] parked",
         f"[green]{progress.finished}[/] finished",
         f"[red]{progress.failed}[/] failed",
         f"mean reward [bold]{mean}[/]",

@@ -51,6 +51,7 @@ class Progress:
 
     total: int = 0
     running: int = 0
+    parked: int = 0  # LLM calls waiting on a reply (set by whoever watches the proxy)
     finished: int = 0
     failed: int = 0
     rewards: list[float] = field(default_factory=list)
