@@ -161,6 +161,7 @@ class Turn(_Open):
     model: str | None
     stream: bool
     request: dict[str, Any]
+    wire: dict[str, Any] | None = None  # the body as the agent sent it, for dialects other than chat
     lease_id: str | None
     deliveries: int
     created_at: float

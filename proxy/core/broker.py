@@ -211,6 +211,10 @@ class Broker:
         if abandoned is not None:
             self._submit(self._store.save_turns([abandoned]))
 
+    def count_tokens(self, request: JsonObject) -> int:
+        """The prompt tokens of a chat request, as replies count them (for count_tokens endpoints)."""
+        return self._tokens.count_prompt(request)
+
     # Trainer side
 
     async def pull(self, episode_id: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> list[Turn]:
