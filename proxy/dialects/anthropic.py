@@ -35,8 +35,8 @@ class AnthropicDialect:
         if (system := body.get("system")) is not None:
             chat.append({"role": "system", "content": _system_text(system)})
         for index, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-                raise BadRequest(f"messages.{index}: must be an object with role 'user' or 'assistant'")
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(f"messages.{index}: must be an object with a string 'role' (user or assistant)")
             chat.extend(_to_chat(message, index))
         request = {k: v for k, v in body.items() if k not in CONVERTED}
         request["messages"] = chat
