@@ -15,16 +15,18 @@ import pytest
 
 from proxy.client import TrainerClient
 
-BIN = Path(__file__).parent.parent / "agents" / "cli" / "node_modules" / ".bin"
+CLIS = Path(__file__).parent.parent / "agents" / "cli"
+BIN = CLIS / "node_modules" / ".bin"
+PY_BIN = CLIS / ".venv" / "bin"
 TASK = "Create a file hello.txt containing hi"
 
 
-def cli(name: str) -> str:
-    path = BIN / name
+def cli(name: str, folder: Path = BIN) -> str:
+    path = folder / name
     if not path.exists():
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the agent CLI tests: {path} is missing (.ci/run installs agents/cli)")
-        pytest.skip(f"{name} is not installed: npm install --prefix agents/cli")
+        pytest.skip(f"{name} is not installed under agents/cli (bash .ci/run installs it)")
     return str(path)
 
 
@@ -131,3 +133,44 @@ def test_codex_exec_completes_a_task_with_one_shell_command(
     assert any(
         m["role"] == "tool" and "exited with code 0" in str(m["content"]) for t in seen for m in t.request["messages"]
     )
+
+
+def test_mini_swe_agent_completes_a_task_with_its_default_tool_calling_config(
+    server: Any, trainer: TrainerClient, tmp_path: Path
+) -> None:
+    mini = cli("mini", PY_BIN)
+    episode = trainer.create_episode(task=TASK)
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "OPENAI_API_BASE": episode.env["OPENAI_BASE_URL"],
+        "OPENAI_API_KEY": episode.key,
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_COST_TRACKING": "ignore_errors",  # the policy has no price in litellm's tables
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    commands = iter(["echo hi > hello.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])
+
+    def policy(turn: Any) -> dict[str, Any]:
+        call = {"id": f"call_{turn.seq}", "function": {"name": "bash", "arguments": {"command": next(commands)}}}
+        return {"content": "Running it.", "tool_calls": [call]}
+
+    trajectory = tmp_path / "trajectory.json"
+    options = ["--yolo", "--cost-limit", "0", "--exit-immediately", "-o", str(trajectory)]
+    agent = subprocess.Popen(
+        [mini, "-m", "openai/policy", "-t", TASK, *options],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    seen = answer_until_exit(trainer, agent, policy)
+    _, stderr = agent.communicate()
+    assert agent.returncode == 0, stderr[-2000:]
+    assert (work / "hello.txt").read_text() == "hi\n"
+    assert json.loads(trajectory.read_text())["info"]["exit_status"] == "Submitted"
+
+    assert [tool["function"]["name"] for tool in seen[0].request["tools"]] == ["bash"]  # its default: tool calling
+    turns = trainer.trajectory(episode.id).turns
+    assert [(turn.dialect, turn.status) for turn in turns] == [("chat", "answered")] * 2
+    assert turns[1].request["messages"][-1]["role"] == "tool"

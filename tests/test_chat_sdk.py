@@ -243,3 +243,33 @@ def test_trainer_extras_are_recorded_and_usage_is_passed_through(
     assert reply.prompt_token_ids == [1, 2, 3]
     assert reply.logprobs == [-0.5, -0.25, -0.125]
     assert reply.policy_version == "step-42"
+
+
+def test_litellm_as_a_client_through_the_openai_provider(server: Any, trainer: TrainerClient, background: Any) -> None:
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    episode = trainer.create_episode()
+    options = {"api_base": episode.env["OPENAI_BASE_URL"], "api_key": episode.key, "num_retries": 0}
+    call = background(
+        litellm.completion, model="openai/policy", messages=[{"role": "user", "content": "hi"}], tools=TOOLS, **options
+    )
+    turn = trainer.next_turns(wait_s=10)[0]
+    assert turn.request["model"] == "policy"
+    trainer.reply(turn.id, tool_calls=[{"id": "call_l", "function": {"name": "bash", "arguments": {"cmd": "ls"}}}])
+    response = call.result(timeout=10)
+    assert response.choices[0].message.tool_calls[0].function.name == "bash"
+    assert response.usage.total_tokens > 0
+
+    streamed = background(
+        lambda: "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in litellm.completion(
+                model="openai/policy", messages=[{"role": "user", "content": "again"}], stream=True, **options
+            )
+        )
+    )
+    trainer.reply(trainer.next_turns(wait_s=10)[0].id, "streamed back")
+    assert streamed.result(timeout=10) == "streamed back"

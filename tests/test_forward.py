@@ -64,6 +64,7 @@ def ask(episode: Any, text: str) -> Any:
     return client.chat.completions.create(
         model="agent-asked-for-this",
         messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": text}],
+        tools=[{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
         stream=True,
     )
 
@@ -83,6 +84,7 @@ def test_a_forwarded_turn_is_answered_by_the_model_and_recorded_as_such(
     sent = fake_model.seen[0]
     assert sent["model"] == "fake-teacher"
     assert sent["messages"][-1] == {"role": "user", "content": "hi"}
+    assert sent["tools"][0]["function"]["name"] == "bash"  # tool definitions reach the model
     recorded = trainer.trajectory(episode.id).turns[0]
     assert recorded.status == "answered"
     assert recorded.reply is not None and recorded.reply.answered_by == "model:openai/fake-teacher"
