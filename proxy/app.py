@@ -31,7 +31,14 @@ log = logging.getLogger("trajproxy")
 def create_app(settings: Settings) -> FastAPI:
     store = SqlStore(settings.database_url)
     tokens = TiktokenCounter()
-    broker = Broker(store, tokens, LitellmUpstream(), turn_timeout_s=settings.turn_timeout_s, lease_s=settings.lease_s)
+    broker = Broker(
+        store,
+        tokens,
+        LitellmUpstream(),
+        turn_timeout_s=settings.turn_timeout_s,
+        lease_s=settings.lease_s,
+        retry_grace_s=settings.retry_grace_s,
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

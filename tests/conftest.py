@@ -119,7 +119,7 @@ def make_server(database_url: str) -> Iterator[Callable[..., LiveServer]]:
         settings = Settings(
             _env_file=None,  # type: ignore[call-arg]
             database_url=database_url,
-            **{"keepalive_s": 0.2, "turn_timeout_s": 30.0, "lease_s": 30.0, **overrides},
+            **{"keepalive_s": 0.2, "turn_timeout_s": 30.0, "lease_s": 30.0, "retry_grace_s": 0.3, **overrides},
         )
         running.append(start_server(settings))
         return running[-1].live

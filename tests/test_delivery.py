@@ -288,3 +288,67 @@ def test_a_reply_with_non_finite_logprobs_is_refused_and_the_turn_stays_open(
     assert trainer.turn(turn.id).status == "leased"
     trainer.reply(turn.id, "fine", logprobs=[-0.5, -1e30])
     assert call.result(timeout=5).choices[0].message.content == "fine"
+
+
+def raw_call(server: Any, episode: Any, body: dict[str, Any], retry: int, timeout_s: float) -> httpx.Response:
+    """A call as an SDK sends it, attempt number included."""
+    headers = {"authorization": f"Bearer {episode.key}", "x-stainless-retry-count": str(retry)}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=timeout_s)
+
+
+def hang_up(server: Any, episode: Any, body: dict[str, Any], after_s: float) -> None:
+    """A first attempt that gives up while its turn is parked."""
+    with pytest.raises(httpx.ReadTimeout):
+        raw_call(server, episode, body, retry=0, timeout_s=after_s)
+
+
+@pytest.mark.settings(retry_grace_s=10)
+def test_the_sdks_own_retry_attaches_to_the_turn_already_parked(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, timeout=2.0, max_retries=1)
+    call = background(client.chat.completions.create, model="m", messages=[{"role": "user", "content": "slow"}])
+    turn = trainer.next_turns(wait_s=5)[0]
+    time.sleep(3.0)  # the first attempt times out at 2 s; the SDK retries the same body
+    trainer.reply(turn.id, "worth the wait", lease_id=turn.lease_id)
+    assert call.result(timeout=10).choices[0].message.content == "worth the wait"
+    recorded = trainer.trajectory(episode.id).turns
+    assert [(t.id, t.status) for t in recorded] == [(turn.id, "answered")]  # one call, one turn
+
+
+@pytest.mark.settings(retry_grace_s=10)
+def test_a_hung_up_turn_leaves_the_queue_until_its_retry_brings_it_back(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    hang_up(server, episode, HELLO, after_s=0.5)
+    wait_until(lambda: httpx.get(f"{server.url}/health").json()["ready_turns"] == 0)  # the proxy saw it go
+    assert trainer.next_turns(wait_s=0.5) == []  # its agent is gone: no trainer gets it
+    retried = background(raw_call, server, episode, HELLO, 1, 10)
+    turn = trainer.next_turns(wait_s=5)[0]  # the retry brought it back
+    trainer.reply(turn.id, "found you")
+    assert retried.result(timeout=10).json()["choices"][0]["message"]["content"] == "found you"
+    assert len(trainer.trajectory(episode.id).turns) == 1
+
+
+@pytest.mark.settings(retry_grace_s=10)
+def test_a_retry_of_an_answered_call_replays_the_recorded_reply(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    first = threading.Thread(target=hang_up, args=(server, episode, HELLO, 1.0))
+    first.start()
+    turn = trainer.next_turns(wait_s=5)[0]
+    first.join()  # the agent hung up while the trainer held the turn
+    trainer.reply(turn.id, "recorded", lease_id=turn.lease_id)
+    replayed = raw_call(server, episode, HELLO, retry=1, timeout_s=5)
+    assert replayed.json()["choices"][0]["message"]["content"] == "recorded"
+    assert [t.status for t in trainer.trajectory(episode.id).turns] == ["answered"]
+
+    changed = {**HELLO, "messages": [{"role": "user", "content": "something else"}]}
+    other = threading.Thread(target=raw_call, args=(server, episode, changed, 1, 5))
+    other.start()
+    fresh = trainer.next_turns(wait_s=5)[0]  # a retry header on a new body is a new call
+    assert fresh.id != turn.id
+    trainer.reply(fresh.id, "new")
+    other.join()
+    assert len(trainer.trajectory(episode.id).turns) == 2

@@ -56,6 +56,7 @@ class Broker:
         *,
         turn_timeout_s: float,
         lease_s: float,
+        retry_grace_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -63,12 +64,14 @@ class Broker:
         self._upstream = upstream
         self._turn_timeout_s = turn_timeout_s
         self._lease_s = lease_s
+        self._retry_grace_s = retry_grace_s
         self._now = clock
         self._lot = ParkingLot(on_lease_expired=self._lease_expired)
         self._live: dict[str, _Live] = {}
         self._live_by_key: dict[str, _Live] = {}
         self._closed: OrderedDict[str, Episode] = OrderedDict()  # tombstones: a stale read cannot reopen these
         self._pending_replies: dict[str, asyncio.Future[None]] = {}
+        self._last_answered: dict[str, Turn] = {}  # per open episode: what an SDK retry may need replayed
         self._recent: OrderedDict[str, Turn] = OrderedDict()
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -160,11 +163,19 @@ class Broker:
 
     # Agent side
 
-    async def park(self, episode_id: str, dialect: str, request: JsonObject, wire: bytes, *, stream: bool) -> Slot:
-        """Record the agent's call as a new turn and park it for a trainer to pull."""
+    async def park(
+        self, episode_id: str, dialect: str, request: JsonObject, wire: bytes, *, stream: bool, retry: bool = False
+    ) -> Slot:
+        """Record the agent's call as a new turn and park it for a trainer to pull.
+
+        An SDK's retry (`retry`) of a call whose turn is still open attaches to that turn, and a retry of the
+        episode's last answered call gets its recorded reply again: a retry never becomes a second turn.
+        """
         live = await self._live_episode(episode_id)
         if live is None:
             raise self._closed_error(await self.episode(episode_id))
+        if retry and (same := self._retried(episode_id, wire)) is not None:
+            return same
         now = self._now()
         model = request.get("model")
         turn = Turn(
@@ -201,15 +212,45 @@ class Broker:
             if expired is None:  # answered (or closed) at the last moment: honour that instead
                 return await asyncio.wait_for(asyncio.shield(slot.answer), _LATE_ANSWER_S)
             await self._store.save_turns([expired])
-            raise TurnTimeout(
+            timeout = TurnTimeout(
                 f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
-            ) from None
+            )
+            if not slot.answer.done():  # every exchange waiting on the turn (an SDK retry too) hears it
+                slot.answer.set_exception(timeout)
+                slot.answer.exception()  # retrieved: the exchanges that still wait will see it
+            raise timeout from None
 
     def leave(self, slot: Slot) -> None:
-        """The agent is gone: an unanswered turn is abandoned and never handed to a trainer again."""
+        """An agent exchange ended. If it was the turn's last and the turn is unanswered, the turn leaves the
+        queue at once (no trainer receives it afterwards) and is abandoned unless a retry comes back for it
+        within the retry grace."""
+        slot.exchanges -= 1
+        if slot.exchanges > 0 or self._lot.get(slot.turn.id) is not slot:
+            return
+        self._lot.withdraw(slot)
+        slot.grace_timer = asyncio.get_running_loop().call_later(self._retry_grace_s, self._abandon, slot)
+
+    def _abandon(self, slot: Slot) -> None:
         abandoned = self._close(slot, TurnStatus.ABANDONED, "the agent disconnected before a reply")
         if abandoned is not None:
             self._submit(self._store.save_turns([abandoned]))
+
+    def _retried(self, episode_id: str, wire: bytes) -> Slot | None:
+        """The turn an SDK retry with this exact body belongs to: still open, or the last answered."""
+        for slot in self._lot.of_episode(episode_id):
+            if slot.turn.wire == wire:
+                slot.exchanges += 1
+                if slot.grace_timer is not None:
+                    slot.grace_timer.cancel()
+                    slot.grace_timer = None
+                self._lot.restore(slot)
+                return slot
+        answered = self._last_answered.get(episode_id)
+        if answered is None or answered.wire != wire:
+            return None
+        replay = Slot(answered, asyncio.get_running_loop().create_future())
+        replay.answer.set_result(answered)
+        return replay
 
     def count_tokens(self, request: JsonObject) -> int:
         """The prompt tokens of a chat request, as replies count them (for count_tokens endpoints)."""
@@ -261,6 +302,8 @@ class Broker:
         assert answered is not None
         written = asyncio.ensure_future(self._store.save_turns([answered]))
         self._pending_replies[turn_id] = written
+        if answered.episode_id in self._live:
+            self._last_answered[answered.episode_id] = answered
         written.add_done_callback(lambda done: self._reply_written(slot, done, answered))
         await asyncio.shield(written)
         return answered
@@ -389,6 +432,7 @@ class Broker:
         """Forget a closed episode's live state, keeping a tombstone so no stale read revives it."""
         self._live.pop(episode.id, None)
         self._live_by_key.pop(episode.key_hash, None)
+        self._last_answered.pop(episode.id, None)
         self._closed[episode.id] = episode
         if len(self._closed) > _CLOSED_EPISODES:
             self._closed.popitem(last=False)

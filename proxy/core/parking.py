@@ -22,6 +22,9 @@ class Slot:
     turn: Turn
     answer: asyncio.Future[Turn]
     lease_timer: asyncio.TimerHandle | None = field(default=None)
+    exchanges: int = 1  # agent HTTP exchanges waiting on this turn (an SDK retry attaches a second)
+    withdrawn: bool = False  # its agent hung up: out of the queue while a retry may still come
+    grace_timer: asyncio.TimerHandle | None = field(default=None)
 
 
 class ParkingLot:
@@ -99,7 +102,21 @@ class ParkingLot:
             return
         self._cancel_lease(slot)
         slot.turn = replace(slot.turn, status=TurnStatus.PARKED, lease_id=None)
-        self._make_ready(slot, front=True)
+        if not slot.withdrawn:
+            self._make_ready(slot, front=True)
+
+    def withdraw(self, slot: Slot) -> None:
+        """Keep an open turn out of the queue (its agent hung up); a lease already held stands."""
+        if self._slots.get(slot.turn.id) is slot:
+            slot.withdrawn = True
+            self._unready(slot)
+
+    def restore(self, slot: Slot) -> None:
+        """Undo `withdraw` (the agent's retry came back for the turn)."""
+        if self._slots.get(slot.turn.id) is slot and slot.withdrawn:
+            slot.withdrawn = False
+            if slot.turn.status is TurnStatus.PARKED:
+                self._make_ready(slot, front=True)
 
     def settle(self, turn_id: str) -> Slot | None:
         """Take a turn out of the lot for good; returns None if it was already settled."""
@@ -107,6 +124,9 @@ class ParkingLot:
         if slot is not None:
             self._unready(slot)
             self._cancel_lease(slot)
+            if slot.grace_timer is not None:
+                slot.grace_timer.cancel()
+                slot.grace_timer = None
         return slot
 
     async def wait(self, episode_id: str | None, timeout_s: float) -> None:

@@ -35,7 +35,10 @@ def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
                 parsed = dialect.parse(body)
                 if continued is not None:
                     parsed = await continued(episode, body, parsed)
-                slot = await broker.park(episode.id, dialect.name, parsed.request, raw, stream=parsed.stream)
+                retry = request.headers.get("x-stainless-retry-count", "0")
+                slot = await broker.park(
+                    episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry not in ("", "0")
+                )
             except TrajproxyError as e:
                 status = status_of(e)
                 error = dialect.error_body(status, e.kind, e.message)
