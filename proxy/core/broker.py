@@ -8,6 +8,7 @@ finished) always goes through `_close`, which settles the turn in the parking lo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -72,6 +73,7 @@ class Broker:
         self._closed: OrderedDict[str, Episode] = OrderedDict()  # tombstones: a stale read cannot reopen these
         self._pending_replies: dict[str, asyncio.Future[None]] = {}
         self._last_answered: dict[str, Turn] = {}  # per open episode: what an SDK retry may need replayed
+        self._arguments: dict[str, dict[str, str]] = {}  # per open episode: tool call id -> arguments as sent
         self._recent: OrderedDict[str, Turn] = OrderedDict()
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -178,6 +180,7 @@ class Broker:
             return same
         now = self._now()
         model = request.get("model")
+        self._restore_arguments(episode_id, request)
         turn = Turn(
             id=new_id("tu"),
             episode_id=episode_id,
@@ -234,6 +237,22 @@ class Broker:
         abandoned = self._close(slot, TurnStatus.ABANDONED, "the agent disconnected before a reply")
         if abandoned is not None:
             self._submit(self._store.save_turns([abandoned]))
+
+    def _restore_arguments(self, episode_id: str, request: JsonObject) -> None:
+        """Give tool calls the agent sends back the exact arguments string the trainer sent, where the agent's
+        dialect carries arguments as a JSON object (Anthropic) and so re-serialised them: the trainer's history
+        then holds the very text its policy produced."""
+        sent = self._arguments.get(episode_id)
+        if not sent:
+            return
+        for message in request.get("messages") or ():
+            for call in (message.get("tool_calls") or ()) if isinstance(message, dict) else ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict):
+                    continue
+                original, echoed = sent.get(call.get("id")), function.get("arguments")
+                if original is not None and original != echoed and _same_json(original, echoed):
+                    function["arguments"] = original
 
     def _retried(self, episode_id: str, wire: bytes) -> Slot | None:
         """The turn an SDK retry with this exact body belongs to: still open, or the last answered."""
@@ -304,6 +323,9 @@ class Broker:
         self._pending_replies[turn_id] = written
         if answered.episode_id in self._live:
             self._last_answered[answered.episode_id] = answered
+            sent = self._arguments.setdefault(answered.episode_id, {})
+            for call in (reply.message or {}).get("tool_calls") or ():
+                sent[call["id"]] = call["function"]["arguments"]
         written.add_done_callback(lambda done: self._reply_written(slot, done, answered))
         await asyncio.shield(written)
         return answered
@@ -433,6 +455,7 @@ class Broker:
         self._live.pop(episode.id, None)
         self._live_by_key.pop(episode.key_hash, None)
         self._last_answered.pop(episode.id, None)
+        self._arguments.pop(episode.id, None)
         self._closed[episode.id] = episode
         if len(self._closed) > _CLOSED_EPISODES:
             self._closed.popitem(last=False)
@@ -461,6 +484,13 @@ class Broker:
     def _closed_error(episode: Episode) -> EpisodeClosed:
         why = f": {episode.reason}" if episode.reason else ""
         return EpisodeClosed(f"episode {episode.id} is {episode.status}{why}; it takes no more calls")
+
+
+def _same_json(a: object, b: object) -> bool:
+    try:
+        return isinstance(a, str) and isinstance(b, str) and json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
 
 
 def _same_reply(recorded: Reply, offered: Reply) -> bool:
