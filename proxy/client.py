@@ -94,6 +94,10 @@ class _Calls:
         return _Call("POST", f"/api/turns/{turn_id}/reply", wire.Turn.model_validate, json=body)
 
     @staticmethod
+    def reply_many(replies: Sequence[dict[str, Any]]) -> _Call[wire.ReplyResults]:
+        return _Call("POST", "/api/turns/replies", wire.ReplyResults.model_validate, json={"replies": list(replies)})
+
+    @staticmethod
     def forward(turn_id: str, model: str, options: dict[str, Any] | None, lease_id: str | None) -> _Call[wire.Turn]:
         body = {"model": model, "options": options or {}, "lease_id": lease_id}
         return _Call("POST", f"/api/turns/{turn_id}/forward", wire.Turn.model_validate, json=body, timeout_s=600)
@@ -188,6 +192,10 @@ class TrainerClient:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return self._send(_Calls.reply(turn_id, _reply_body(content, tool_calls, message, error, extras)))
 
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+        """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""
+        return self._send(_Calls.reply_many(replies)).results
+
     def forward(
         self, turn_id: str, model: str, options: dict[str, Any] | None = None, lease_id: str | None = None
     ) -> wire.Turn:
@@ -264,6 +272,10 @@ class AsyncTrainerClient:
     ) -> wire.Turn:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return await self._send(_Calls.reply(turn_id, _reply_body(content, tool_calls, message, error, extras)))
+
+    async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+        """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""
+        return (await self._send(_Calls.reply_many(replies))).results
 
     async def forward(
         self, turn_id: str, model: str, options: dict[str, Any] | None = None, lease_id: str | None = None

@@ -85,6 +85,16 @@ class ForwardIn(_Strict):
     lease_id: str | None = None
 
 
+class ReplyItem(ReplyIn):
+    turn_id: str = Field(min_length=1)
+
+
+class ReplyBatch(_Strict):
+    """Replies to many turns in one call; each succeeds or fails on its own."""
+
+    replies: list[ReplyItem] = Field(min_length=1, max_length=4096)
+
+
 class FinishIn(_Strict):
     status: Literal["finished", "failed", "cancelled"] = "finished"
     reason: str | None = None
@@ -174,6 +184,22 @@ class Turn(_Open):
 
 class TurnBatch(_Open):
     turns: list[Turn]
+
+
+class ReplyError(_Open):
+    type: str
+    message: str
+
+
+class ReplyResult(_Open):
+    turn_id: str
+    status: int
+    turn: Turn | None = None
+    error: ReplyError | None = None
+
+
+class ReplyResults(_Open):
+    results: list[ReplyResult]
 
 
 class TrajectoryTurn(Turn):

@@ -352,3 +352,22 @@ def test_a_retry_of_an_answered_call_replays_the_recorded_reply(server: Any, tra
     trainer.reply(fresh.id, "new")
     other.join()
     assert len(trainer.trajectory(episode.id).turns) == 2
+
+
+def test_a_batch_of_replies_succeeds_or_fails_item_by_item(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episodes = [trainer.create_episode() for _ in range(3)]
+    calls = [background(ask, episode, f"q{i}") for i, episode in enumerate(episodes)]
+    turns: list[Any] = []
+    while len(turns) < 3:
+        turns += trainer.next_turns(max=8, wait_s=5)
+    batch = [{"turn_id": t.id, "message": {"content": f"a:{t.request['messages'][0]['content']}"}} for t in turns]
+    results = trainer.reply_many([*batch, {"turn_id": "tu_missing", "message": {"content": "x"}}])
+    assert [r.status for r in results] == [200, 200, 200, 404]
+    assert results[3].error is not None and "tu_missing" in results[3].error.message
+    assert sorted(c.result(timeout=5).choices[0].message.content for c in calls) == ["a:q0", "a:q1", "a:q2"]
+
+    again = trainer.reply_many([*batch[:1], {**batch[1], "message": {"content": "changed"}}])
+    assert [r.status for r in again] == [200, 409]  # idempotent, and no second answer
+    assert trainer.turn(turns[1].id).reply.message["content"] == batch[1]["message"]["content"]  # type: ignore[union-attr]

@@ -12,8 +12,9 @@ from starlette.responses import Response
 
 from proxy import wire
 from proxy.core.broker import Broker
+from proxy.core.errors import TrajproxyError
 from proxy.core.values import EpisodeStatus, JsonObject
-from proxy.http.edge import disconnected
+from proxy.http.edge import disconnected, status_of
 from proxy.http.views import episode_view, reply_from, reward_view, trajectory_view, turn_view
 from proxy.settings import Settings
 
@@ -107,6 +108,20 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     async def reply(turn_id: str, body: wire.ReplyIn) -> Response:
         turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
         return json_response(turn_view(turn))
+
+    @router.post("/turns/replies", response_model=wire.ReplyResults)
+    async def reply_many(body: wire.ReplyBatch) -> Response:
+        """Answer a batch of turns (one model batch's outputs); results come back in the same order."""
+
+        async def one(item: wire.ReplyItem) -> JsonObject:
+            try:
+                turn = await broker.reply(item.turn_id, reply_from(item, item.turn_id), item.lease_id)
+            except TrajproxyError as e:
+                error = {"type": e.kind, "message": e.message}
+                return {"turn_id": item.turn_id, "status": status_of(e), "error": error}
+            return {"turn_id": item.turn_id, "status": 200, "turn": turn_view(turn)}
+
+        return json_response({"results": await asyncio.gather(*(one(item) for item in body.replies))})
 
     @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
     async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
