@@ -70,6 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
             "open_turns": broker.open_turns,
             "ready_turns": broker.ready_turns,
             "waiting_pollers": broker.waiting_pollers,
+            "paused": broker.paused,
         }
         return Response(orjson.dumps(status), media_type="application/json")
 

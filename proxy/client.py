@@ -94,6 +94,15 @@ class _Calls:
         return _Call("POST", f"/api/turns/{turn_id}/reply", wire.Turn.model_validate, json=body)
 
     @staticmethod
+    def pause(mode: str, retry_after_s: float) -> _Call[wire.PauseState]:
+        body = {"mode": mode, "retry_after_s": retry_after_s}
+        return _Call("POST", "/api/pause", wire.PauseState.model_validate, json=body)
+
+    @staticmethod
+    def resume() -> _Call[wire.PauseState]:
+        return _Call("POST", "/api/resume", wire.PauseState.model_validate, json={})
+
+    @staticmethod
     def reply_many(replies: Sequence[dict[str, Any]]) -> _Call[wire.ReplyResults]:
         return _Call("POST", "/api/turns/replies", wire.ReplyResults.model_validate, json={"replies": list(replies)})
 
@@ -192,6 +201,13 @@ class TrainerClient:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return self._send(_Calls.reply(turn_id, _reply_body(content, tool_calls, message, error, extras)))
 
+    def pause(self, mode: str = "hold", retry_after_s: float = 5.0) -> wire.PauseState:
+        """Pause new agent calls for a weight update (hold them, or reject them with 429); see `resume`."""
+        return self._send(_Calls.pause(mode, retry_after_s))
+
+    def resume(self) -> wire.PauseState:
+        return self._send(_Calls.resume())
+
     def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
         """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""
         return self._send(_Calls.reply_many(replies)).results
@@ -272,6 +288,13 @@ class AsyncTrainerClient:
     ) -> wire.Turn:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return await self._send(_Calls.reply(turn_id, _reply_body(content, tool_calls, message, error, extras)))
+
+    async def pause(self, mode: str = "hold", retry_after_s: float = 5.0) -> wire.PauseState:
+        """Pause new agent calls for a weight update (hold them, or reject them with 429); see `resume`."""
+        return await self._send(_Calls.pause(mode, retry_after_s))
+
+    async def resume(self) -> wire.PauseState:
+        return await self._send(_Calls.resume())
 
     async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
         """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""

@@ -95,6 +95,18 @@ class ReplyBatch(_Strict):
     replies: list[ReplyItem] = Field(min_length=1, max_length=4096)
 
 
+class PauseIn(_Strict):
+    """hold: park new agent calls out of the queue until resume; reject: answer them 429 with Retry-After."""
+
+    mode: Literal["hold", "reject"] = "hold"
+    retry_after_s: float = Field(default=5.0, gt=0, le=3600)
+
+
+class PauseState(_Open):
+    paused: Literal["hold", "reject"] | None
+    released: int = 0
+
+
 class FinishIn(_Strict):
     status: Literal["finished", "failed", "cancelled"] = "finished"
     reason: str | None = None

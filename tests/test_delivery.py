@@ -371,3 +371,39 @@ def test_a_batch_of_replies_succeeds_or_fails_item_by_item(
     again = trainer.reply_many([*batch[:1], {**batch[1], "message": {"content": "changed"}}])
     assert [r.status for r in again] == [200, 409]  # idempotent, and no second answer
     assert trainer.turn(turns[1].id).reply.message["content"] == batch[1]["message"]["content"]  # type: ignore[union-attr]
+
+
+def test_pause_holds_new_calls_while_turns_in_flight_drain(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    in_flight = background(ask, episode, "before")
+    wait_until(lambda: httpx.get(f"{server.url}/health").json()["ready_turns"] == 1)
+    assert trainer.pause("hold").paused == "hold"
+    held = background(ask, episode, "during")
+    wait_until(lambda: httpx.get(f"{server.url}/health").json()["open_turns"] == 2)
+    [draining] = trainer.next_turns(max=8, wait_s=0.5)  # the turn parked before the pause still drains
+    assert draining.request["messages"][0]["content"] == "before"
+    trainer.reply(draining.id, "old weights", policy_version="v1")
+    assert trainer.next_turns(max=8, wait_s=0.5) == []  # the held call is not handed out
+    assert httpx.get(f"{server.url}/health").json()["paused"] == "hold"
+
+    assert trainer.resume().released == 1
+    [released] = trainer.next_turns(wait_s=5)
+    trainer.reply(released.id, "new weights", policy_version="v2")
+    assert in_flight.result(timeout=5).choices[0].message.content == "old weights"
+    assert held.result(timeout=5).choices[0].message.content == "new weights"
+    versions = [turn.reply.policy_version for turn in trainer.trajectory(episode.id).turns]  # type: ignore[union-attr]
+    assert versions == ["v1", "v2"]
+
+
+def test_pause_can_reject_new_calls_with_retry_after(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    trainer.pause("reject", retry_after_s=7)
+    with pytest.raises(openai.RateLimitError) as refused:
+        ask(episode)
+    assert refused.value.response.headers["retry-after"] == "7"
+    assert "x-should-retry" not in refused.value.response.headers  # the SDK may retry after the pause
+    assert trainer.trajectory(episode.id).turns == []
+    trainer.resume()
+    assert httpx.get(f"{server.url}/health").json()["paused"] is None

@@ -793,6 +793,8 @@ def every_api_route(episode_id: str, turn_id: str) -> list[tuple[str, str, Any]]
         ("POST", f"/api/turns/{turn_id}/reply", {"message": {"content": "not from the trainer"}}),
         ("POST", f"/api/turns/{turn_id}/forward", {"model": "openai/not-from-the-trainer"}),
         ("POST", "/api/turns/replies", {"replies": [{"turn_id": turn_id, "message": {"content": "sneaky"}}]}),
+        ("POST", "/api/pause", {"mode": "reject"}),
+        ("POST", "/api/resume", {}),
     ]
 
 

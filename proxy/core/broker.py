@@ -17,7 +17,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, TurnClosed, TurnTimeout, Unauthorized
+from proxy.core.errors import (
+    BadRequest,
+    Conflict,
+    EpisodeClosed,
+    NotFound,
+    Paused,
+    TurnClosed,
+    TurnTimeout,
+    Unauthorized,
+)
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.ports import Store, TokenCounter, Upstream
@@ -74,6 +83,8 @@ class Broker:
         self._pending_replies: dict[str, asyncio.Future[None]] = {}
         self._last_answered: dict[str, Turn] = {}  # per open episode: what an SDK retry may need replayed
         self._arguments: dict[str, dict[str, str]] = {}  # per open episode: tool call id -> arguments as sent
+        self._pause: tuple[str, float] | None = None  # (hold | reject, retry-after seconds) while paused
+        self._held: list[Slot] = []
         self._recent: OrderedDict[str, Turn] = OrderedDict()
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -88,6 +99,26 @@ class Broker:
     @property
     def waiting_pollers(self) -> int:
         return self._lot.poller_count
+
+    @property
+    def paused(self) -> str | None:
+        return self._pause[0] if self._pause else None
+
+    def pause(self, mode: str, retry_after_s: float) -> None:
+        """Stop handing out new agent calls (for a weight update) while turns already pulled or parked drain:
+        `hold` parks new calls out of the queue until `resume`; `reject` answers them 429 with Retry-After."""
+        if mode not in ("hold", "reject"):
+            raise BadRequest(f"pause mode must be hold or reject, not {mode!r}")
+        self._pause = (mode, retry_after_s)
+
+    def resume(self) -> int:
+        """Release the calls held while paused; returns how many go to the queue."""
+        self._pause = None
+        held, self._held = self._held, []
+        released = [slot for slot in held if slot.exchanges > 0 and self._lot.get(slot.turn.id) is slot]
+        for slot in released:
+            self._lot.restore(slot)
+        return len(released)
 
     async def drain(self) -> None:
         """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
@@ -178,6 +209,8 @@ class Broker:
             raise self._closed_error(await self.episode(episode_id))
         if retry and (same := self._retried(episode_id, wire)) is not None:
             return same
+        if self._pause is not None and self._pause[0] == "reject":
+            raise Paused("the trainer has paused new calls (a policy update); retry shortly", self._pause[1])
         now = self._now()
         model = request.get("model")
         self._restore_arguments(episode_id, request)
@@ -202,7 +235,11 @@ class Broker:
             failed = replace(turn, status=TurnStatus.FAILED, ended_at=self._now(), reason="episode closed")
             self._submit(self._store.save_turns([failed]))
             raise self._closed_error(live.episode)
-        return self._lot.park(turn)
+        slot = self._lot.park(turn)
+        if self._pause is not None:  # held: out of the queue until resume (its stream gets keep-alives)
+            self._lot.withdraw(slot)
+            self._held.append(slot)
+        return slot
 
     async def wait_for_reply(self, slot: Slot, episode: Episode) -> Turn:
         """Wait for the trainer's reply to a parked turn; expire the turn if none comes in time."""

@@ -55,6 +55,14 @@ class EpisodeClosed(TrajproxyError):
     kind = "episode_closed"
 
 
+class Paused(TrajproxyError):
+    kind = "rate_limit_error"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class TurnTimeout(TrajproxyError):
     kind = "timeout_error"
 

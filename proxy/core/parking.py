@@ -23,7 +23,7 @@ class Slot:
     answer: asyncio.Future[Turn]
     lease_timer: asyncio.TimerHandle | None = field(default=None)
     exchanges: int = 1  # agent HTTP exchanges waiting on this turn (an SDK retry attaches a second)
-    withdrawn: bool = False  # its agent hung up: out of the queue while a retry may still come
+    withdrawn: bool = False  # out of the queue: its agent hung up (a retry may come), or new calls are held
     grace_timer: asyncio.TimerHandle | None = field(default=None)
 
 

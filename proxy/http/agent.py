@@ -16,7 +16,7 @@ from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
 from proxy.dialects.responses import ResponsesDialect
-from proxy.http.edge import agent_key, read_json, status_of
+from proxy.http.edge import agent_key, error_headers, read_json, status_of
 from proxy.http.parked import ParkedReply
 from proxy.settings import Settings
 
@@ -42,7 +42,7 @@ def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
             except TrajproxyError as e:
                 status = status_of(e)
                 error = dialect.error_body(status, e.kind, e.message)
-                return Response(error, status, headers={"x-should-retry": "false"}, media_type="application/json")
+                return Response(error, status, headers=error_headers(e), media_type="application/json")
             return ParkedReply(broker, dialect, parsed, slot, episode, settings.keepalive_s)
 
         return call

@@ -19,10 +19,18 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.EpisodeClosed: 410,
+    errors.Paused: 429,
     errors.TurnTimeout: 504,
     errors.StorageError: 503,
     errors.UpstreamError: 502,
 }
+
+
+def error_headers(error: errors.TrajproxyError) -> dict[str, str]:
+    """Headers for an agent-facing error: when to retry, or that retrying will not help."""
+    if isinstance(error, errors.Paused):
+        return {"retry-after": f"{max(1, round(error.retry_after_s))}"}
+    return {"x-should-retry": "false"}
 
 
 def error_body(kind: str, message: str) -> bytes:

@@ -109,6 +109,16 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
         return json_response(turn_view(turn))
 
+    @router.post("/pause", response_model=wire.PauseState)
+    async def pause(body: wire.PauseIn) -> Response:
+        """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
+        broker.pause(body.mode, body.retry_after_s)
+        return json_response({"paused": broker.paused, "released": 0})
+
+    @router.post("/resume", response_model=wire.PauseState)
+    async def resume() -> Response:
+        return json_response({"paused": None, "released": broker.resume()})
+
     @router.post("/turns/replies", response_model=wire.ReplyResults)
     async def reply_many(body: wire.ReplyBatch) -> Response:
         """Answer a batch of turns (one model batch's outputs); results come back in the same order."""
