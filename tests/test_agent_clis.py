@@ -35,6 +35,14 @@ def database_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/trajproxy.db"
 
 
+def folders(root: Path, *names: str) -> list[Path]:
+    """Fresh folders for an agent: its working directory and a HOME of its own."""
+    made = [root / name for name in names]
+    for folder in made:
+        folder.mkdir()
+    return made
+
+
 def answer_until_exit(
     trainer: TrainerClient, agent: subprocess.Popen[str], policy: Callable[[Any], dict[str, Any]]
 ) -> list[Any]:
@@ -72,9 +80,7 @@ def one_tool_call(tool: str, arguments: dict[str, Any]) -> Callable[[Any], dict[
 def test_claude_code_completes_a_task_with_one_tool_call(server: Any, trainer: TrainerClient, tmp_path: Path) -> None:
     claude = cli("claude")
     episode = trainer.create_episode(task=TASK)
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
+    work, home = folders(tmp_path, "work", "home")
     env = {
         **os.environ,
         "HOME": str(home),
@@ -109,9 +115,7 @@ def test_codex_exec_completes_a_task_with_one_shell_command(
 ) -> None:
     codex = cli("codex")
     episode = trainer.create_episode(task=TASK)
-    work, home = tmp_path / "work", tmp_path / "codex-home"
-    work.mkdir()
-    home.mkdir()
+    work, home = folders(tmp_path, "work", "codex-home")
     (home / "config.toml").write_text(
         'model = "policy"\nmodel_provider = "trajproxy"\n\n[model_providers.trajproxy]\nname = "trajproxy"\n'
         f'base_url = "{episode.env["OPENAI_BASE_URL"]}"\nenv_key = "TRAJPROXY_KEY"\nwire_api = "responses"\n'
@@ -140,9 +144,7 @@ def test_mini_swe_agent_completes_a_task_with_its_default_tool_calling_config(
 ) -> None:
     mini = cli("mini", PY_BIN)
     episode = trainer.create_episode(task=TASK)
-    work, home = tmp_path / "work", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
+    work, home = folders(tmp_path, "work", "home")
     env = {
         **os.environ,
         "HOME": str(home),

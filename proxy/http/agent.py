@@ -24,6 +24,13 @@ Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
 MODELS = b'{"object":"list","data":[{"id":"trajproxy","object":"model","created":0,"owned_by":"trajproxy"}]}'
 
 
+def refusal(dialect: Dialect, error: TrajproxyError) -> Response:
+    """An error for an agent, in its dialect's shape, with its retry advice."""
+    status = status_of(error)
+    body = dialect.error_body(status, error.kind, error.message)
+    return Response(body, status, headers=error_headers(error), media_type="application/json")
+
+
 def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
@@ -40,9 +47,7 @@ def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
                     episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry not in ("", "0")
                 )
             except TrajproxyError as e:
-                status = status_of(e)
-                error = dialect.error_body(status, e.kind, e.message)
-                return Response(error, status, headers=error_headers(e), media_type="application/json")
+                return refusal(dialect, e)
             return ParkedReply(broker, dialect, parsed, slot, episode, settings.keepalive_s)
 
         return call
@@ -59,8 +64,7 @@ def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
             _, body = await read_json(request, settings.max_body_bytes)
             parsed = anthropic.parse(body)
         except TrajproxyError as e:
-            status = status_of(e)
-            return Response(anthropic.error_body(status, e.kind, e.message), status, media_type="application/json")
+            return refusal(anthropic, e)
         tokens = await asyncio.to_thread(broker.count_tokens, parsed.request)
         return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
 

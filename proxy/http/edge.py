@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from proxy.core import errors
 from proxy.core.values import JsonObject
@@ -45,19 +45,30 @@ def status_of(error: errors.TrajproxyError) -> int:
     return 500
 
 
-async def read_json(request: Request, limit_bytes: int) -> tuple[bytes, JsonObject]:
-    """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise errors.PayloadTooLarge(f"request body of {declared} bytes is over the {limit_bytes}-byte limit")
+async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
+    """The whole request body, refused (PayloadTooLarge) as soon as it is declared or read past `limit_bytes`."""
+    declared = dict(scope["headers"]).get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        raise errors.PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit_bytes}-byte limit")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
             raise errors.PayloadTooLarge(f"request body is over the {limit_bytes}-byte limit")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit_bytes: int) -> tuple[bytes, JsonObject]:
+    """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object."""
+    raw = await read_body(request.scope, request.receive, limit_bytes)
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -67,8 +78,8 @@ async def read_json(request: Request, limit_bytes: int) -> tuple[bytes, JsonObje
     return raw, body
 
 
-def bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization")
+def parse_bearer(header: str | None) -> str | None:
+    """The credentials of an `Authorization: Bearer …` header, or None."""
     if header is None:
         return None
     scheme, _, credentials = header.partition(" ")
@@ -77,7 +88,8 @@ def bearer(request: Request) -> str | None:
 
 def agent_key(request: Request) -> str | None:
     """The episode key, from the path (/e/<key>/...), a bearer token, or Anthropic's x-api-key."""
-    return request.path_params.get("key") or bearer(request) or request.headers.get("x-api-key")
+    bearer = parse_bearer(request.headers.get("authorization"))
+    return request.path_params.get("key") or bearer or request.headers.get("x-api-key")
 
 
 async def disconnected(receive: Receive) -> None:

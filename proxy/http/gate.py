@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.core.errors import Forbidden, PayloadTooLarge, TrajproxyError, Unauthorized
+from proxy.core.errors import Forbidden, TrajproxyError, Unauthorized
 from proxy.core.keys import same_secret
-from proxy.http.edge import error_body, status_of
+from proxy.http.edge import error_body, parse_bearer, read_body, status_of
 
 OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; no data
 
@@ -29,7 +29,7 @@ class TrainerGate:
             if server is None or server[1] is None:  # a Unix socket (no port): the sandboxes' door, agents only
                 raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
             self._check_token(scope)
-            body = await self._read_body(scope, receive)
+            body = await read_body(scope, receive, self._max_body_bytes)
         except TrajproxyError as e:
             await _refuse(send, e)
             return
@@ -38,30 +38,9 @@ class TrainerGate:
     def _check_token(self, scope: Scope) -> None:
         if self._token is None:
             return
-        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not same_secret(given.strip(), self._token):
+        given = parse_bearer(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
+        if given is None or not same_secret(given, self._token):
             raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self._max_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit}-byte limit")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

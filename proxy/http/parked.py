@@ -23,6 +23,7 @@ from proxy.http.edge import disconnected, status_of
 JSON = [(b"content-type", b"application/json")]
 # SDKs retry 5xx, 409 and 429 unless told not to; the proxy's own verdicts (timeout, closed) are final.
 NO_RETRY = [*JSON, (b"x-should-retry", b"false")]
+Failure = tuple[int, str, str, list[tuple[bytes, bytes]]]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -55,8 +56,12 @@ class ParkedReply(Response):
 
     async def _plain(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
         await asyncio.wait(_either(answer, gone), return_when=asyncio.FIRST_COMPLETED)
-        if answer.done():
-            await self._respond(send, *self._outcome(answer))
+        if not answer.done():
+            return
+        if (failure := self._failure(answer)) is not None:
+            await self._refuse(send, failure)
+        else:
+            await self._respond(send, 200, self._dialect.render(self._call, answer.result()), JSON)
 
     async def _stream(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
         started = False
@@ -69,41 +74,36 @@ class ParkedReply(Response):
                     await send({"type": "http.response.start", "status": 200, "headers": SSE})
                     started = True
                 await send({"type": "http.response.body", "body": self._dialect.keepalive, "more_body": True})
-        status, body, headers = self._outcome(answer)
+        failure = self._failure(answer)
         if not started:
-            if status != 200:
-                await self._respond(send, status, body, headers)
+            if failure is not None:  # nothing sent yet: a proper error status, not an event
+                await self._refuse(send, failure)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        if status == 200:
-            turn = answer.result()
-            body = b"".join(self._dialect.render_stream(self._call, turn))
+        if failure is not None:
+            status, kind, message, _ = failure
+            body = self._dialect.stream_error(status, kind, message)
         else:
-            body = self._stream_error(answer)
+            body = b"".join(self._dialect.render_stream(self._call, answer.result()))
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    def _outcome(self, answer: asyncio.Future[Turn]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-        """The status and (non-streamed) body the agent gets for a settled turn."""
+    @staticmethod
+    def _failure(answer: asyncio.Future[Turn]) -> Failure | None:
+        """Why the agent gets an error instead of the reply (status, kind, message, headers); None if it does not."""
         error = answer.exception()
         if isinstance(error, TrajproxyError):
-            status = status_of(error)
-            return status, self._dialect.error_body(status, error.kind, error.message), NO_RETRY
+            return status_of(error), error.kind, error.message, NO_RETRY
         if error is not None:
             raise error
-        turn = answer.result()
-        assert turn.reply is not None
-        if turn.reply.error is not None:  # the trainer's own error: the SDK's retry rules apply
-            failure = turn.reply.error
-            return failure.status, self._dialect.error_body(failure.status, failure.kind, failure.message), JSON
-        return 200, self._dialect.render(self._call, turn), JSON
+        reply = answer.result().reply
+        assert reply is not None
+        if reply.error is not None:  # the trainer's own error: the SDK's retry rules apply
+            return reply.error.status, reply.error.kind, reply.error.message, JSON
+        return None
 
-    def _stream_error(self, answer: asyncio.Future[Turn]) -> bytes:
-        error = answer.exception()
-        if isinstance(error, TrajproxyError):
-            return self._dialect.stream_error(status_of(error), error.kind, error.message)
-        failure = answer.result().reply.error  # type: ignore[union-attr]
-        assert failure is not None
-        return self._dialect.stream_error(failure.status, failure.kind, failure.message)
+    async def _refuse(self, send: Send, failure: Failure) -> None:
+        status, kind, message, headers = failure
+        await self._respond(send, status, self._dialect.error_body(status, kind, message), headers)
 
     @staticmethod
     async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
