@@ -67,12 +67,24 @@ class _Calls:
 
     @staticmethod
     def create_episode(
-        task: str, metadata: dict[str, Any] | None, turn_timeout_s: float | None
+        task: str, metadata: dict[str, Any] | None, turn_timeout_s: float | None, settings: dict[str, Any]
     ) -> _Call[wire.EpisodeCreated]:
-        body: dict[str, Any] = {"task": task, "metadata": metadata or {}}
+        body: dict[str, Any] = {"task": task, "metadata": metadata or {}, **settings}
         if turn_timeout_s is not None:
             body["turn_timeout_s"] = turn_timeout_s
         return _Call("POST", "/api/episodes", wire.EpisodeCreated.model_validate, json=body)
+
+    @staticmethod
+    def reset(episode_id: str, wait_s: float, lease_s: float | None) -> _Call[wire.TimeStep]:
+        params: dict[str, Any] = {"wait": wait_s} | ({"lease": lease_s} if lease_s is not None else {})
+        path = f"/api/episodes/{episode_id}/reset"
+        return _Call("POST", path, wire.TimeStep.model_validate, json={}, params=params, timeout_s=wait_s + 30)
+
+    @staticmethod
+    def step(episode_id: str, body: dict[str, Any], wait_s: float, lease_s: float | None) -> _Call[wire.TimeStep]:
+        params: dict[str, Any] = {"wait": wait_s} | ({"lease": lease_s} if lease_s is not None else {})
+        path = f"/api/episodes/{episode_id}/step"
+        return _Call("POST", path, wire.TimeStep.model_validate, json=body, params=params, timeout_s=wait_s + 30)
 
     @staticmethod
     def next_turns(episode: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> _Call[wire.TurnBatch]:
@@ -179,9 +191,35 @@ class TrainerClient:
         return _parse(call, response)
 
     def create_episode(
-        self, task: str = "", metadata: dict[str, Any] | None = None, turn_timeout_s: float | None = None
+        self,
+        task: str = "",
+        metadata: dict[str, Any] | None = None,
+        turn_timeout_s: float | None = None,
+        **settings: Any,
     ) -> wire.EpisodeCreated:
-        return self._send(_Calls.create_episode(task, metadata, turn_timeout_s))
+        """A new episode; `settings` are the optional fields of POST /api/episodes (policy, policy_options,
+        routes, max_turns, max_tokens, deadline_s, on_budget)."""
+        return self._send(_Calls.create_episode(task, metadata, turn_timeout_s, settings))
+
+    def reset(self, episode_id: str, wait_s: float = 60.0, lease_s: float | None = None) -> wire.TimeStep:
+        """dm_env's reset: the FIRST TimeStep, the agent's first call (waits up to `wait_s` for it)."""
+        return self._send(_Calls.reset(episode_id, wait_s, lease_s))
+
+    def step(
+        self,
+        episode_id: str,
+        content: str | None = None,
+        *,
+        tool_calls: Sequence[dict[str, Any]] | None = None,
+        message: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        wait_s: float = 60.0,
+        lease_s: float | None = None,
+        **extras: Any,
+    ) -> wire.TimeStep:
+        """dm_env's step: answer the current call, then the next TimeStep (MID, or LAST with the reward)."""
+        body = _reply_body(content, tool_calls, message, error, extras)
+        return self._send(_Calls.step(episode_id, body, wait_s, lease_s))
 
     def next_turns(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
@@ -267,9 +305,35 @@ class AsyncTrainerClient:
         return _parse(call, response)
 
     async def create_episode(
-        self, task: str = "", metadata: dict[str, Any] | None = None, turn_timeout_s: float | None = None
+        self,
+        task: str = "",
+        metadata: dict[str, Any] | None = None,
+        turn_timeout_s: float | None = None,
+        **settings: Any,
     ) -> wire.EpisodeCreated:
-        return await self._send(_Calls.create_episode(task, metadata, turn_timeout_s))
+        """A new episode; `settings` are the optional fields of POST /api/episodes (policy, policy_options,
+        routes, max_turns, max_tokens, deadline_s, on_budget)."""
+        return await self._send(_Calls.create_episode(task, metadata, turn_timeout_s, settings))
+
+    async def reset(self, episode_id: str, wait_s: float = 60.0, lease_s: float | None = None) -> wire.TimeStep:
+        """dm_env's reset: the FIRST TimeStep, the agent's first call (waits up to `wait_s` for it)."""
+        return await self._send(_Calls.reset(episode_id, wait_s, lease_s))
+
+    async def step(
+        self,
+        episode_id: str,
+        content: str | None = None,
+        *,
+        tool_calls: Sequence[dict[str, Any]] | None = None,
+        message: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        wait_s: float = 60.0,
+        lease_s: float | None = None,
+        **extras: Any,
+    ) -> wire.TimeStep:
+        """dm_env's step: answer the current call, then the next TimeStep (MID, or LAST with the reward)."""
+        body = _reply_body(content, tool_calls, message, error, extras)
+        return await self._send(_Calls.step(episode_id, body, wait_s, lease_s))
 
     async def next_turns(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None

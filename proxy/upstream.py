@@ -42,6 +42,7 @@ class LitellmUpstream:
             message=message,
             finish_reason=choice.finish_reason or ("tool_calls" if message.get("tool_calls") else "stop"),
             usage=Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None,
+            cost_usd=_cost(litellm, model, response),
         )
 
     async def _load(self) -> Any:
@@ -49,6 +50,14 @@ class LitellmUpstream:
             if self._litellm is None:
                 self._litellm = await asyncio.to_thread(_import_litellm)
         return self._litellm
+
+
+def _cost(litellm: Any, model: str, response: Any) -> float | None:
+    """The call's price in USD from litellm's bundled cost table; None for a model the table does not know."""
+    try:
+        return float(litellm.completion_cost(completion_response=response, model=model))
+    except Exception:  # litellm raises for models missing from its table
+        return None
 
 
 def _import_litellm() -> Any:

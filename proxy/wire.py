@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -18,10 +18,47 @@ class _Open(BaseModel):
 # Requests
 
 
+def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
+    secret = [name for name in options if any(word in name.lower() for word in ("key", "token", "secret", "pass"))]
+    if secret:
+        raise ValueError(
+            f"options {secret} look like credentials, which would be stored with the episode: set them in "
+            "trajproxy's environment instead (OPENAI_API_KEY, ANTHROPIC_API_KEY, …), where litellm finds them"
+        )
+    return options
+
+
+ModelOptions = Annotated[dict[str, Any], AfterValidator(_no_credentials)]
+
+
+class RouteIn(_Strict):
+    """Send the calls that match to `model` (a litellm name), answered without the trainer, not trainable."""
+
+    model: str = Field(min_length=1)
+    when_model: str | None = Field(default=None, min_length=1, description="a glob on the model the agent asks for")
+    when_system: str | None = Field(default=None, min_length=1, description="text in the call's system prompt")
+    options: ModelOptions = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_condition(self) -> RouteIn:
+        if self.when_model is None and self.when_system is None:
+            raise ValueError("a route needs 'when_model' or 'when_system' to say which calls it takes")
+        return self
+
+
 class EpisodeCreate(_Strict):
     task: str = ""
     metadata: dict[str, Any] = Field(default_factory=dict)
     turn_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    policy: str = Field(
+        default="trainer", pattern=r"^(trainer|model:.+)$", description="trainer, or model:NAME (any litellm model)"
+    )
+    policy_options: ModelOptions = Field(default_factory=dict)
+    routes: list[RouteIn] = Field(default_factory=list, max_length=100)
+    max_turns: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    deadline_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="seconds from creation")
+    on_budget: Literal["reject", "finish"] = "reject"
 
 
 class FunctionCall(_Strict):
@@ -107,6 +144,12 @@ class PauseState(_Open):
     released: int = 0
 
 
+class StepIn(ReplyIn):
+    """The action for the episode's current call (or for `turn_id`), as a reply."""
+
+    turn_id: str | None = None
+
+
 class FinishIn(_Strict):
     status: Literal["finished", "failed", "cancelled"] = "finished"
     reason: str | None = None
@@ -123,6 +166,20 @@ class RewardIn(_Strict):
 # Responses
 
 
+class Route(_Open):
+    model: str
+    when_model: str | None
+    when_system: str | None
+    options: dict[str, Any]
+
+
+class Budget(_Open):
+    max_turns: int | None
+    max_tokens: int | None
+    deadline_at: float | None
+    on_budget: Literal["reject", "finish"]
+
+
 class Episode(_Open):
     id: str
     status: Literal["pending", "running", "finished", "failed", "cancelled"]
@@ -133,6 +190,11 @@ class Episode(_Open):
     started_at: float | None
     ended_at: float | None
     reason: str | None
+    policy: str
+    policy_options: dict[str, Any]
+    routes: list[Route]
+    budget: Budget
+    over_budget: str | None
 
 
 class EpisodeCreated(Episode):
@@ -161,6 +223,7 @@ class ReplyOut(_Open):
     logprobs: list[float] | None
     policy_version: str | None
     answered_by: str
+    cost_usd: float | None
 
 
 class Reward(_Open):
@@ -192,6 +255,9 @@ class Turn(_Open):
     ended_at: float | None
     reason: str | None
     reply: ReplyOut | None
+    trainable: bool
+    branch: int
+    parent_id: str | None
 
 
 class TurnBatch(_Open):
@@ -222,3 +288,24 @@ class Trajectory(_Open):
     episode: Episode
     turns: list[TrajectoryTurn]
     rewards: list[Reward]
+
+
+class TimeStep(_Open):
+    """dm_env's TimeStep: step_type 0 FIRST, 1 MID, 2 LAST. `observation` is the call to answer (None on LAST)."""
+
+    step_type: Literal[0, 1, 2]
+    observation: dict[str, Any] | None
+    reward: float | None
+    discount: float | None
+    turn_id: str | None
+    episode: Episode
+    rewards: list[Reward]
+
+    def first(self) -> bool:
+        return self.step_type == 0
+
+    def mid(self) -> bool:
+        return self.step_type == 1
+
+    def last(self) -> bool:
+        return self.step_type == 2

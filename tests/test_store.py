@@ -294,20 +294,20 @@ class StoreContract:
 
         run(body())
 
-    def test_next_seq(self, make_store: MakeStore) -> None:
+    def test_tally_next_seq(self, make_store: MakeStore) -> None:
         async def body() -> None:
             async with opened(make_store) as store:
                 episode, other = episode_value(), episode_value()
                 await settled(store.add_episode(episode))
                 await settled(store.add_episode(other))
-                assert await store.next_seq(episode.id) == 0
-                assert await store.next_seq("ep_missing") == 0
+                assert (await store.tally(episode.id)).next_seq == 0
+                assert (await store.tally("ep_missing")).next_seq == 0
                 for seq in (0, 1, 2):
                     await settled(store.add_turn(turn_value(episode.id, seq)))
-                assert await store.next_seq(episode.id) == 3
+                assert (await store.tally(episode.id)).next_seq == 3
                 await settled(store.add_turn(turn_value(episode.id, 9)))
-                assert await store.next_seq(episode.id) == 10
-                assert await store.next_seq(other.id) == 0
+                assert (await store.tally(episode.id)).next_seq == 10
+                assert (await store.tally(other.id)).next_seq == 0
 
         run(body())
 
@@ -423,7 +423,7 @@ class StoreContract:
                 for episode in episodes:
                     expected = [turn for turn in made if turn.episode_id == episode.id]
                     assert await store.turns(episode.id) == expected
-                    assert await store.next_seq(episode.id) == 100
+                    assert (await store.tally(episode.id)).next_seq == 100
 
         run(body())
 
@@ -474,7 +474,7 @@ class StoreContract:
                 assert await store.episode_by_key_hash(episode.key_hash) == episode
                 assert await store.turns(episode.id) == turns
                 assert await store.rewards(episode.id) == [reward]
-                assert await store.next_seq(episode.id) == 50
+                assert (await store.tally(episode.id)).next_seq == 50
 
         run(write_and_close())
         run(read())

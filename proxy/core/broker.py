@@ -17,25 +17,32 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proxy.core.branches import Branches
 from proxy.core.errors import (
     BadRequest,
     Conflict,
     EpisodeClosed,
     NotFound,
+    NoTurnYet,
+    OverBudget,
     Paused,
     TurnClosed,
     TurnTimeout,
     Unauthorized,
+    UpstreamError,
 )
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.ports import Store, TokenCounter, Upstream
 from proxy.core.values import (
+    Budget,
     Episode,
     EpisodeStatus,
     JsonObject,
+    ModelRoute,
     Reply,
     Reward,
+    Tally,
     Turn,
     TurnStatus,
     Usage,
@@ -51,10 +58,12 @@ _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 @dataclass(eq=False, slots=True)
 class _Live:
-    """An open episode this process serves: its latest state and the next turn number."""
+    """An open episode this process serves: its latest state, what it has used, and its branches."""
 
     episode: Episode
     next_seq: int
+    tokens: int
+    branches: Branches
 
 
 class Broker:
@@ -128,21 +137,38 @@ class Broker:
     # Episodes
 
     async def create_episode(
-        self, task: str, metadata: JsonObject, turn_timeout_s: float | None = None
+        self,
+        task: str,
+        metadata: JsonObject,
+        turn_timeout_s: float | None = None,
+        *,
+        policy: ModelRoute | None = None,
+        routes: Sequence[ModelRoute] = (),
+        budget: Budget | None = None,
+        deadline_s: float | None = None,
     ) -> tuple[Episode, str]:
-        """Record a new episode; returns it with its key, which is never stored in the clear."""
+        """Record a new episode; returns it with its key, which is never stored in the clear.
+
+        `deadline_s` (seconds from now) sets the budget's deadline."""
         key = new_key()
+        now = self._now()
+        budget = budget or Budget()
+        if deadline_s is not None:
+            budget = replace(budget, deadline_at=now + deadline_s)
         episode = Episode(
             id=new_id("ep"),
             key_hash=hash_key(key),
             task=task,
             metadata=metadata,
             status=EpisodeStatus.PENDING,
-            created_at=self._now(),
+            created_at=now,
             turn_timeout_s=turn_timeout_s,
+            policy=policy,
+            routes=tuple(routes),
+            budget=budget,
         )
         await self._store.add_episode(episode)
-        self._remember(episode, next_seq=0)
+        self._remember(episode, Tally())
         return episode, key
 
     async def authenticate(self, key: str | None) -> Episode:
@@ -170,7 +196,9 @@ class Broker:
     async def episodes(self, status: EpisodeStatus | None, limit: int, offset: int) -> list[Episode]:
         return await self._store.episodes(status, limit, offset)
 
-    async def finish(self, episode_id: str, status: EpisodeStatus, reason: str | None) -> Episode:
+    async def finish(
+        self, episode_id: str, status: EpisodeStatus, reason: str | None, *, over_budget: str | None = None
+    ) -> Episode:
         """Close an episode; its open turns fail and their agents get an 'episode closed' error."""
         if not status.closed:
             raise BadRequest(f"an episode can only be finished as finished, failed or cancelled, not {status}")
@@ -181,8 +209,11 @@ class Broker:
                 return episode
             raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
         episode = replace(live.episode, status=status, reason=reason, ended_at=self._now())
+        if over_budget is not None:
+            episode = replace(episode, over_budget=over_budget)
         live.episode = episode  # in-flight calls of this episode see it closed from now on
         self._bury(episode)
+        self._lot.wake(episode_id)  # a trainer stepping through this episode learns it has ended
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
         slots = self._lot.of_episode(episode_id)
         closed = [turn for slot in slots if (turn := self._close(slot, TurnStatus.FAILED, why))]
@@ -212,10 +243,15 @@ class Broker:
         if self._pause is not None and self._pause[0] == "reject":
             raise Paused("the trainer has paused new calls (a policy update); retry shortly", self._pause[1])
         now = self._now()
+        if (over := live.episode.budget.exceeded(live.next_seq, live.tokens, now)) is not None:
+            await self._over_budget(live, over)
         model = request.get("model")
         self._restore_arguments(episode_id, request)
+        route = next((route for route in live.episode.routes if route.matches(request)), None)
+        turn_id = new_id("tu")
+        branch, parent_id = live.branches.place(turn_id, request)
         turn = Turn(
-            id=new_id("tu"),
+            id=turn_id,
             episode_id=episode_id,
             seq=live.next_seq,
             dialect=dialect,
@@ -225,6 +261,9 @@ class Broker:
             status=TurnStatus.PARKED,
             created_at=now,
             model=model if isinstance(model, str) else None,
+            trainable=route is None,
+            branch=branch,
+            parent_id=parent_id,
         )
         live.next_seq += 1
         if live.episode.status is EpisodeStatus.PENDING:
@@ -236,10 +275,37 @@ class Broker:
             self._submit(self._store.save_turns([failed]))
             raise self._closed_error(live.episode)
         slot = self._lot.park(turn)
-        if self._pause is not None:  # held: out of the queue until resume (its stream gets keep-alives)
+        if (answerer := route or live.episode.policy) is not None:  # a model answers: no trainer sees the turn
+            self._lot.hold(slot, now)
+            self._submit(self._answer_from(slot, answerer))
+        elif self._pause is not None:  # held: out of the queue until resume (its stream gets keep-alives)
             self._lot.withdraw(slot)
             self._held.append(slot)
         return slot
+
+    async def _over_budget(self, live: _Live, why: str) -> None:
+        """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""
+        episode = live.episode
+        if episode.budget.finish:
+            await self.finish(episode.id, EpisodeStatus.FINISHED, why, over_budget=why)
+            raise self._closed_error(await self.episode(episode.id))
+        if episode.over_budget != why:
+            live.episode = replace(episode, over_budget=why)
+            await self._store.save_episode(live.episode)
+        raise OverBudget(f"episode {episode.id} is {why}; it takes no more calls")
+
+    async def _answer_from(self, slot: Slot, route: ModelRoute) -> None:
+        """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
+        try:
+            reply = await self._upstream.complete(route.model, slot.turn.request, route.options)
+            await self.reply(slot.turn.id, replace(reply, answered_by=f"model:{route.model}"), slot.turn.lease_id)
+        except UpstreamError as e:
+            if (failed := self._close(slot, TurnStatus.FAILED, e.message)) is not None:
+                await self._store.save_turns([failed])
+                if not slot.answer.done():
+                    slot.answer.set_exception(e)
+        except TurnClosed:
+            pass  # the turn ended first (its agent left, or the episode finished)
 
     async def wait_for_reply(self, slot: Slot, episode: Episode) -> Turn:
         """Wait for the trainer's reply to a parked turn; expire the turn if none comes in time."""
@@ -340,6 +406,23 @@ class Broker:
                 self._lot.release(slot)
                 self._submit(self._store.save_turns([slot.turn]))
 
+    async def next_turn(self, episode_id: str, wait_s: float, lease_s: float | None) -> Turn | None:
+        """Lease the episode's next turn, waiting up to `wait_s` for its agent to call; None once the episode
+        has ended with nothing left to answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not (turns := await self.pull(episode_id, 1, 0, lease_s)):
+            if (await self.episode(episode_id)).status.closed:
+                return None
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise NoTurnYet(
+                    f"episode {episode_id}'s agent made no call within {wait_s:g} s and is still running; "
+                    "ask again to keep waiting"
+                )
+            await self._lot.wait(episode_id, remaining)
+        return turns[0]
+
     async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:
         """Answer a turn. The same reply again succeeds; a different one is a conflict."""
         slot = self._lot.get(turn_id)
@@ -358,7 +441,8 @@ class Broker:
         assert answered is not None
         written = asyncio.ensure_future(self._store.save_turns([answered]))
         self._pending_replies[turn_id] = written
-        if answered.episode_id in self._live:
+        if (live := self._live.get(answered.episode_id)) is not None:
+            live.tokens += reply.usage.total_tokens if reply.usage else 0
             self._last_answered[answered.episode_id] = answered
             sent = self._arguments.setdefault(answered.episode_id, {})
             for call in (reply.message or {}).get("tool_calls") or ():
@@ -423,6 +507,10 @@ class Broker:
             raise NotFound(f"no turn {turn_id!r}")
         return turn
 
+    async def rewards(self, episode_id: str) -> list[Reward]:
+        await self.episode(episode_id)
+        return await self._store.rewards(episode_id)
+
     async def trajectory(self, episode_id: str) -> tuple[Episode, list[Turn], list[Reward]]:
         episode = await self.episode(episode_id)
         await self.drain()
@@ -474,10 +562,10 @@ class Broker:
         episode = await self._store.episode(episode_id)
         if episode is None or episode.status.closed:
             return None
-        next_seq = await self._store.next_seq(episode_id)
+        tally = await self._store.tally(episode_id)
         if episode_id in self._closed:  # finished while we were reading the store
             return None
-        return self._live.get(episode_id) or self._remember(episode, next_seq)
+        return self._live.get(episode_id) or self._remember(episode, tally)
 
     def _reply_written(self, slot: Slot, written: asyncio.Future[None], answered: Turn) -> None:
         self._pending_replies.pop(answered.id, None)
@@ -497,8 +585,8 @@ class Broker:
         if len(self._closed) > _CLOSED_EPISODES:
             self._closed.popitem(last=False)
 
-    def _remember(self, episode: Episode, next_seq: int) -> _Live:
-        live = _Live(episode, next_seq)
+    def _remember(self, episode: Episode, tally: Tally) -> _Live:
+        live = _Live(episode, tally.next_seq, tally.tokens, Branches(tally.next_branch))
         self._live[episode.id] = live
         self._live_by_key[episode.key_hash] = live
         return live

@@ -4,12 +4,17 @@ TrajproxyError
 ├── BadRequest          the input is malformed or invalid
 │   └── PayloadTooLarge the body is over the configured limit
 ├── Unauthorized        unknown episode key or bad trainer token
+├── Forbidden           the caller may not use this route this way
 ├── NotFound            no such episode, turn or route
 ├── Conflict            the request contradicts what is recorded
 │   └── TurnClosed      the turn can no longer be answered (answered, expired, abandoned, failed)
 ├── EpisodeClosed       the episode is finished, failed or cancelled
+├── Paused              new calls are refused while the trainer updates its policy
+├── OverBudget          the episode has used its turns, tokens or time
 ├── TurnTimeout         nobody answered the turn within its timeout
-└── StorageError        the database could not record a change
+├── NoTurnYet           the agent made no call within the time a trainer would wait
+├── StorageError        the database could not record a change
+└── UpstreamError       a model answering in the trainer's place failed
 """
 
 
@@ -61,6 +66,14 @@ class Paused(TrajproxyError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class OverBudget(TrajproxyError):
+    kind = "budget_exceeded"
+
+
+class NoTurnYet(TrajproxyError):
+    kind = "no_turn_yet"
 
 
 class TurnTimeout(TrajproxyError):

@@ -151,7 +151,7 @@ class ParkingLot:
         if front:
             self._ready.move_to_end(turn_id, last=False)
             by_episode.move_to_end(turn_id, last=False)
-        self._wake(episode_id)
+        self.wake(episode_id)
 
     def _unready(self, slot: Slot) -> None:
         turn_id, episode_id = slot.turn.id, slot.turn.episode_id
@@ -162,7 +162,8 @@ class ParkingLot:
             if not by_episode:
                 del self._ready_by_episode[episode_id]
 
-    def _wake(self, episode_id: str) -> None:
+    def wake(self, episode_id: str) -> None:
+        """Wake the pollers that wait on this episode's turns (a turn is ready, or the episode has ended)."""
         keep = []
         for entry in self._pollers:
             wanted, waiter = entry

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reply, Reward, Turn
+from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reply, Reward, Tally, Turn
 
 
 class Store(Protocol):
@@ -40,7 +40,9 @@ class Store(Protocol):
 
     async def turns(self, episode_id: str) -> list[Turn]: ...
 
-    async def next_seq(self, episode_id: str) -> int: ...
+    async def tally(self, episode_id: str) -> Tally:
+        """What an episode has used so far, for an open episode this process has not served before."""
+        ...
 
     async def rewards(self, episode_id: str) -> list[Reward]: ...
 

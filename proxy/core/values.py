@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -38,6 +39,66 @@ class TurnStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """A model (any name litellm knows) that answers some of an episode's calls in the trainer's place.
+
+    As an episode's policy it answers every call. As a routing rule it answers the calls that match it: those
+    for a model name matching `when_model` (a glob, e.g. `claude-3-5-haiku*`), or whose system prompt contains
+    `when_system`. Calls answered by a rule are side calls, recorded as not trainable.
+    """
+
+    model: str
+    options: JsonObject = field(default_factory=dict)
+    when_model: str | None = None
+    when_system: str | None = None
+
+    def matches(self, request: JsonObject) -> bool:
+        if self.when_model is not None:
+            asked = request.get("model")
+            if isinstance(asked, str) and fnmatch.fnmatchcase(asked, self.when_model):
+                return True
+        return self.when_system is not None and self.when_system in system_prompt(request)
+
+
+def system_prompt(request: JsonObject) -> str:
+    """The text of a chat request's system (and developer) messages."""
+    texts = []
+    for message in request.get("messages") or ():
+        if isinstance(message, dict) and message.get("role") in ("system", "developer"):
+            texts.append(text_of(message.get("content")))
+    return "\n".join(texts)
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content, a string or a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits on an episode; past any of them the agent's next call is refused (or the episode finished)."""
+
+    max_turns: int | None = None
+    max_tokens: int | None = None  # prompt + completion tokens over all the episode's answered turns
+    deadline_at: float | None = None  # unix time
+    finish: bool = False  # over budget: finish the episode instead of refusing calls with 429
+
+    def exceeded(self, turns: int, tokens: int, now: float) -> str | None:
+        """Why a new call is over this budget, or None if it is within it."""
+        if self.max_turns is not None and turns >= self.max_turns:
+            return f"over budget: the episode has used its {self.max_turns} turns"
+        if self.max_tokens is not None and tokens >= self.max_tokens:
+            return f"over budget: the episode has used {tokens} of its {self.max_tokens} tokens"
+        if self.deadline_at is not None and now >= self.deadline_at:
+            return f"over budget: the episode's deadline passed {now - self.deadline_at:.1f} s ago"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class Episode:
     id: str
     key_hash: str
@@ -49,6 +110,10 @@ class Episode:
     started_at: float | None = None
     ended_at: float | None = None
     reason: str | None = None
+    policy: ModelRoute | None = None  # None: the trainer answers
+    routes: tuple[ModelRoute, ...] = ()
+    budget: Budget = field(default_factory=Budget)
+    over_budget: str | None = None  # why the episode's last refused call was over budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +148,7 @@ class Reply:
     logprobs: tuple[float, ...] | None = None
     policy_version: str | None = None
     answered_by: str = "trainer"
+    cost_usd: float | None = None  # what the model's call cost, for turns a model answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +172,9 @@ class Turn:
     ended_at: float | None = None
     reply: Reply | None = None
     reason: str | None = None
+    trainable: bool = True  # False for side calls a routing rule sent to a fixed model
+    branch: int = 0  # calls that extend one conversation share a branch; compaction or a sub-agent opens another
+    parent_id: str | None = None  # the turn whose conversation this one extends
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,3 +187,12 @@ class Reward:
     created_at: float
     turn_id: str | None = None
     info: JsonObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What an open episode has used so far: its next turn number, tokens and branch number."""
+
+    next_seq: int = 0
+    tokens: int = 0
+    next_branch: int = 0

@@ -20,6 +20,8 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.Conflict: 409,
     errors.EpisodeClosed: 410,
     errors.Paused: 429,
+    errors.OverBudget: 429,
+    errors.NoTurnYet: 408,
     errors.TurnTimeout: 504,
     errors.StorageError: 503,
     errors.UpstreamError: 502,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
 
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -13,22 +14,57 @@ from starlette.responses import Response
 from proxy import wire
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
+from proxy.core.steps import Steps
 from proxy.core.values import EpisodeStatus, JsonObject
 from proxy.http.edge import disconnected, status_of
-from proxy.http.views import episode_view, reply_from, reward_view, trajectory_view, turn_view
+from proxy.http.views import (
+    episode_settings,
+    episode_view,
+    reply_from,
+    reward_view,
+    timestep_view,
+    trajectory_view,
+    turn_view,
+)
 from proxy.settings import Settings
+
+T = TypeVar("T")
 
 
 def json_response(data: JsonObject, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status, media_type="application/json")
 
 
+async def until_disconnect(request: Request, work: Awaitable[T], undo: Callable[[T], object]) -> T | None:
+    """Run a long poll until it is done or its client hangs up. Then it is cancelled, or, if it had finished,
+    `undo` gives back what it took (leased turns go back to the queue at once), and the result is None."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        hung_up = gone.done()
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if not hung_up:
+        return task.result()
+    if not task.cancelled() and task.exception() is None:
+        undo(task.result())
+    return None
+
+
 def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     router = APIRouter(prefix="/api", tags=["trainer"])  # TrainerGate has checked the token and body size
+    steps = Steps(broker)
 
     @router.post("/episodes", status_code=201, response_model=wire.EpisodeCreated)
     async def create_episode(body: wire.EpisodeCreate, request: Request) -> Response:
-        episode, key = await broker.create_episode(body.task, body.metadata, body.turn_timeout_s)
+        episode, key = await broker.create_episode(
+            body.task, body.metadata, body.turn_timeout_s, **episode_settings(body)
+        )
         base = (settings.public_url or str(request.base_url)).rstrip("/")
         env = {
             "OPENAI_BASE_URL": f"{base}/v1",
@@ -73,6 +109,32 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     async def trajectory(episode_id: str) -> Response:
         return json_response(trajectory_view(*await broker.trajectory(episode_id)))
 
+    @router.post("/episodes/{episode_id}/reset", response_model=wire.TimeStep)
+    async def reset(
+        episode_id: str,
+        request: Request,
+        wait: Annotated[float, Query(ge=0, le=600)] = 60,
+        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    ) -> Response:
+        """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
+        step = await until_disconnect(request, steps.reset(episode_id, wait, lease), steps.undo)
+        return json_response(timestep_view(step)) if step else Response(status_code=499)
+
+    @router.post("/episodes/{episode_id}/step", response_model=wire.TimeStep)
+    async def step(
+        episode_id: str,
+        body: wire.StepIn,
+        request: Request,
+        wait: Annotated[float, Query(ge=0, le=600)] = 60,
+        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    ) -> Response:
+        """dm_env's step: answer the current call with the action (a reply), then wait for the next call (MID)
+        or for the episode to end (LAST, with its reward). Sending the same step again is safe."""
+        turn_id = body.turn_id or steps.current(episode_id)
+        action = steps.step(episode_id, turn_id, reply_from(body, turn_id), wait, lease)
+        result = await until_disconnect(request, action, steps.undo)
+        return json_response(timestep_view(result)) if result else Response(status_code=499)
+
     @router.get("/turns/next", response_model=wire.TurnBatch)
     async def next_turns(
         request: Request,
@@ -83,20 +145,8 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     ) -> Response:
         if episode is not None:
             await broker.episode(episode)
-        pull = asyncio.ensure_future(broker.pull(episode, max, wait, lease))
-        gone = asyncio.ensure_future(disconnected(request.receive))
-        try:
-            await asyncio.wait({pull, gone}, return_when=asyncio.FIRST_COMPLETED)
-            hung_up = gone.done()
-        finally:
-            gone.cancel()
-            if not pull.done():
-                pull.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pull
-        turns = pull.result() if not pull.cancelled() else []
-        if hung_up:
-            broker.release(turns)  # the poller hung up: its turns go back to the queue at once
+        turns = await until_disconnect(request, broker.pull(episode, max, wait, lease), broker.release)
+        if turns is None:
             return Response(status_code=499)
         return json_response({"turns": [turn_view(turn) for turn in turns]})
 

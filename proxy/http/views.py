@@ -8,10 +8,12 @@ from typing import Any
 import orjson
 
 from proxy import wire
-from proxy.core.values import AgentError, Episode, JsonObject, Reply, Reward, Turn, Usage
+from proxy.core.steps import TimeStep
+from proxy.core.values import AgentError, Budget, Episode, JsonObject, ModelRoute, Reply, Reward, Turn, Usage
 
 
 def episode_view(episode: Episode) -> JsonObject:
+    budget = episode.budget
     return {
         "id": episode.id,
         "status": episode.status.value,
@@ -22,6 +24,25 @@ def episode_view(episode: Episode) -> JsonObject:
         "started_at": episode.started_at,
         "ended_at": episode.ended_at,
         "reason": episode.reason,
+        "policy": f"model:{episode.policy.model}" if episode.policy else "trainer",
+        "policy_options": episode.policy.options if episode.policy else {},
+        "routes": [_route_view(route) for route in episode.routes],
+        "budget": {
+            "max_turns": budget.max_turns,
+            "max_tokens": budget.max_tokens,
+            "deadline_at": budget.deadline_at,
+            "on_budget": "finish" if budget.finish else "reject",
+        },
+        "over_budget": episode.over_budget,
+    }
+
+
+def _route_view(route: ModelRoute) -> JsonObject:
+    return {
+        "model": route.model,
+        "when_model": route.when_model,
+        "when_system": route.when_system,
+        "options": route.options,
     }
 
 
@@ -44,6 +65,9 @@ def turn_view(turn: Turn) -> JsonObject:
         "ended_at": turn.ended_at,
         "reason": turn.reason,
         "reply": _reply_view(turn.reply) if turn.reply else None,
+        "trainable": turn.trainable,
+        "branch": turn.branch,
+        "parent_id": turn.parent_id,
     }
 
 
@@ -120,4 +144,30 @@ def _reply_view(reply: Reply) -> JsonObject:
         "logprobs": reply.logprobs,
         "policy_version": reply.policy_version,
         "answered_by": reply.answered_by,
+        "cost_usd": reply.cost_usd,
+    }
+
+
+def episode_settings(body: wire.EpisodeCreate) -> JsonObject:
+    """The broker's keyword arguments for a new episode's policy, routes and budget."""
+    kind, _, model = body.policy.partition(":")
+    return {
+        "policy": ModelRoute(model, body.policy_options) if kind == "model" else None,
+        "routes": [ModelRoute(r.model, r.options, r.when_model, r.when_system) for r in body.routes],
+        "budget": Budget(body.max_turns, body.max_tokens, None, body.on_budget == "finish"),
+        "deadline_s": body.deadline_s,
+    }
+
+
+def timestep_view(step: TimeStep) -> JsonObject:
+    turn = step.observation
+    return {
+        "step_type": int(step.step_type),
+        "observation": turn.request if turn else None,
+        "reward": step.reward,
+        "discount": step.discount,
+        "turn_id": turn.id if turn else None,
+        "turn": turn_view(turn) if turn else None,
+        "episode": episode_view(step.episode),
+        "rewards": [reward_view(reward) for reward in step.rewards],
     }

@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
 from proxy.core.errors import StorageError
-from proxy.core.values import Episode, EpisodeStatus, Reward, Turn
+from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn
 from proxy.storage.tables import (
     EpisodeRow,
     RewardRow,
@@ -133,11 +133,18 @@ class SqlStore:
         stmt = select(turns).where(turns.c.episode_id == episode_id).order_by(turns.c.seq)
         return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
 
-    async def next_seq(self, episode_id: str) -> int:
-        stmt = select(func.max(turns.c.seq)).where(turns.c.episode_id == episode_id)
-        rows = await self._read(lambda conn: conn.execute(stmt))
-        last = rows[0][0]
-        return 0 if last is None else int(last) + 1
+    async def tally(self, episode_id: str) -> Tally:
+        stmt = select(
+            func.max(turns.c.seq),
+            func.coalesce(func.sum(turns.c.prompt_tokens + turns.c.completion_tokens), 0),
+            func.max(turns.c.branch),
+        ).where(turns.c.episode_id == episode_id)
+        last_seq, tokens, last_branch = (await self._read(lambda conn: conn.execute(stmt)))[0]
+        return Tally(
+            next_seq=0 if last_seq is None else int(last_seq) + 1,
+            tokens=int(tokens),
+            next_branch=0 if last_branch is None else int(last_branch) + 1,
+        )
 
     async def rewards(self, episode_id: str) -> list[Reward]:
         stmt = select(rewards).where(rewards.c.episode_id == episode_id).order_by(rewards.c.created_at)

@@ -11,9 +11,11 @@ from sqlmodel import Field, SQLModel
 
 from proxy.core.values import (
     AgentError,
+    Budget,
     Episode,
     EpisodeStatus,
     JsonObject,
+    ModelRoute,
     Reply,
     Reward,
     Turn,
@@ -38,6 +40,13 @@ class EpisodeRow(SQLModel, table=True):
     started_at: float | None = None
     ended_at: float | None = None
     reason: str | None = None
+    policy: JsonObject | None = Field(default=None, sa_column=Column(Json))
+    routes: list[JsonObject] = Field(sa_column=Column(Json, nullable=False))
+    max_turns: int | None = None
+    max_tokens: int | None = None
+    deadline_at: float | None = None
+    finish_over_budget: bool = False
+    over_budget: str | None = None
 
 
 class TurnRow(SQLModel, table=True):
@@ -58,6 +67,10 @@ class TurnRow(SQLModel, table=True):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     policy_version: str | None = None
+    cost_usd: float | None = None
+    trainable: bool = True
+    branch: int = 0
+    parent_id: str | None = None
     deliveries: int = 0
     created_at: float
     leased_at: float | None = None
@@ -91,6 +104,13 @@ def episode_row(episode: Episode) -> dict[str, Any]:
         "started_at": episode.started_at,
         "ended_at": episode.ended_at,
         "reason": episode.reason,
+        "policy": _route_json(episode.policy) if episode.policy else None,
+        "routes": [_route_json(route) for route in episode.routes],
+        "max_turns": episode.budget.max_turns,
+        "max_tokens": episode.budget.max_tokens,
+        "deadline_at": episode.budget.deadline_at,
+        "finish_over_budget": episode.budget.finish,
+        "over_budget": episode.over_budget,
     }
 
 
@@ -106,6 +126,10 @@ def episode_from(row: Any) -> Episode:
         started_at=row.started_at,
         ended_at=row.ended_at,
         reason=row.reason,
+        policy=ModelRoute(**row.policy) if row.policy else None,
+        routes=tuple(ModelRoute(**route) for route in row.routes),
+        budget=Budget(row.max_turns, row.max_tokens, row.deadline_at, row.finish_over_budget),
+        over_budget=row.over_budget,
     )
 
 
@@ -124,6 +148,7 @@ def turn_state(turn: Turn) -> dict[str, Any]:
         "reply": _reply_json(reply) if reply else None,
         "answered_by": reply.answered_by if reply else None,
         "policy_version": reply.policy_version if reply else None,
+        "cost_usd": reply.cost_usd if reply else None,
         "prompt_tokens": usage.prompt_tokens if usage else None,
         "completion_tokens": usage.completion_tokens if usage else None,
     }
@@ -140,6 +165,9 @@ def turn_row(turn: Turn) -> dict[str, Any]:
         "wire": turn.wire,
         "request": turn.request,
         "created_at": turn.created_at,
+        "trainable": turn.trainable,
+        "branch": turn.branch,
+        "parent_id": turn.parent_id,
     }
 
 
@@ -161,6 +189,9 @@ def turn_from(row: Any) -> Turn:
         ended_at=row.ended_at,
         reply=_reply_from(row) if row.reply is not None else None,
         reason=row.reason,
+        trainable=row.trainable,
+        branch=row.branch,
+        parent_id=row.parent_id,
     )
 
 
@@ -211,7 +242,12 @@ def _reply_from(row: Any) -> Reply:
         logprobs=tuple(logprobs) if logprobs is not None else None,
         policy_version=row.policy_version,
         answered_by=row.answered_by or "trainer",
+        cost_usd=row.cost_usd,
     )
+
+
+def _route_json(route: ModelRoute) -> JsonObject:
+    return asdict(route)
 
 
 def dumps(value: Any) -> str:
