@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ import docker
 import pytest
 import sqlalchemy
 import uvicorn
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse
 
 from proxy.app import create_app
 from proxy.client import TrainerClient
@@ -147,6 +149,53 @@ def background() -> Iterator[Callable[..., Future[Any]]]:
     """Run a blocking call (an agent's SDK request) on another thread; returns its future."""
     with ThreadPoolExecutor(max_workers=16) as pool:
         yield pool.submit
+
+
+# An upstream model, faked.
+
+
+@dataclass
+class FakeModel:
+    """An upstream model server (a fake: real models are external and expensive): answers every chat
+    request with a canned reply, or fails when the last message says "please fail"."""
+
+    url: str = ""
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def options(self) -> dict[str, Any]:
+        return {"api_base": f"{self.url}/v1", "api_key": "sk-fake", "max_retries": 0}
+
+
+@pytest.fixture
+def fake_model() -> Iterator[FakeModel]:
+    fake = FakeModel()
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> Any:
+        body = await request.json()
+        fake.seen.append(body)
+        if body["messages"][-1]["content"] == "please fail":
+            return JSONResponse({"error": {"message": "the model is down", "type": "server_error"}}, 500)
+        return {
+            "id": "chatcmpl-upstream",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": f"upstream saw {len(body['messages'])} messages"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        }
+
+    running = serve_app(app)
+    fake.url = running.live.url
+    yield fake
+    running.stop()
 
 
 # Docker: sandboxes on a real engine.

@@ -3,60 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 import pytest
-from fastapi import FastAPI, Request
-from starlette.responses import JSONResponse
 
 from proxy.client import TrainerClient, TrajproxyAPIError
-from tests.conftest import serve_app
-
-
-@dataclass
-class FakeModel:
-    """An upstream model server: answers every chat request with a canned reply, or fails on request."""
-
-    url: str = ""
-    seen: list[dict[str, Any]] = field(default_factory=list)
-
-    def options(self) -> dict[str, Any]:
-        return {"api_base": f"{self.url}/v1", "api_key": "sk-fake", "max_retries": 0}
-
-
-@pytest.fixture
-def fake_model() -> Iterator[FakeModel]:
-    fake = FakeModel()
-    app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def complete(request: Request) -> Any:
-        body = await request.json()
-        fake.seen.append(body)
-        if body["messages"][-1]["content"] == "please fail":
-            return JSONResponse({"error": {"message": "the model is down", "type": "server_error"}}, 500)
-        return {
-            "id": "chatcmpl-upstream",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": f"upstream saw {len(body['messages'])} messages"},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
-        }
-
-    running = serve_app(app)
-    fake.url = running.live.url
-    yield fake
-    running.stop()
+from tests.conftest import FakeModel
 
 
 def ask(episode: Any, text: str) -> Any:

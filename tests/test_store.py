@@ -13,7 +13,7 @@ import pytest
 from proxy.core.errors import StorageError
 from proxy.core.keys import hash_key, new_id, new_key
 from proxy.core.ports import Store
-from proxy.core.values import AgentError, Episode, EpisodeStatus, Reply, Reward, Turn, TurnStatus, Usage
+from proxy.core.values import AgentError, Episode, EpisodeStatus, Reply, Reward, Tally, Turn, TurnStatus, Usage
 from proxy.storage.sql import SqlStore
 
 T0 = 1_700_000_000.123456
@@ -308,6 +308,22 @@ class StoreContract:
                 await settled(store.add_turn(turn_value(episode.id, 9)))
                 assert (await store.tally(episode.id)).next_seq == 10
                 assert (await store.tally(other.id)).next_seq == 0
+
+        run(body())
+
+    def test_tally_tokens_and_branches(self, make_store: MakeStore) -> None:
+        async def body() -> None:
+            async with opened(make_store) as store:
+                episode = episode_value()
+                await settled(store.add_episode(episode))
+                assert await store.tally(episode.id) == Tally(0, 0, 0)
+                first, second = turn_value(episode.id, 0), turn_value(episode.id, 1, branch=3, trainable=False)
+                await settled(store.add_turn(first))
+                await settled(store.add_turn(second))
+                answered = replace(first, status=TurnStatus.ANSWERED, reply=full_reply())
+                await settled(store.save_turns([answered]))
+                assert await store.tally(episode.id) == Tally(next_seq=2, tokens=123 + 45, next_branch=4)
+                assert [(t.branch, t.trainable) for t in await store.turns(episode.id)] == [(0, True), (3, False)]
 
         run(body())
 

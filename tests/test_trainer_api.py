@@ -30,9 +30,8 @@ TOKEN = "s3cret"
 
 def agent_for(episode: Any, **kwargs: Any) -> openai.OpenAI:
     """The agent, configured only from what POST /api/episodes handed out."""
-    return openai.OpenAI(
-        base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.env["OPENAI_API_KEY"], max_retries=0, **kwargs
-    )
+    kwargs.setdefault("max_retries", 0)
+    return openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.env["OPENAI_API_KEY"], **kwargs)
 
 
 def ask(agent: openai.OpenAI, messages: list[dict[str, Any]] = HELLO, **kwargs: Any) -> Any:
