@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,44 +124,13 @@ async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
             raise SystemExit("trajproxy run: --proxy-url needs --socket-source (the folder or volume of its socket)")
         yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source
         return
-    import uvicorn
+    from proxy.embedded import CannotListen, embedded_proxy
 
-    from proxy.app import create_app
-    from proxy.cli import listen
-    from proxy.settings import Settings
-
-    with tempfile.TemporaryDirectory(prefix="trajproxy-") as folder:
-        settings = Settings(port=args.port, database_url=args.database_url, socket_path=f"{folder}/proxy.sock")
-        try:
-            sockets = listen(settings)
-        except OSError as e:
-            raise SystemExit(f"trajproxy run: cannot listen on port {args.port} ({e}); pass --port") from e
-        config = uvicorn.Config(
-            create_app(settings), log_level="warning", access_log=False, timeout_graceful_shutdown=2
-        )
-        server = _embedded_server(config)
-        serving = asyncio.create_task(server.serve(sockets=sockets))
-        while not server.started:
-            if serving.done():
-                serving.result()
-            await asyncio.sleep(0.02)
-        try:
-            yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}", None, folder
-        finally:
-            server.should_exit = True
-            await serving
-
-
-def _embedded_server(config: Any) -> Any:
-    """uvicorn without its signal handlers: Ctrl-C belongs to the run, which closes its episodes first."""
-    import uvicorn
-
-    class EmbeddedServer(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return EmbeddedServer(config)
+    try:
+        async with embedded_proxy(args.database_url, args.port) as proxy:
+            yield proxy.url, None, proxy.socket_folder
+    except CannotListen as e:
+        raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
 
 
 async def _watch_parked(url: str, progress: Progress, show: Any) -> None:

@@ -10,8 +10,10 @@ import asyncio
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from proxy.client import AsyncTrainerClient
+from proxy import wire
+from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
 from sandbox.containers import ExecResult, Limits, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
@@ -33,6 +35,7 @@ class RunConfig:
     agent_timeout_s: float = 1800.0
     grade_timeout_s: float = 600.0
     limits: Limits = field(default_factory=Limits)
+    episode: dict[str, Any] = field(default_factory=dict)  # for each episode: policy, routes, budgets (see the API)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +95,20 @@ class Runner:
             runs = [group.create_task(one(task)) for task in todo]
         return [run.result() for run in runs]
 
-    async def run(self, task: Task) -> Outcome:
-        """Run one task to its end: an episode with a reward, finished, failed or cancelled."""
+    async def open(self, task: Task) -> wire.EpisodeCreated:
+        """A new episode for the task, as `run` would create."""
+        metadata = {**task.metadata, "label": task.label, "line": task.line}
+        return await self._trainer.create_episode(task=task.prompt, metadata=metadata, **self._config.episode)
+
+    async def run(self, task: Task, episode: wire.EpisodeCreated | None = None) -> Outcome:
+        """Run one task to its end: an episode with a reward, finished, failed or cancelled.
+        `episode` is one `open` made for it already; by default the run makes its own."""
         self._count(running=1)
-        episode_id = None
+        episode_id = episode.id if episode else None
         try:
-            episode = await self._trainer.create_episode(
-                task=task.prompt, metadata={**task.metadata, "label": task.label, "line": task.line}
-            )
-            episode_id = episode.id
+            if episode is None:
+                episode = await self.open(task)
+                episode_id = episode.id
             outcome = await self._attempt(task, episode.id, episode.key)
         except SandboxError as e:
             outcome = Outcome(task, episode_id, "failed", None, str(e))
@@ -185,7 +193,11 @@ class Runner:
 
     async def _close(self, outcome: Outcome) -> None:
         if outcome.episode_id is not None:
-            await self._trainer.finish(outcome.episode_id, outcome.status, outcome.reason[:2000])
+            try:
+                await self._trainer.finish(outcome.episode_id, outcome.status, outcome.reason[:2000])
+            except TrajproxyAPIError as e:
+                if e.status != 409:  # 409: closed already (its budget finished it): that record stands
+                    raise
         if outcome.status == "finished":
             self._count(finished=1)
         else:

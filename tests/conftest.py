@@ -27,6 +27,7 @@ from proxy.client import TrainerClient
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.tasks import Task, read_tasks
 
 POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
@@ -258,3 +259,10 @@ def task_image(engine: Any) -> str:
     engine.images.build(path=str(ROOT / "agents" / "minimal"), tag=AGENT_IMAGE, rm=True)
     engine.images.build(path=str(EXAMPLE), tag=TASK_IMAGE, rm=True)
     return TASK_IMAGE
+
+
+@pytest.fixture
+def example_task(task_image: str) -> Task:
+    [task] = list(read_tasks(EXAMPLE / "tasks.jsonl"))
+    assert isinstance(task, Task)
+    return task

@@ -24,13 +24,6 @@ def database_url(tmp_path: Any) -> str:
     return f"sqlite:///{tmp_path}/trajproxy.db"
 
 
-@pytest.fixture
-def example_task(task_image: str) -> Task:
-    [task] = list(read_tasks(EXAMPLE / "tasks.jsonl"))
-    assert isinstance(task, Task)
-    return task
-
-
 def run_tasks(
     proxied: Any, sandboxes: DockerSandboxes, tasks: list[Task], script: str, concurrency: int = 1, **config: Any
 ) -> list[Outcome]:
