@@ -36,6 +36,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    export = commands.add_parser(
+        "export",
+        help="write recorded conversations as JSONL training data",
+        description="Write each branch of each matching episode as one JSON line: its conversation in chat "
+        "fine-tuning shape with rewards (--shape chat), or its token ids, loss mask and logprobs (--shape tokens).",
+    )
+    export.add_argument("out", help="the JSONL file to write, or - for standard output")
+    export.add_argument("--database-url", default=Settings.model_fields["database_url"].default)
+    export.add_argument("--shape", choices=["chat", "tokens"], default="chat")
+    export.add_argument("--status", action="append", default=[], help="only episodes with this status (repeatable)")
+    export.add_argument("--min-reward", type=float, help="only episodes whose reward is at least this")
+    export.add_argument("--max-reward", type=float, help="only episodes whose reward is at most this")
+    export.add_argument("--since", help="only episodes created at or after this (ISO 8601 or unix seconds)")
+    export.add_argument("--until", help="only episodes created before this (ISO 8601 or unix seconds)")
+    export.add_argument("--where", action="append", default=[], help="metadata KEY=VALUE to match (repeatable)")
+    export.add_argument("--side-calls", action="store_true", help="include calls routed to a fixed model")
+    export.add_argument("--quiet", action="store_true", help="no progress bar")
     from sandbox.launch import add_commands  # light: the run command imports what it needs when it runs
 
     add_commands(commands)
@@ -51,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         except ValidationError as e:
             sys.exit(f"trajproxy: invalid settings:\n{e}")
         serve(settings)
+    elif args.command == "export":
+        from proxy.export_command import export_command
+
+        sys.exit(export_command(args))
     else:
         from sandbox.launch import main as launch
 

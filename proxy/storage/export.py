@@ -1,0 +1,283 @@
+"""Training data out of the database, as JSONL: one line per conversation (a branch of an episode).
+
+Two shapes:
+- `chat`: the branch's whole conversation in OpenAI chat fine-tuning shape (`messages`, `tools`), with the
+  episode's reward and rewards, task, status and metadata: ready for SFT, DPO or GRPO loaders and
+  `datasets.load_dataset("json", ...)`. `tools` and `metadata` are JSON strings, so that any mix of tool
+  schemas and metadata loads into one Arrow schema.
+- `tokens`: for turns whose reply carried token ids, the branch as one token sequence: `prompt_ids`, then
+  `completion_ids` holding the policy's tokens (loss mask 1) and the tokens the environment added between
+  calls (loss mask 0), with `logprobs` aligned to them. Where a call's prompt does not extend the sequence so
+  far (the agent rewrote its history), a new line starts.
+
+Episodes are read a page at a time and their turns streamed, so memory stays flat however many turns there are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any, Literal
+
+import orjson
+from sqlalchemy import Connection, Engine, and_, func, or_, select
+
+from proxy.core.values import JsonObject, text_of
+from proxy.storage.sql import episodes, rewards, turns
+
+Shape = Literal["chat", "tokens"]
+_PAGE = 200
+_MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    statuses: tuple[str, ...] = ()  # episode statuses; empty: all
+    min_reward: float | None = None  # on the episode's return, the sum of its episode-level rewards
+    max_reward: float | None = None
+    since: float | None = None  # episode created at or after (unix time)
+    until: float | None = None  # episode created before
+    metadata: dict[str, Any] = field(default_factory=dict)  # metadata fields that must equal these values
+    side_calls: bool = False  # include calls a routing rule sent to a fixed model (not trainable)
+
+    def keeps(self, metadata: JsonObject, reward: float | None) -> bool:
+        if any(metadata.get(key) != value for key, value in self.metadata.items()):
+            return False
+        if self.min_reward is None and self.max_reward is None:
+            return True
+        if reward is None:
+            return False
+        return (self.min_reward is None or reward >= self.min_reward) and (
+            self.max_reward is None or reward <= self.max_reward
+        )
+
+
+@dataclass(slots=True)
+class Counts:
+    episodes: int = 0
+    lines: int = 0
+    turns: int = 0
+
+
+def export(
+    engine: Engine,
+    out: IO[bytes],
+    shape: Shape,
+    filters: Filters,
+    on_episode: Callable[[], None] = lambda: None,
+) -> Counts:
+    """Write the matching episodes' conversations to `out`, one JSON object per line."""
+    counts = Counts()
+    with engine.connect() as conn:
+        for episode, ending, answered in _episodes(conn, filters, on_episode):
+            reward = sum(ending.values()) if ending else None
+            lines = _chat_lines if shape == "chat" else _token_lines
+            written = 0
+            for line in lines(episode, reward, ending, answered):
+                out.write(orjson.dumps(line) + b"\n")
+                written += 1
+            counts.episodes += written > 0
+            counts.lines += written
+            counts.turns += len(answered)
+    return counts
+
+
+def count_episodes(engine: Engine, filters: Filters) -> int:
+    """How many episodes pass the filters that the database applies (for a progress bar)."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(episodes).where(*_where(filters))).scalar_one())
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds, or an ISO 8601 date or time (UTC unless it says otherwise)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    moment = datetime.fromisoformat(text)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def parse_where(items: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; a value that reads as JSON (a number, true, null, a string in quotes) is taken so."""
+    wanted: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--where {item!r}: expected key=value")
+        try:
+            wanted[key] = json.loads(raw)
+        except ValueError:
+            wanted[key] = raw
+    return wanted
+
+
+# Reading
+
+
+def _where(filters: Filters) -> list[Any]:
+    clauses = []
+    if filters.statuses:
+        clauses.append(episodes.c.status.in_(filters.statuses))
+    if filters.since is not None:
+        clauses.append(episodes.c.created_at >= filters.since)
+    if filters.until is not None:
+        clauses.append(episodes.c.created_at < filters.until)
+    return clauses
+
+
+def _episodes(
+    conn: Connection, filters: Filters, on_episode: Callable[[], None]
+) -> Iterator[tuple[Any, dict[str, float], list[Any]]]:
+    """Each matching episode with its episode-level rewards and its answered turns, in creation order."""
+    after: tuple[float, str] | None = None
+    while True:
+        query = select(episodes).where(*_where(filters))
+        if after is not None:
+            query = query.where(
+                or_(episodes.c.created_at > after[0], and_(episodes.c.created_at == after[0], episodes.c.id > after[1]))
+            )
+        page = conn.execute(query.order_by(episodes.c.created_at, episodes.c.id).limit(_PAGE)).all()
+        if not page:
+            return
+        after = (page[-1].created_at, page[-1].id)
+        ids = [row.id for row in page]
+        endings: dict[str, dict[str, float]] = {}
+        for reward in conn.execute(
+            select(rewards.c.episode_id, rewards.c.name, rewards.c.value)
+            .where(rewards.c.episode_id.in_(ids), rewards.c.turn_id.is_(None))
+            .order_by(rewards.c.created_at)
+        ):
+            ending = endings.setdefault(reward.episode_id, {})
+            ending[reward.name] = ending.get(reward.name, 0.0) + reward.value
+        kept = {
+            row.id: row
+            for row in page
+            if filters.keeps(row.metadata, sum(endings[row.id].values()) if row.id in endings else None)
+        }
+        for episode_id, answered in _answered_turns(conn, list(kept), filters.side_calls):
+            on_episode()
+            yield kept[episode_id], endings.get(episode_id, {}), answered
+        for _ in range(len(page) - len(kept)):
+            on_episode()
+
+
+def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Iterator[tuple[str, list[Any]]]:
+    """The answered turns of these episodes, episode by episode (every id yields, with no turns if none)."""
+    if not ids:
+        return
+    columns = [turns.c[name] for name in ("id", "episode_id", "seq", "branch", "request", "reply", "trainable")]
+    columns += [turns.c.policy_version, turns.c.answered_by]
+    query = select(*columns).where(turns.c.episode_id.in_(ids), turns.c.status == "answered")
+    if not side_calls:
+        query = query.where(turns.c.trainable.is_(True))
+    rows = conn.execution_options(yield_per=256).execute(query.order_by(turns.c.episode_id, turns.c.seq))
+    grouped: dict[str, list[Any]] = {episode_id: [] for episode_id in ids}
+    current: str | None = None
+    for row in rows:
+        if row.episode_id != current and current is not None:
+            yield current, grouped.pop(current)
+        current = row.episode_id
+        grouped[current].append(row)
+    if current is not None:
+        yield current, grouped.pop(current)
+    yield from grouped.items()  # episodes with no answered turns
+
+
+# Shapes
+
+
+def _common(episode: Any, reward: float | None, ending: dict[str, float]) -> JsonObject:
+    return {
+        "episode_id": episode.id,
+        "reward": reward,
+        "rewards": ending,
+        "status": episode.status,
+        "task": episode.task,
+        "metadata": orjson.dumps(episode.metadata).decode(),
+    }
+
+
+def _chat_lines(episode: Any, reward: float | None, ending: dict[str, float], answered: list[Any]) -> Iterator[Any]:
+    last: dict[int, Any] = {}
+    count: dict[int, int] = {}
+    for turn in answered:
+        if turn.reply.get("message") is not None:
+            last[turn.branch] = turn
+            count[turn.branch] = count.get(turn.branch, 0) + 1
+    for branch, turn in sorted(last.items()):
+        messages = [*turn.request.get("messages", ()), turn.reply["message"]]
+        yield {
+            "messages": [_message(message) for message in messages if isinstance(message, dict)],
+            "tools": orjson.dumps(turn.request.get("tools") or []).decode(),
+            "branch": branch,
+            "turns": count[branch],
+            "last_turn_id": turn.id,
+            "policy_version": turn.policy_version,
+            **_common(episode, reward, ending),
+        }
+
+
+def _message(message: JsonObject) -> JsonObject:
+    """A message as fine-tuning loaders take it: text content, and only the fields they know."""
+    shaped = {key: message[key] for key in _MESSAGE_FIELDS if message.get(key) is not None}
+    shaped["content"] = text_of(message.get("content"))
+    return shaped
+
+
+@dataclass(slots=True)
+class _Sequence:
+    prompt_ids: list[int]
+    turn_ids: list[str] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    policy_versions: list[str | None] = field(default_factory=list)
+
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def add(self, turn_id: str, between: list[int], reply: JsonObject, policy_version: str | None) -> None:
+        completion = reply["completion_token_ids"]
+        self.turn_ids.append(turn_id)
+        self.completion_ids += between + completion
+        self.loss_mask += [0] * len(between) + [1] * len(completion)
+        logprobs = reply.get("logprobs")
+        if self.logprobs is not None and logprobs is not None and len(logprobs) == len(completion):
+            self.logprobs += [0.0] * len(between) + logprobs
+        else:
+            self.logprobs = None  # some call came without logprobs for every token
+        self.policy_versions.append(policy_version)
+
+
+def _token_lines(episode: Any, reward: float | None, ending: dict[str, float], answered: list[Any]) -> Iterator[Any]:
+    open_: dict[int, _Sequence] = {}
+    finished: list[tuple[int, _Sequence]] = []
+    for turn in answered:
+        reply = turn.reply
+        prompt, completion = reply.get("prompt_token_ids"), reply.get("completion_token_ids")
+        if prompt is None or completion is None:
+            continue
+        sequence = open_.get(turn.branch)
+        if sequence is not None:
+            so_far = sequence.tokens()
+            if prompt[: len(so_far)] == so_far:
+                sequence.add(turn.id, prompt[len(so_far) :], reply, turn.policy_version)
+                continue
+            finished.append((turn.branch, sequence))
+        sequence = open_[turn.branch] = _Sequence(prompt)
+        sequence.add(turn.id, [], reply, turn.policy_version)
+    finished += open_.items()
+    for branch, sequence in sorted(finished, key=lambda item: item[0]):  # stable: a branch's lines in order
+        yield {
+            "prompt_ids": sequence.prompt_ids,
+            "completion_ids": sequence.completion_ids,
+            "loss_mask": sequence.loss_mask,
+            "logprobs": sequence.logprobs,
+            "branch": branch,
+            "turn_ids": sequence.turn_ids,
+            "policy_versions": sequence.policy_versions,
+            **_common(episode, reward, ending),
+        }

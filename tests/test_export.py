@@ -1,0 +1,214 @@
+"""`trajproxy export`: recorded episodes out as JSONL in chat and token shape, filtered, loadable by `datasets`,
+and streamed in flat memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+
+from proxy.client import TrainerClient
+from proxy.core.keys import hash_key, new_id, new_key
+from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus
+from proxy.storage.sql import SqlStore
+from tests.test_cli import clean_env, trajproxy_script
+from tests.test_trainer_api import agent_for
+
+SYSTEM = {"role": "system", "content": "you fix bugs"}
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+def run_export(url: str, out: Path | str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [trajproxy_script(), "export", str(out), "--database-url", url, "--quiet", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(COLUMNS="400"),  # messages on one line
+    )
+
+
+def lines_of(url: str, tmp_path: Path, *flags: str) -> list[dict[str, Any]]:
+    out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}.jsonl"
+    done = run_export(url, out, *flags)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.fixture
+def recorded(server: Any, trainer: TrainerClient, background: Any) -> dict[str, Any]:
+    """Three episodes: a rewarded one with token ids over two branches, a failed one, a cancelled one."""
+
+    def turn(episode: Any, messages: list[Any], reply: dict[str, Any], **extras: Any) -> Any:
+        call = background(agent_for(episode).chat.completions.create, model="m", messages=messages, tools=TOOLS)
+        [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
+        trainer.reply(parked.id, message=reply, **extras)
+        return call.result(timeout=10).choices[0].message.model_dump(exclude_none=True)
+
+    good = trainer.create_episode(task="fix calc", metadata={"split": "train", "n": 1})
+    history: list[Any] = [SYSTEM, {"role": "user", "content": "fix calc.py"}]
+    calls = [{"id": "c1", "function": {"name": "bash", "arguments": '{"cmd": "cat calc.py"}'}}]
+    extras = {"prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5], "logprobs": [-0.5, -0.25]}
+    history += [turn(good, history, {"tool_calls": calls}, policy_version="v1", **extras)]
+    history += [{"role": "tool", "tool_call_id": "c1", "content": "def add(a, b): return a - b"}]
+    extras = {"prompt_token_ids": [1, 2, 3, 4, 5, 6, 7], "completion_token_ids": [8], "logprobs": [-1.0]}
+    turn(good, history, {"content": "fixed"}, policy_version="v2", **extras)
+    compacted = [SYSTEM, {"role": "user", "content": "summary: add subtracted; fixed it"}]
+    extras = {"prompt_token_ids": [1, 9], "completion_token_ids": [10], "logprobs": [-2.0]}
+    turn(good, compacted, {"content": "done"}, **extras)
+    trainer.add_reward(good.id, 1.0, source="grader")
+    trainer.add_reward(good.id, 0.5, name="style")
+    trainer.finish(good.id)
+
+    bad = trainer.create_episode(task="fix calc", metadata={"split": "eval", "n": 2})
+    turn(bad, [SYSTEM, {"role": "user", "content": "fix it"}], {"content": "no"})
+    trainer.add_reward(bad.id, 0.0, source="grader")
+    trainer.finish(bad.id, "failed", "tests fail")
+
+    stopped = trainer.create_episode(task="other", metadata={"split": "train", "n": "three"})
+    turn(stopped, [{"role": "user", "content": [{"type": "text", "text": "in parts"}]}], {"content": "ok"})
+    trainer.finish(stopped.id, "cancelled")
+    return {"url": server.settings.database_url, "good": good.id, "bad": bad.id, "stopped": stopped.id}
+
+
+def test_chat_shape_writes_each_branch_with_its_rewards(recorded: dict[str, Any], tmp_path: Path) -> None:
+    lines = lines_of(recorded["url"], tmp_path)
+    assert [(line["episode_id"], line["branch"]) for line in lines] == [
+        (recorded["good"], 0),
+        (recorded["good"], 1),
+        (recorded["bad"], 0),
+        (recorded["stopped"], 0),
+    ]
+    main, compacted, bad, stopped = lines
+    assert [m["role"] for m in main["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert main["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "cat calc.py"}'
+    assert main["messages"][-1] == {"role": "assistant", "content": "fixed"}
+    assert (main["turns"], main["policy_version"], main["reward"]) == (2, "v2", 1.5)
+    assert main["rewards"] == {"reward": 1.0, "style": 0.5}
+    assert json.loads(main["tools"]) == TOOLS and json.loads(main["metadata"]) == {"split": "train", "n": 1}
+    assert compacted["messages"][-1]["content"] == "done" and compacted["turns"] == 1
+    assert (bad["status"], bad["reward"]) == ("failed", 0.0)
+    assert stopped["reward"] is None and stopped["messages"][0] == {"role": "user", "content": "in parts"}
+
+
+def test_token_shape_joins_a_branch_into_one_sequence_with_a_loss_mask(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    lines = lines_of(recorded["url"], tmp_path, "--shape", "tokens")
+    assert [(line["episode_id"], line["branch"]) for line in lines] == [(recorded["good"], 0), (recorded["good"], 1)]
+    main, compacted = lines
+    assert main["prompt_ids"] == [1, 2, 3]
+    assert main["completion_ids"] == [4, 5, 6, 7, 8]  # policy, environment (the tool's output), policy
+    assert main["loss_mask"] == [1, 1, 0, 0, 1]
+    assert main["logprobs"] == [-0.5, -0.25, 0.0, 0.0, -1.0]
+    assert (main["policy_versions"], main["reward"]) == (["v1", "v2"], 1.5)
+    assert (compacted["prompt_ids"], compacted["completion_ids"], compacted["loss_mask"]) == ([1, 9], [10], [1])
+
+
+def test_filters_pick_episodes(recorded: dict[str, Any], tmp_path: Path) -> None:
+    def episodes(*flags: str) -> list[str]:
+        return sorted({line["episode_id"] for line in lines_of(recorded["url"], tmp_path, *flags)})
+
+    good, bad, stopped = recorded["good"], recorded["bad"], recorded["stopped"]
+    assert episodes("--min-reward", "0.5") == [good]
+    assert episodes("--max-reward", "0.5") == [bad]  # an episode with no reward is not in any reward range
+    assert episodes("--status", "failed", "--status", "cancelled") == sorted([bad, stopped])
+    assert episodes("--where", "split=train") == sorted([good, stopped])
+    assert episodes("--where", "split=train", "--where", "n=1") == [good]
+    assert episodes("--where", 'n="three"') == [stopped]
+    assert episodes("--since", "2999-01-01") == []
+    assert episodes("--until", "2999-01-01T00:00:00+00:00") == sorted([good, bad, stopped])
+
+
+def test_exported_files_load_with_datasets(recorded: dict[str, Any], tmp_path: Path) -> None:
+    for shape, rows in (("chat", 4), ("tokens", 2)):
+        out = tmp_path / f"{shape}.jsonl"
+        assert run_export(recorded["url"], out, "--shape", shape).returncode == 0
+        dataset = datasets.load_dataset("json", data_files=str(out), split="train")
+        assert dataset.num_rows == rows
+        if shape == "chat":
+            assert dataset[0]["messages"][-1]["content"] == "fixed" and dataset[0]["reward"] == 1.5
+        else:
+            assert dataset[0]["loss_mask"] == [1, 1, 0, 0, 1]
+
+
+def test_bad_export_arguments_say_what_is_wrong(tmp_path: Path, database_url: str) -> None:
+    missing = run_export(f"sqlite:///{tmp_path}/nothing.db", tmp_path / "out.jsonl")
+    assert missing.returncode == 2 and "no database at" in missing.stderr
+    assert not (tmp_path / "nothing.db").exists()
+    where = run_export(f"sqlite:///{tmp_path}/nothing.db", tmp_path / "out.jsonl", "--where", "split")
+    assert where.returncode == 2 and "expected key=value" in where.stderr
+    since = run_export(database_url, tmp_path / "out.jsonl", "--since", "last tuesday")
+    assert since.returncode == 2 and "last tuesday" in since.stderr
+    shape = run_export(database_url, tmp_path / "out.jsonl", "--shape", "parquet")
+    assert shape.returncode == 2 and "invalid choice" in shape.stderr
+    if database_url.startswith("sqlite"):
+        sqlite3.connect(database_url.removeprefix("sqlite:///")).execute("VACUUM").connection.close()
+    empty = run_export(database_url, tmp_path / "out.jsonl")  # a database trajproxy never served
+    assert empty.returncode == 2 and "no trajproxy tables" in empty.stderr
+
+
+# Flat memory
+
+
+def seed(url: str, episodes: int, turns_per_episode: int) -> None:
+    """Episodes of answered turns with growing conversations, written straight through the store."""
+
+    async def write() -> None:
+        store = SqlStore(url)
+        await store.open()
+        writes = []
+        for e in range(episodes):
+            episode = Episode(new_id("ep"), hash_key(new_key()), "t", {"e": e}, EpisodeStatus.FINISHED, float(e))
+            writes.append(store.add_episode(episode))
+            messages: list[Any] = [SYSTEM]
+            prompt: tuple[int, ...] = (0,)
+            for seq in range(turns_per_episode):
+                messages = [*messages, {"role": "user", "content": f"step {seq} " + "x" * 200}]
+                reply = Reply({"role": "assistant", "content": "y" * 200}, "stop",
+                              prompt_token_ids=prompt, completion_token_ids=(1, 2, 3))  # fmt: skip
+                writes.append(store.add_turn(Turn(new_id("tu"), episode.id, seq, "chat", {"messages": messages}, b"{}",
+                                                  False, TurnStatus.ANSWERED, float(e), reply=reply)))  # fmt: skip
+                messages.append(reply.message)
+                prompt = (
+                    *prompt,
+                    1,
+                    2,
+                    3,
+                    *range(50),
+                )  # the next call's prompt extends this one
+        await asyncio.gather(*writes)
+        await store.close()
+
+    asyncio.run(write())
+
+
+def peak_rss_mib(url: str, out: Path, shape: str) -> float:
+    argv = ["trajproxy", "export", str(out), "--database-url", url, "--shape", shape, "--quiet"]
+    code = (
+        f"import resource, sys\nfrom proxy.cli import main\nsys.argv = {argv!r}\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=clean_env())
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("shape", ["chat", "tokens"])
+def test_export_memory_stays_flat_as_the_data_grows(tmp_path: Path, shape: str) -> None:
+    small, large = f"sqlite:///{tmp_path}/small.db", f"sqlite:///{tmp_path}/large.db"
+    seed(small, 40, 20)
+    seed(large, 800, 20)  # 20x the turns: 16,000, about 50 MB of conversations
+    small_mib = peak_rss_mib(small, tmp_path / "small.jsonl", shape)
+    large_mib = peak_rss_mib(large, tmp_path / "large.jsonl", shape)
+    assert len((tmp_path / "large.jsonl").read_bytes().splitlines()) == 800
+    print(f"export --shape {shape} peak RSS: {small_mib:.0f} MiB for 800 turns, {large_mib:.0f} MiB for 16,000")
+    assert large_mib < small_mib + 40, (small_mib, large_mib)
