@@ -6,17 +6,13 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from sqlalchemy import create_engine, inspect
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.storage.export import Filters, count_episodes, export, parse_time, parse_where
-from proxy.storage.sql import engine_url
+from proxy.core.errors import NotFound, StorageError
+from proxy.storage.export import Filters, count_episodes, export, parse_time, parse_where, source
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -34,21 +30,21 @@ def export_command(args: argparse.Namespace) -> int:
     except ValueError as e:
         console.print(f"[red]trajproxy export: {e}")
         return 2
-    url = make_url(engine_url(args.database_url))
-    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
-        console.print(f"[red]trajproxy export: no database at {url.database} (see --database-url)")
-        return 2
-    engine = create_engine(url)
     try:
-        if not inspect(engine).has_table("turn"):
-            console.print(f"[red]trajproxy export: {url.render_as_string()} holds no trajproxy tables")
-            return 2
+        engine = source(args.database_url)
+    except NotFound as e:
+        console.print(f"[red]trajproxy export: {e.message}")
+        return 2
+    except StorageError as e:
+        console.print(f"[red]trajproxy export: {e.message}")
+        return 1
+    try:
         total = count_episodes(engine, filters)
-        with _output(args.out) as out, _progress(console, args.quiet or args.out == "-") as progress:
+        with _output(args.out) as out, _progress(console, args.quiet) as progress:
             task = progress.add_task("exporting", total=total)
             counts = export(engine, out, args.shape, filters, lambda: progress.advance(task))
-    except SQLAlchemyError as e:
-        console.print(f"[red]trajproxy export: the database failed: {e}")
+    except StorageError as e:
+        console.print(f"[red]trajproxy export: {e.message}")
         return 1
     finally:
         engine.dispose()

@@ -79,30 +79,25 @@ def test_an_env_must_be_entered_before_use(proxied: Any, sandboxes: DockerSandbo
         asyncio.run(main())
 
 
-def test_the_example_trainer_runs_eight_episodes_and_prints_their_rewards(engine: Any) -> None:
+def run_example(script: str, *args: str) -> str:
+    """Run an example as a user would; returns what it printed."""
     done = subprocess.run(
-        [sys.executable, "examples/dm_env_trainer.py", "--episodes", "8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, f"examples/{script}", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = re.findall(r"^episode (\d) \(ep_\w+\): (\d) steps, reward (\S+)$", done.stdout, re.MULTILINE)
-    assert lines == [(str(n), "3" if n % 2 == 0 else "2", "1" if n % 2 == 0 else "0") for n in range(8)], done.stdout
+    return done.stdout
+
+
+def test_the_example_trainer_runs_eight_episodes_and_prints_their_rewards(engine: Any) -> None:
+    printed = run_example("dm_env_trainer.py", "--episodes", "8")
+    lines = re.findall(r"^episode (\d) \(ep_\w+\): (\d) steps, reward (\S+)$", printed, re.MULTILINE)
+    assert lines == [(str(n), "3" if n % 2 == 0 else "2", "1" if n % 2 == 0 else "0") for n in range(8)], printed
 
 
 def test_the_batch_trainer_answers_many_agents_in_batches(engine: Any) -> None:
-    done = subprocess.run(
-        [sys.executable, "examples/batch_trainer.py", "--episodes", "4"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    printed = run_example("batch_trainer.py", "--episodes", "4")
     batches = [int(n) for n, refused in re.findall(r"^batch of (\d+) turn\(s\) answered, (\d+) refused$",
-                                                    done.stdout, re.MULTILINE) if refused == "0"]  # fmt: skip
-    assert sum(batches) == 4 * 3, done.stdout  # each agent makes three calls to solve the task
-    endings = re.findall(r"^episode ep_\w+: (\w+), reward (\S+)$", done.stdout, re.MULTILINE)
-    assert endings == [("finished", "1.0")] * 4, done.stdout
+                                                    printed, re.MULTILINE) if refused == "0"]  # fmt: skip
+    assert sum(batches) == 4 * 3, printed  # each agent makes three calls to solve the task
+    endings = re.findall(r"^episode ep_\w+: (\w+), reward (\S+)$", printed, re.MULTILINE)
+    assert endings == [("finished", "1.0")] * 4, printed

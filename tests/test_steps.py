@@ -121,8 +121,9 @@ def test_steps_out_of_order_are_refused_with_what_to_do(server: Any, trainer: Tr
     again = api(server, "POST", f"/api/episodes/{episode.id}/reset", json={})
     assert "go on with step" in error_of(again, 409)["message"]
 
-    missing = api(server, "POST", "/api/episodes/ep_missing/reset?wait=0", json={})
-    error_of(missing, 404)
+    for action in ("reset", "step"):
+        missing = api(server, "POST", f"/api/episodes/ep_missing/{action}?wait=0", json={"message": {"content": "x"}})
+        error_of(missing, 404)
     malformed = api(server, "POST", f"/api/episodes/{episode.id}/step", json={"message": {"content": 3}})
     assert malformed.status_code == 422
     both = api(server, "POST", f"/api/episodes/{episode.id}/step", json={"message": {}, "error": {"status": 500,

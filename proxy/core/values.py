@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -94,7 +95,8 @@ class Budget:
         if self.max_tokens is not None and tokens >= self.max_tokens:
             return f"over budget: the episode has used {tokens} of its {self.max_tokens} tokens"
         if self.deadline_at is not None and now >= self.deadline_at:
-            return f"over budget: the episode's deadline passed {now - self.deadline_at:.1f} s ago"
+            deadline = datetime.fromtimestamp(self.deadline_at, UTC).isoformat(timespec="seconds")
+            return f"over budget: the episode's deadline passed at {deadline}"
         return None
 
 

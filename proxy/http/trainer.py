@@ -130,6 +130,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     ) -> Response:
         """dm_env's step: answer the current call with the action (a reply), then wait for the next call (MID)
         or for the episode to end (LAST, with its reward). Sending the same step again is safe."""
+        await broker.episode(episode_id)  # 404 for an unknown episode
         turn_id = body.turn_id or steps.current(episode_id)
         action = steps.step(episode_id, turn_id, reply_from(body, turn_id), wait, lease)
         result = await until_disconnect(request, action, steps.undo)

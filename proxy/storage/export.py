@@ -19,13 +19,17 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO, Any, Literal
 
 import orjson
-from sqlalchemy import Connection, Engine, and_, func, or_, select
+from sqlalchemy import Connection, Engine, and_, create_engine, func, inspect, or_, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
+from proxy.core.errors import NotFound, StorageError
 from proxy.core.values import JsonObject, text_of
-from proxy.storage.sql import episodes, rewards, turns
+from proxy.storage.sql import engine_url, episodes, rewards, turns
 
 Shape = Literal["chat", "tokens"]
 _PAGE = 200
@@ -61,6 +65,20 @@ class Counts:
     turns: int = 0
 
 
+def source(url: str) -> Engine:
+    """The database to export from; NotFound if it does not exist or trajproxy never served it."""
+    parsed = make_url(engine_url(url))
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
+        raise NotFound(f"no database at {parsed.database} (see --database-url)")
+    engine = create_engine(parsed)
+    try:
+        if not inspect(engine).has_table("turn"):
+            raise NotFound(f"{parsed.render_as_string()} holds no trajproxy tables")
+    except SQLAlchemyError as e:
+        raise StorageError(f"the database failed: {e}") from e
+    return engine
+
+
 def export(
     engine: Engine,
     out: IO[bytes],
@@ -70,24 +88,31 @@ def export(
 ) -> Counts:
     """Write the matching episodes' conversations to `out`, one JSON object per line."""
     counts = Counts()
-    with engine.connect() as conn:
-        for episode, ending, answered in _episodes(conn, filters, on_episode):
-            reward = sum(ending.values()) if ending else None
-            lines = _chat_lines if shape == "chat" else _token_lines
-            written = 0
-            for line in lines(episode, reward, ending, answered):
-                out.write(orjson.dumps(line) + b"\n")
-                written += 1
-            counts.episodes += written > 0
-            counts.lines += written
-            counts.turns += len(answered)
+    lines = _chat_lines if shape == "chat" else _token_lines
+    try:
+        with engine.connect() as conn:
+            for episode, ending, answered in _episodes(conn, filters, on_episode):
+                reward = sum(ending.values()) if ending else None
+                written = 0
+                for line in lines(episode, reward, ending, answered):
+                    out.write(orjson.dumps(line) + b"\n")
+                    written += 1
+                counts.episodes += written > 0
+                counts.lines += written
+                counts.turns += len(answered)
+    except SQLAlchemyError as e:
+        raise StorageError(f"the database failed: {e}") from e
     return counts
 
 
 def count_episodes(engine: Engine, filters: Filters) -> int:
     """How many episodes pass the filters that the database applies (for a progress bar)."""
-    with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(episodes).where(*_where(filters))).scalar_one())
+    try:
+        with engine.connect() as conn:
+            query = select(func.count()).select_from(episodes).where(*_where(filters))
+            return int(conn.execute(query).scalar_one())
+    except SQLAlchemyError as e:
+        raise StorageError(f"the database failed: {e}") from e
 
 
 def parse_time(text: str) -> float:
