@@ -15,6 +15,7 @@ from proxy.core.keys import hash_key, new_id, new_key
 from proxy.core.ports import Store
 from proxy.core.values import AgentError, Episode, EpisodeStatus, Reply, Reward, Tally, Turn, TurnStatus, Usage
 from proxy.storage.sql import SqlStore
+from proxy.storage.tables import TURN_STATE, turn_state
 
 T0 = 1_700_000_000.123456
 WAIT_S = 10  # bound on any one write: a writer that died would otherwise hang the test
@@ -310,6 +311,9 @@ class StoreContract:
                 assert (await store.tally(other.id)).next_seq == 0
 
         run(body())
+
+    def test_the_saved_turn_columns_are_the_ones_that_change(self) -> None:
+        assert tuple(turn_state(turn_value("ep_x", 0))) == TURN_STATE  # the UPDATE statement is built from these
 
     def test_tally_tokens_and_branches(self, make_store: MakeStore) -> None:
         async def body() -> None:

@@ -2,6 +2,7 @@
 
 import hashlib
 import hmac
+import random
 import secrets
 import time
 
@@ -22,5 +23,6 @@ def same_secret(a: str, b: str) -> bool:
 
 
 def new_id(prefix: str) -> str:
-    """A unique id that sorts roughly by creation time (millisecond clock, then randomness)."""
-    return f"{prefix}_{time.time_ns() // 1_000_000:011x}{secrets.token_hex(6)}"
+    """A unique id that sorts roughly by creation time (millisecond clock, then 48 random bits). Ids are not
+    secrets, so they come from the fast generator (seeded from the OS), not from a system call each."""
+    return f"{prefix}_{time.time_ns() // 1_000_000:011x}{random.getrandbits(48):012x}"

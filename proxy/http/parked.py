@@ -107,7 +107,8 @@ class ParkedReply(Response):
 
     @staticmethod
     async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        length = (b"content-length", str(len(body)).encode())  # plain framing: no chunked encoding to pay for
+        await send({"type": "http.response.start", "status": status, "headers": [*headers, length]})
         await send({"type": "http.response.body", "body": body})
 
 

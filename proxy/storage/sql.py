@@ -22,6 +22,7 @@ from sqlmodel import SQLModel
 from proxy.core.errors import StorageError
 from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn
 from proxy.storage.tables import (
+    TURN_STATE,
     EpisodeRow,
     RewardRow,
     TurnRow,
@@ -44,6 +45,14 @@ _MAX_BATCH = 1024
 episodes = EpisodeRow.__table__  # type: ignore[attr-defined]
 turns = TurnRow.__table__  # type: ignore[attr-defined]
 rewards = RewardRow.__table__  # type: ignore[attr-defined]
+
+
+# Built once: constructing a statement costs more than executing it.
+_SAVE_TURN = (
+    update(turns)
+    .where(turns.c.id == bindparam("s_id"))
+    .values({column: bindparam(f"s_{column}") for column in TURN_STATE if column != "id"})
+)
 
 
 def engine_url(url: str) -> str:
@@ -96,12 +105,7 @@ class SqlStore:
         if not batch:
             return _done()
         rows = [{f"s_{key}": value for key, value in turn_state(turn).items()} for turn in batch]
-        stmt = (
-            update(turns)
-            .where(turns.c.id == bindparam("s_id"))
-            .values({key: bindparam(f"s_{key}") for key in turn_state(batch[0]) if key != "id"})
-        )
-        return self._write(lambda conn: conn.execute(stmt, rows))
+        return self._write(lambda conn: conn.execute(_SAVE_TURN, rows))
 
     def add_reward(self, reward: Reward) -> Awaitable[None]:
         row = reward_row(reward)

@@ -154,6 +154,23 @@ def turn_state(turn: Turn) -> dict[str, Any]:
     }
 
 
+TURN_STATE = (
+    "id",
+    "status",
+    "deliveries",
+    "leased_at",
+    "answered_at",
+    "ended_at",
+    "reason",
+    "reply",
+    "answered_by",
+    "policy_version",
+    "cost_usd",
+    "prompt_tokens",
+    "completion_tokens",
+)
+
+
 def turn_row(turn: Turn) -> dict[str, Any]:
     return {
         **turn_state(turn),

@@ -1,0 +1,183 @@
+"""Turn throughput and latency: N agents each sending chat completions in a loop through trajproxy, one trainer
+pulling them in batches and answering each batch in one call. Every turn is durably recorded.
+
+    python benchmarks/turns.py --agents 1,16,64,256 --seconds 10 [--database-url URL]
+
+trajproxy runs pinned to core 0 (`taskset`), this load generator to core 1, so the two never share a core;
+the CPU each used is printed next to the figures, to show which one was the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lean_http import Connection, request
+
+HOST = "127.0.0.1"
+SERVER_CORE, LOAD_CORE = 0, 1
+CHAT = orjson.dumps(
+    {
+        "model": "policy",
+        "messages": [
+            {"role": "system", "content": "You are a coding agent. " * 8},
+            {"role": "user", "content": "Fix the failing test in calc.py. " * 8},
+        ],
+    }
+)
+REPLY = {
+    "message": {"content": "Let me look at the code first."},
+    "usage": {"prompt_tokens": 90, "completion_tokens": 8},
+}
+
+
+@dataclass
+class Run:
+    agents: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    turns: int = 0
+    errors: int = 0
+    measuring: bool = False
+    stop: bool = False
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(port: int, database_url: str, profile: str | None = None) -> subprocess.Popen[bytes]:
+    script = Path(sys.executable).parent / "trajproxy"
+    command = ["taskset", "-c", str(SERVER_CORE), str(script), "serve", "--port", str(port)]
+    command += ["--database-url", database_url, "--log-level", "warning", "--lease-s", "600"]
+    if profile:  # py-spy samples the server (and its writer thread) into a flame graph
+        spy = Path(sys.executable).parent / "py-spy"
+        command = [str(spy), "record", "--threads", "--rate", "250", "--format", "raw", "-o", profile, "--", *command]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://{HOST}:{port}/health", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    server.kill()
+    raise RuntimeError(f"trajproxy did not start: {server.stderr.read().decode() if server.stderr else ''}")
+
+
+async def agent(port: int, key: str, run: Run) -> None:
+    call = request("POST", "/v1/chat/completions", HOST, CHAT, {"authorization": f"Bearer {key}"})
+    connection = await Connection.open(HOST, port)
+    try:
+        while not run.stop:
+            started = time.perf_counter()
+            status, _ = await connection.send(call)
+            if run.measuring:
+                if status == 200:
+                    run.latencies.append(time.perf_counter() - started)
+                    run.turns += 1
+                else:
+                    run.errors += 1
+    finally:
+        connection.close()
+
+
+async def trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
+    pulls = await Connection.open(HOST, port)
+    replies = await Connection.open(HOST, port)
+    pull = request("GET", "/api/turns/next?max=1024&wait=0.5", HOST)
+    while not agents_done.is_set():
+        status, body = await pulls.send(pull)
+        turns = orjson.loads(body)["turns"] if status == 200 else []
+        if turns:
+            batch = orjson.dumps({"replies": [{"turn_id": turn["id"], **REPLY} for turn in turns]})
+            status, _ = await replies.send(request("POST", "/api/turns/replies", HOST, batch))
+            if status != 200:
+                run.errors += len(turns)
+    pulls.close()
+    replies.close()
+
+
+async def measure(port: int, agents: int, seconds: float, warmup_s: float) -> Run:
+    async with httpx.AsyncClient(base_url=f"http://{HOST}:{port}") as http:
+        keys = [(await http.post("/api/episodes", json={"task": "bench"})).json()["key"] for _ in range(agents)]
+    run = Run(agents, seconds)
+    done = asyncio.Event()
+    serving = asyncio.create_task(trainer(port, run, done))
+    working = [asyncio.create_task(agent(port, key, run)) for key in keys]
+    await asyncio.sleep(warmup_s)
+    run.measuring = True
+    await asyncio.sleep(seconds)
+    run.measuring = False
+    run.stop = True
+    await asyncio.gather(*working)
+    done.set()
+    await serving
+    return run
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
+
+
+def bench(
+    agents: int, seconds: float, warmup_s: float, database_url: str, port: int, profile: str | None = None
+) -> dict[str, float]:
+    server = start_server(port, database_url, profile)
+    try:
+        load_cpu, server_cpu, wall = time.process_time(), cpu_seconds(server.pid), time.perf_counter()
+        run = asyncio.run(measure(port, agents, seconds, warmup_s))
+        wall = time.perf_counter() - wall
+        load_cpu, server_cpu = time.process_time() - load_cpu, cpu_seconds(server.pid) - server_cpu
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+    return {
+        "agents": agents,
+        "turns_per_s": run.turns / seconds,
+        "p50_ms": percentile(run.latencies, 50) * 1000,
+        "p99_ms": percentile(run.latencies, 99) * 1000,
+        "errors": run.errors,
+        "server_cpu": server_cpu / wall,  # of one core, over the whole run (set-up and warm-up included)
+        "load_cpu": load_cpu / wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--agents", default="1,16,64,256", help="comma-separated agent counts")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup-s", type=float, default=2.0)
+    parser.add_argument("--database-url", help="default: a fresh SQLite file per run")
+    parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument("--profile", help="record the server with py-spy into this file (raw, for flamegraph.pl)")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {LOAD_CORE})
+    print("agents  turns/s  p50 ms  p99 ms  errors  server cpu  load cpu", flush=True)
+    for agents in (int(n) for n in args.agents.split(",")):
+        with tempfile.TemporaryDirectory() as folder:
+            url = args.database_url or f"sqlite:///{folder}/bench.db"
+            result = bench(agents, args.seconds, args.warmup_s, url, args.port, args.profile)
+        print(
+            f"{agents:>6}  {result['turns_per_s']:>7.0f}  {result['p50_ms']:>6.2f}  {result['p99_ms']:>6.2f}  "
+            f"{result['errors']:>6}  {result['server_cpu']:>9.0%}  {result['load_cpu']:>8.0%}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
