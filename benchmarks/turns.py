@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from lean_http import Connection, request
 
 HOST = "127.0.0.1"
-SERVER_CORE, LOAD_CORE = 0, 1
+SERVER_CORE, LOAD_CORE = 0, 1 if (os.cpu_count() or 1) > 1 else 0
 CHAT = orjson.dumps(
     {
         "model": "policy",
@@ -168,6 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     os.sched_setaffinity(0, {LOAD_CORE})
     print("agents  turns/s  p50 ms  p99 ms  errors  server cpu  load cpu", flush=True)
+    failed = False
     for agents in (int(n) for n in args.agents.split(",")):
         with tempfile.TemporaryDirectory() as folder:
             url = args.database_url or f"sqlite:///{folder}/bench.db"
@@ -177,6 +178,8 @@ def main() -> None:
             f"{result['errors']:>6}  {result['server_cpu']:>9.0%}  {result['load_cpu']:>8.0%}",
             flush=True,
         )
+        failed |= bool(result["errors"]) or not result["turns_per_s"]
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
