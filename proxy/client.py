@@ -62,6 +62,20 @@ def _reply_body(
     return body
 
 
+def _long_poll(
+    method: str,
+    path: str,
+    parse: Callable[[Any], M],
+    wait_s: float,
+    lease_s: float | None,
+    json: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> _Call[M]:
+    """A call the server holds up to `wait_s`; the client waits that long and a margin more."""
+    query = {**(params or {}), "wait": wait_s} | ({"lease": lease_s} if lease_s is not None else {})
+    return _Call(method, path, parse, json=json, params=query, timeout_s=wait_s + _LONG_POLL_MARGIN_S)
+
+
 class _Calls:
     """The trainer API's calls, as data; the clients below only send them."""
 
@@ -75,31 +89,17 @@ class _Calls:
         return _Call("POST", "/api/episodes", wire.EpisodeCreated.model_validate, json=body)
 
     @staticmethod
-    def reset(episode_id: str, wait_s: float, lease_s: float | None) -> _Call[wire.TimeStep]:
-        params: dict[str, Any] = {"wait": wait_s} | ({"lease": lease_s} if lease_s is not None else {})
-        path = f"/api/episodes/{episode_id}/reset"
-        return _Call("POST", path, wire.TimeStep.model_validate, json={}, params=params, timeout_s=wait_s + 30)
-
-    @staticmethod
-    def step(episode_id: str, body: dict[str, Any], wait_s: float, lease_s: float | None) -> _Call[wire.TimeStep]:
-        params: dict[str, Any] = {"wait": wait_s} | ({"lease": lease_s} if lease_s is not None else {})
-        path = f"/api/episodes/{episode_id}/step"
-        return _Call("POST", path, wire.TimeStep.model_validate, json=body, params=params, timeout_s=wait_s + 30)
+    def timestep(
+        episode_id: str, action: str, body: dict[str, Any], wait_s: float, lease_s: float | None
+    ) -> _Call[wire.TimeStep]:
+        """`reset` or `step`: a long poll for the episode's next TimeStep."""
+        path = f"/api/episodes/{episode_id}/{action}"
+        return _long_poll("POST", path, wire.TimeStep.model_validate, wait_s, lease_s, json=body)
 
     @staticmethod
     def next_turns(episode: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> _Call[wire.TurnBatch]:
-        params: dict[str, Any] = {"max": max_turns, "wait": wait_s}
-        if episode is not None:
-            params["episode"] = episode
-        if lease_s is not None:
-            params["lease"] = lease_s
-        return _Call(
-            "GET",
-            "/api/turns/next",
-            wire.TurnBatch.model_validate,
-            params=params,
-            timeout_s=wait_s + _LONG_POLL_MARGIN_S,
-        )
+        params = {"max": max_turns} | ({"episode": episode} if episode is not None else {})
+        return _long_poll("GET", "/api/turns/next", wire.TurnBatch.model_validate, wait_s, lease_s, params=params)
 
     @staticmethod
     def reply(turn_id: str, body: dict[str, Any]) -> _Call[wire.Turn]:
@@ -203,7 +203,7 @@ class TrainerClient:
 
     def reset(self, episode_id: str, wait_s: float = 60.0, lease_s: float | None = None) -> wire.TimeStep:
         """dm_env's reset: the FIRST TimeStep, the agent's first call (waits up to `wait_s` for it)."""
-        return self._send(_Calls.reset(episode_id, wait_s, lease_s))
+        return self._send(_Calls.timestep(episode_id, "reset", {}, wait_s, lease_s))
 
     def step(
         self,
@@ -219,7 +219,7 @@ class TrainerClient:
     ) -> wire.TimeStep:
         """dm_env's step: answer the current call, then the next TimeStep (MID, or LAST with the reward)."""
         body = _reply_body(content, tool_calls, message, error, extras)
-        return self._send(_Calls.step(episode_id, body, wait_s, lease_s))
+        return self._send(_Calls.timestep(episode_id, "step", body, wait_s, lease_s))
 
     def next_turns(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
@@ -317,7 +317,7 @@ class AsyncTrainerClient:
 
     async def reset(self, episode_id: str, wait_s: float = 60.0, lease_s: float | None = None) -> wire.TimeStep:
         """dm_env's reset: the FIRST TimeStep, the agent's first call (waits up to `wait_s` for it)."""
-        return await self._send(_Calls.reset(episode_id, wait_s, lease_s))
+        return await self._send(_Calls.timestep(episode_id, "reset", {}, wait_s, lease_s))
 
     async def step(
         self,
@@ -333,7 +333,7 @@ class AsyncTrainerClient:
     ) -> wire.TimeStep:
         """dm_env's step: answer the current call, then the next TimeStep (MID, or LAST with the reward)."""
         body = _reply_body(content, tool_calls, message, error, extras)
-        return await self._send(_Calls.step(episode_id, body, wait_s, lease_s))
+        return await self._send(_Calls.timestep(episode_id, "step", body, wait_s, lease_s))
 
     async def next_turns(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None

@@ -32,22 +32,16 @@ def export_command(args: argparse.Namespace) -> int:
         return 2
     try:
         engine = source(args.database_url)
-    except NotFound as e:
+        try:
+            total = count_episodes(engine, filters)
+            with _output(args.out) as out, _progress(console, args.quiet) as progress:
+                task = progress.add_task("exporting", total=total)
+                counts = export(engine, out, args.shape, filters, lambda done: progress.advance(task, done))
+        finally:
+            engine.dispose()
+    except (NotFound, StorageError) as e:
         console.print(f"[red]trajproxy export: {e.message}")
-        return 2
-    except StorageError as e:
-        console.print(f"[red]trajproxy export: {e.message}")
-        return 1
-    try:
-        total = count_episodes(engine, filters)
-        with _output(args.out) as out, _progress(console, args.quiet) as progress:
-            task = progress.add_task("exporting", total=total)
-            counts = export(engine, out, args.shape, filters, lambda: progress.advance(task))
-    except StorageError as e:
-        console.print(f"[red]trajproxy export: {e.message}")
-        return 1
-    finally:
-        engine.dispose()
+        return 2 if isinstance(e, NotFound) else 1
     where = "standard output" if args.out == "-" else args.out
     console.print(
         f"wrote {counts.lines} line(s) ({args.shape} shape) from {counts.episodes} episode(s), "

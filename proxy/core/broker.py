@@ -381,12 +381,13 @@ class Broker:
     # Trainer side
 
     async def pull(self, episode_id: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> list[Turn]:
-        """Lease up to `max_turns` parked turns, waiting up to `wait_s` for the first one."""
+        """Lease up to `max_turns` parked turns, waiting up to `wait_s` for the first one (no longer than the
+        episode, if one is named, stays open)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while not (slots := self._lot.take(episode_id, max_turns, lease_s or self._lease_s, self._now())):
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or episode_id in self._closed:
                 return []
             await self._lot.wait(episode_id, remaining)
         turns = [slot.turn for slot in slots]
@@ -411,16 +412,14 @@ class Broker:
         has ended with nothing left to answer."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while not (turns := await self.pull(episode_id, 1, 0, lease_s)):
+        while not (turns := await self.pull(episode_id, 1, max(0.0, deadline - loop.time()), lease_s)):
             if (await self.episode(episode_id)).status.closed:
                 return None
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if loop.time() >= deadline:
                 raise NoTurnYet(
                     f"episode {episode_id}'s agent made no call within {wait_s:g} s and is still running; "
                     "ask again to keep waiting"
                 )
-            await self._lot.wait(episode_id, remaining)
         return turns[0]
 
     async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:

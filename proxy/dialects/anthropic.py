@@ -14,7 +14,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call
+from proxy.dialects.dialect import Call, messages_of
 
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -28,9 +28,7 @@ class AnthropicDialect:
     keepalive = b'event: ping\ndata: {"type":"ping"}\n\n'
 
     def parse(self, body: JsonObject) -> Call:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages: field required, a non-empty array of message objects")
+        messages = messages_of(body)
         chat: list[JsonObject] = []
         if (system := body.get("system")) is not None:
             chat.append({"role": "system", "content": _system_text(system)})

@@ -8,7 +8,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call
+from proxy.dialects.dialect import Call, messages_of
 
 DONE = b"data: [DONE]\n\n"
 
@@ -18,9 +18,7 @@ class ChatDialect:
     keepalive = b": keep-alive\n\n"
 
     def parse(self, body: JsonObject) -> Call:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' is required and must be a non-empty array of message objects")
+        messages = messages_of(body)
         for index, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"messages[{index}] must be an object with a string 'role'")

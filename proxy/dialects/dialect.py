@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
 
 
@@ -40,3 +41,11 @@ class Dialect(Protocol):
     def stream_error(self, status: int, kind: str, message: str) -> bytes:
         """An error in the dialect's own shape, as an event in a stream already under way."""
         ...
+
+
+def messages_of(body: JsonObject) -> list[Any]:
+    """The body's `messages`, which both chat-like APIs require to be a non-empty array."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' is required and must be a non-empty array of message objects")
+    return messages

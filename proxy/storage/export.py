@@ -19,6 +19,8 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import groupby
+from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -84,14 +86,14 @@ def export(
     out: IO[bytes],
     shape: Shape,
     filters: Filters,
-    on_episode: Callable[[], None] = lambda: None,
+    on_progress: Callable[[int], object] = lambda _episodes: None,
 ) -> Counts:
     """Write the matching episodes' conversations to `out`, one JSON object per line."""
     counts = Counts()
     lines = _chat_lines if shape == "chat" else _token_lines
     try:
         with engine.connect() as conn:
-            for episode, ending, answered in _episodes(conn, filters, on_episode):
+            for episode, ending, answered in _episodes(conn, filters, on_progress):
                 reward = sum(ending.values()) if ending else None
                 written = 0
                 for line in lines(episode, reward, ending, answered):
@@ -154,7 +156,7 @@ def _where(filters: Filters) -> list[Any]:
 
 
 def _episodes(
-    conn: Connection, filters: Filters, on_episode: Callable[[], None]
+    conn: Connection, filters: Filters, on_progress: Callable[[int], object]
 ) -> Iterator[tuple[Any, dict[str, float], list[Any]]]:
     """Each matching episode with its episode-level rewards and its answered turns, in creation order."""
     after: tuple[float, str] | None = None
@@ -182,11 +184,10 @@ def _episodes(
             for row in page
             if filters.keeps(row.metadata, sum(endings[row.id].values()) if row.id in endings else None)
         }
+        on_progress(len(page) - len(kept))  # filtered out
         for episode_id, answered in _answered_turns(conn, list(kept), filters.side_calls):
-            on_episode()
+            on_progress(1)
             yield kept[episode_id], endings.get(episode_id, {}), answered
-        for _ in range(len(page) - len(kept)):
-            on_episode()
 
 
 def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Iterator[tuple[str, list[Any]]]:
@@ -199,16 +200,11 @@ def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Itera
     if not side_calls:
         query = query.where(turns.c.trainable.is_(True))
     rows = conn.execution_options(yield_per=256).execute(query.order_by(turns.c.episode_id, turns.c.seq))
-    grouped: dict[str, list[Any]] = {episode_id: [] for episode_id in ids}
-    current: str | None = None
-    for row in rows:
-        if row.episode_id != current and current is not None:
-            yield current, grouped.pop(current)
-        current = row.episode_id
-        grouped[current].append(row)
-    if current is not None:
-        yield current, grouped.pop(current)
-    yield from grouped.items()  # episodes with no answered turns
+    seen = set()
+    for episode_id, answered in groupby(rows, key=attrgetter("episode_id")):
+        seen.add(episode_id)
+        yield episode_id, list(answered)
+    yield from ((episode_id, []) for episode_id in ids if episode_id not in seen)
 
 
 # Shapes
