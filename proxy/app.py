@@ -16,8 +16,8 @@ from starlette.responses import Response
 from proxy import __version__
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
-from proxy.http.agent import agent_routes
 from proxy.http.edge import error_body, redact, status_of
+from proxy.http.fast import FastLane
 from proxy.http.gate import TrainerGate
 from proxy.http.trainer import trainer_routes
 from proxy.settings import Settings
@@ -60,7 +60,6 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     app.state.broker = broker
-    app.include_router(agent_routes(broker, settings))
     app.include_router(trainer_routes(broker, settings))
 
     @app.get("/health", include_in_schema=False)
@@ -79,7 +78,8 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(orjson.dumps({"name": "trajproxy", "version": __version__}), media_type="application/json")
 
     token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-    app.add_middleware(TrainerGate, token=token, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(FastLane, broker=broker, settings=settings)
+    app.add_middleware(TrainerGate, token=token, max_body_bytes=settings.max_body_bytes)  # outside FastLane
     app.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]

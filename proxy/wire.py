@@ -126,6 +126,15 @@ class ReplyItem(ReplyIn):
     turn_id: str = Field(min_length=1)
 
 
+class TurnsQuery(BaseModel):
+    """Which parked turns to lease: from one episode or any, how many, how long to wait for the first."""
+
+    episode: str | None = Field(default=None, description="only this episode's turns")
+    max: int = Field(default=1, ge=1, le=4096, description="the most turns to lease at once")
+    wait: float = Field(default=0, ge=0, le=600, description="seconds to wait for the first turn")
+    lease: float | None = Field(default=None, gt=0, le=86400, description="seconds until unanswered turns return")
+
+
 class ReplyBatch(_Strict):
     """Replies to many turns in one call; each succeeds or fails on its own."""
 

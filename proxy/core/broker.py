@@ -26,6 +26,7 @@ from proxy.core.errors import (
     NoTurnYet,
     OverBudget,
     Paused,
+    TrajproxyError,
     TurnClosed,
     TurnTimeout,
     Unauthorized,
@@ -54,6 +55,8 @@ _RECENT_TURNS = 4096
 _CLOSED_EPISODES = 100_000
 _LATE_ANSWER_S = 60.0
 _COUNT_OFF_LOOP_BYTES = 32 * 1024
+
+Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
 
 
 @dataclass(eq=False, slots=True)
@@ -424,31 +427,66 @@ class Broker:
 
     async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:
         """Answer a turn. The same reply again succeeds; a different one is a conflict."""
-        slot = self._lot.get(turn_id)
-        if slot is None:
-            return await self._replied_before(turn_id, reply)
-        if lease_id is not None and slot.turn.lease_id != lease_id:
-            raise Conflict(
-                f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; "
-                "this reply was not recorded"
-            )
-        reply = await self._with_usage(slot.turn, reply)
-        if self._lot.get(turn_id) is not slot:  # settled while tokens were counted
-            return await self._replied_before(turn_id, reply)
+        (outcome,) = await self.reply_all([(turn_id, reply, lease_id)])
+        if isinstance(outcome, TrajproxyError):
+            raise outcome
+        return outcome
+
+    async def reply_all(self, answers: Sequence[Answer]) -> list[Turn | TrajproxyError]:
+        """Answer many turns (`reply` for each), recording them in one write; each succeeds or fails alone."""
+        outcomes: list[Turn | TrajproxyError | None] = [None] * len(answers)
+        open_: list[tuple[int, Slot, Reply]] = []
+        for i, (turn_id, reply, lease_id) in enumerate(answers):
+            slot = self._lot.get(turn_id)
+            if slot is not None and lease_id is not None and slot.turn.lease_id != lease_id:
+                outcomes[i] = Conflict(
+                    f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; "
+                    "this reply was not recorded"
+                )
+            elif slot is not None:
+                open_.append((i, slot, reply))
+        counted = await self._with_usage([(slot.turn, reply) for _, slot, reply in open_])
         now = self._now()
-        answered = self._close(slot, TurnStatus.ANSWERED, None, reply=reply, answered_at=now)
-        assert answered is not None
-        written = asyncio.ensure_future(self._store.save_turns([answered]))
-        self._pending_replies[turn_id] = written
-        if (live := self._live.get(answered.episode_id)) is not None:
-            live.tokens += reply.usage.total_tokens if reply.usage else 0
-            self._last_answered[answered.episode_id] = answered
-            sent = self._arguments.setdefault(answered.episode_id, {})
-            for call in (reply.message or {}).get("tool_calls") or ():
-                sent[call["id"]] = call["function"]["arguments"]
-        written.add_done_callback(lambda done: self._reply_written(slot, done, answered))
-        await asyncio.shield(written)
-        return answered
+        answered: list[tuple[int, Slot, Turn]] = []
+        for (i, slot, _), reply in zip(open_, counted, strict=True):
+            turn = self._close(slot, TurnStatus.ANSWERED, None, reply=reply, answered_at=now)
+            if turn is not None:  # else settled by now (an earlier answer in this batch, its agent gone, …)
+                answered.append((i, slot, turn))
+                self._account(turn, reply)
+        if answered:
+            written = asyncio.ensure_future(self._store.save_turns([turn for _, _, turn in answered]))  # noqa: RUF006 (kept in _pending_replies)
+            for _, _, turn in answered:
+                self._pending_replies[turn.id] = written
+            written.add_done_callback(lambda done: self._replies_written(answered, done))
+            try:
+                await asyncio.shield(written)
+            except TrajproxyError as e:
+                for i, _, _ in answered:
+                    outcomes[i] = e
+            else:
+                for i, _, turn in answered:
+                    outcomes[i] = turn
+        unsettled = [(i, answers[i]) for i, outcome in enumerate(outcomes) if outcome is None]
+        settled = await asyncio.gather(
+            *(self._replied_before(turn_id, reply) for _, (turn_id, reply, _) in unsettled), return_exceptions=True
+        )
+        for (i, _), outcome in zip(unsettled, settled, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, TrajproxyError):
+                raise outcome
+            outcomes[i] = outcome
+        done = [outcome for outcome in outcomes if outcome is not None]
+        assert len(done) == len(answers)
+        return done
+
+    def _account(self, turn: Turn, reply: Reply) -> None:
+        """What an answered turn adds to its live episode: tokens used, the retry replay, the arguments sent."""
+        if (live := self._live.get(turn.episode_id)) is None:
+            return
+        live.tokens += reply.usage.total_tokens if reply.usage else 0
+        self._last_answered[turn.episode_id] = turn
+        sent = self._arguments.setdefault(turn.episode_id, {})
+        for call in (reply.message or {}).get("tool_calls") or ():
+            sent[call["id"]] = call["function"]["arguments"]
 
     async def forward(
         self, turn_id: str, model: str, options: JsonObject, lease_id: str | None = None, lease_s: float | None = None
@@ -542,16 +580,23 @@ class Broker:
             raise TurnClosed(f"turn {turn_id} is not waiting on this proxy any more; its agent is gone")
         raise TurnClosed(f"turn {turn_id} is {turn.status} ({turn.reason}); it can no longer be answered")
 
-    async def _with_usage(self, turn: Turn, reply: Reply) -> Reply:
-        if reply.usage is not None or reply.message is None:
-            return reply
-        message = reply.message
+    async def _with_usage(self, replies: list[tuple[Turn, Reply]]) -> list[Reply]:
+        """The replies with their usage counted where the trainer did not send it (off the loop if large)."""
+        missing = [i for i, (_, reply) in enumerate(replies) if reply.usage is None and reply.message is not None]
+        if not missing:
+            return [reply for _, reply in replies]
 
-        def count() -> Usage:
-            return Usage(self._tokens.count_prompt(turn.request), self._tokens.count_completion(message))
+        def count() -> list[Reply]:
+            counted = [reply for _, reply in replies]
+            for i in missing:
+                turn, reply = replies[i]
+                assert reply.message is not None
+                usage = Usage(self._tokens.count_prompt(turn.request), self._tokens.count_completion(reply.message))
+                counted[i] = replace(reply, usage=usage)
+            return counted
 
-        usage = await asyncio.to_thread(count) if len(turn.wire) > _COUNT_OFF_LOOP_BYTES else count()
-        return replace(reply, usage=usage)
+        size = sum(len(replies[i][0].wire) for i in missing)
+        return await asyncio.to_thread(count) if size > _COUNT_OFF_LOOP_BYTES else count()
 
     async def _live_episode(self, episode_id: str) -> _Live | None:
         """The live state of an open episode, loaded from the store if this process has not seen it."""
@@ -566,13 +611,17 @@ class Broker:
             return None
         return self._live.get(episode_id) or self._remember(episode, tally)
 
-    def _reply_written(self, slot: Slot, written: asyncio.Future[None], answered: Turn) -> None:
-        self._pending_replies.pop(answered.id, None)
-        if not written.cancelled() and written.exception() is not None:
-            failed = replace(answered, status=TurnStatus.FAILED, reason="the reply could not be recorded")
-            self._recent[answered.id] = failed
-            self._submit(self._store.save_turns([failed]))
-        _resolve(slot.answer, written, answered)
+    def _replies_written(self, answered: list[tuple[int, Slot, Turn]], written: asyncio.Future[None]) -> None:
+        lost = not written.cancelled() and written.exception() is not None
+        failed = []
+        for _, slot, turn in answered:
+            self._pending_replies.pop(turn.id, None)
+            if lost:
+                failed.append(replace(turn, status=TurnStatus.FAILED, reason="the reply could not be recorded"))
+                self._recent[turn.id] = failed[-1]
+            _resolve(slot.answer, written, turn)
+        if failed:
+            self._submit(self._store.save_turns(failed))
 
     def _bury(self, episode: Episode) -> None:
         """Forget a closed episode's live state, keeping a tombstone so no stale read revives it."""

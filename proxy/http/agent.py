@@ -1,13 +1,16 @@
-"""The agent-facing routes: what unmodified agents call, under /v1 and /e/<key>/v1."""
+"""The agent-facing routes: what unmodified agents call, under /v1 and /e/<key>/v1.
+
+Every turn crosses these, so they are plain ASGI handlers (FastLane dispatches to them) with no framework
+layers between the server and the broker.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
-from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from proxy.core.broker import Broker
 from proxy.core.errors import NotFound, TrajproxyError
@@ -16,80 +19,100 @@ from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
 from proxy.dialects.responses import ResponsesDialect
-from proxy.http.edge import agent_key, error_headers, read_json, status_of
+from proxy.http.edge import JSON, agent_key, error_body, error_headers, read_json, redact, respond, status_of
 from proxy.http.parked import ParkedReply
 from proxy.settings import Settings
 
+Handler = Callable[[Scope, Receive, Send, str | None], Awaitable[None]]
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
 MODELS = b'{"object":"list","data":[{"id":"trajproxy","object":"model","created":0,"owned_by":"trajproxy"}]}'
 
 
-def refusal(dialect: Dialect, error: TrajproxyError) -> Response:
+async def refuse(send: Send, dialect: Dialect, error: TrajproxyError) -> None:
     """An error for an agent, in its dialect's shape, with its retry advice."""
     status = status_of(error)
-    body = dialect.error_body(status, error.kind, error.message)
-    return Response(body, status, headers=error_headers(error), media_type="application/json")
+    await respond(send, status, dialect.error_body(status, error.kind, error.message), [*JSON, *error_headers(error)])
 
 
-def agent_routes(broker: Broker, settings: Settings) -> APIRouter:
-    router = APIRouter(include_in_schema=False)
+class AgentRoutes:
+    """The routes agents call, by path (after an optional /e/<key> prefix) and method."""
 
-    def endpoint(dialect: Dialect, continued: Continuation | None = None):  # type: ignore[no-untyped-def]
-        async def call(request: Request) -> Response:
+    def __init__(self, broker: Broker, settings: Settings) -> None:
+        self._broker = broker
+        self._settings = settings
+        chat, self._anthropic, self._responses = ChatDialect(), AnthropicDialect(), ResponsesDialect()
+        self._routes: dict[str, tuple[str, Handler]] = {
+            "/v1/chat/completions": ("POST", self._calls(chat)),
+            "/v1/messages": ("POST", self._calls(self._anthropic)),
+            "/v1/responses": ("POST", self._calls(self._responses, self._continue_response)),
+            "/v1/messages/count_tokens": ("POST", self._count_tokens),
+            "/v1/models": ("GET", self._models),
+        }
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the request if its path is an agent route; False if it is not (another app's to answer)."""
+        path: str = scope["path"]
+        key: str | None = None
+        if path.startswith("/e/"):
+            key, _, rest = path[3:].partition("/")
+            path = "/" + rest
+        route = self._routes.get(path)
+        if route is None:
+            return False
+        method, handler = route
+        if scope["method"] != method:
+            message = f"{scope['method']} is not allowed on {redact(scope['path'])}"
+            await respond(send, 405, error_body("invalid_request_error", message))
+        else:
+            await handler(scope, receive, send, key)
+        return True
+
+    def _calls(self, dialect: Dialect, continued: Continuation | None = None) -> Handler:
+        broker, settings = self._broker, self._settings
+
+        async def call(scope: Scope, receive: Receive, send: Send, key: str | None) -> None:
+            headers: Mapping[bytes, bytes] = dict(scope["headers"])
             try:
-                episode = await broker.authenticate(agent_key(request))
-                raw, body = await read_json(request, settings.max_body_bytes)
+                episode = await broker.authenticate(agent_key(key, headers))
+                raw, body = await read_json(scope, receive, settings.max_body_bytes)
                 parsed = dialect.parse(body)
                 if continued is not None:
                     parsed = await continued(episode, body, parsed)
-                retry = request.headers.get("x-stainless-retry-count", "0")
+                retry = headers.get(b"x-stainless-retry-count", b"0") not in (b"", b"0")
                 slot = await broker.park(
-                    episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry not in ("", "0")
+                    episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry
                 )
             except TrajproxyError as e:
-                return refusal(dialect, e)
-            return ParkedReply(broker, dialect, parsed, slot, episode, settings.keepalive_s)
+                await refuse(send, dialect, e)
+                return
+            await ParkedReply(broker, dialect, parsed, slot, episode, settings.keepalive_s)(scope, receive, send)
 
         return call
 
-    async def models() -> Response:
-        return Response(MODELS, media_type="application/json")
+    async def _models(self, _scope: Scope, _receive: Receive, send: Send, _key: str | None) -> None:
+        await respond(send, 200, MODELS)
 
-    anthropic = AnthropicDialect()
-
-    async def count_tokens(request: Request) -> Response:
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, key: str | None) -> None:
         """Anthropic's token counter: the same count trajproxy puts in replies' usage; nothing is parked."""
         try:
-            await broker.authenticate(agent_key(request))
-            _, body = await read_json(request, settings.max_body_bytes)
-            parsed = anthropic.parse(body)
+            await self._broker.authenticate(agent_key(key, dict(scope["headers"])))
+            _, body = await read_json(scope, receive, self._settings.max_body_bytes)
+            parsed = self._anthropic.parse(body)
         except TrajproxyError as e:
-            return refusal(anthropic, e)
-        tokens = await asyncio.to_thread(broker.count_tokens, parsed.request)
-        return Response(orjson.dumps({"input_tokens": tokens}), media_type="application/json")
+            await refuse(send, self._anthropic, e)
+            return
+        tokens = await asyncio.to_thread(self._broker.count_tokens, parsed.request)
+        await respond(send, 200, orjson.dumps({"input_tokens": tokens}))
 
-    responses_dialect = ResponsesDialect()
-
-    async def continue_response(episode: Episode, body: JsonObject, parsed: Call) -> Call:
+    async def _continue_response(self, episode: Episode, body: JsonObject, parsed: Call) -> Call:
         """With previous_response_id, the earlier turn of this episode that the call continues."""
-        previous_id = responses_dialect.previous_turn_id(body)
+        previous_id = self._responses.previous_turn_id(body)
         if previous_id is None:
             return parsed
         try:
-            previous = await broker.turn(previous_id)
+            previous = await self._broker.turn(previous_id)
         except NotFound:
             previous = None
         if previous is None or previous.episode_id != episode.id:
             raise NotFound(f"previous response resp_{previous_id} is not a response of this episode")
-        return responses_dialect.continue_from(parsed, previous)
-
-    chat = endpoint(ChatDialect())
-    messages = endpoint(anthropic)
-    responses = endpoint(responses_dialect, continue_response)
-    for prefix in ("", "/e/{key}"):
-        router.add_api_route(f"{prefix}/v1/chat/completions", chat, methods=["POST"])
-        router.add_api_route(f"{prefix}/v1/messages", messages, methods=["POST"])
-        router.add_api_route(f"{prefix}/v1/responses", responses, methods=["POST"])
-        router.add_api_route(f"{prefix}/v1/messages/count_tokens", count_tokens, methods=["POST"])
-        router.add_api_route(f"{prefix}/v1/models", models, methods=["GET"])
-    return router
+        return self._responses.continue_from(parsed, previous)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
-from starlette.types import Receive, Scope
+from starlette.types import Message, Receive, Scope, Send
 
 from proxy.core import errors
 from proxy.core.values import JsonObject
@@ -28,11 +28,11 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
 }
 
 
-def error_headers(error: errors.TrajproxyError) -> dict[str, str]:
+def error_headers(error: errors.TrajproxyError) -> list[tuple[bytes, bytes]]:
     """Headers for an agent-facing error: when to retry, or that retrying will not help."""
     if isinstance(error, errors.Paused):
-        return {"retry-after": f"{max(1, round(error.retry_after_s))}"}
-    return {"x-should-retry": "false"}
+        return [(b"retry-after", f"{max(1, round(error.retry_after_s))}".encode())]
+    return [(b"x-should-retry", b"false")]
 
 
 def error_body(kind: str, message: str) -> bytes:
@@ -68,9 +68,9 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, limit_bytes: int) -> tuple[bytes, JsonObject]:
+async def read_json(scope: Scope, receive: Receive, limit_bytes: int) -> tuple[bytes, JsonObject]:
     """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object."""
-    raw = await read_body(request.scope, request.receive, limit_bytes)
+    raw = await read_body(scope, receive, limit_bytes)
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -88,10 +88,37 @@ def parse_bearer(header: str | None) -> str | None:
     return credentials.strip() or None if scheme.lower() == "bearer" else None
 
 
-def agent_key(request: Request) -> str | None:
+def agent_key(in_path: str | None, headers: Mapping[bytes, bytes]) -> str | None:
     """The episode key, from the path (/e/<key>/...), a bearer token, or Anthropic's x-api-key."""
-    bearer = parse_bearer(request.headers.get("authorization"))
-    return request.path_params.get("key") or bearer or request.headers.get("x-api-key")
+    if in_path:
+        return in_path
+    if (bearer := parse_bearer(headers.get(b"authorization", b"").decode("latin-1") or None)) is not None:
+        return bearer
+    return headers.get(b"x-api-key", b"").decode("latin-1") or None
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """The body, already read, then the client's own messages (so a long-poll still hears a disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+JSON = [(b"content-type", b"application/json")]
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON) -> None:
+    """A whole response in two messages, framed by Content-Length (no chunked encoding to pay for)."""
+    length = (b"content-length", str(len(body)).encode())
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, length]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def disconnected(receive: Receive) -> None:

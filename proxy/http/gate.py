@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.core.errors import Forbidden, TrajproxyError, Unauthorized
 from proxy.core.keys import same_secret
-from proxy.http.edge import error_body, parse_bearer, read_body, status_of
+from proxy.http.edge import error_body, parse_bearer, read_body, replay, status_of
 
 OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; no data
 
@@ -33,7 +33,7 @@ class TrainerGate:
         except TrajproxyError as e:
             await _refuse(send, e)
             return
-        await self._app(scope, _replay(body, receive), send)
+        await self._app(scope, replay(body, receive), send)
 
     def _check_token(self, scope: Scope) -> None:
         if self._token is None:
@@ -41,20 +41,6 @@ class TrainerGate:
         given = parse_bearer(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
         if given is None or not same_secret(given, self._token):
             raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """The body, already read, then the client's own messages (so a long-poll still hears a disconnect)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
 
 
 async def _refuse(send: Send, error: TrajproxyError) -> None:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 from typing import Any
 
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.core.broker import Broker
@@ -18,20 +17,18 @@ from proxy.core.errors import TrajproxyError
 from proxy.core.parking import Slot
 from proxy.core.values import Episode, Turn
 from proxy.dialects.dialect import Call, Dialect
-from proxy.http.edge import disconnected, status_of
+from proxy.http.edge import JSON, disconnected, respond, status_of
 
-JSON = [(b"content-type", b"application/json")]
 # SDKs retry 5xx, 409 and 429 unless told not to; the proxy's own verdicts (timeout, closed) are final.
 NO_RETRY = [*JSON, (b"x-should-retry", b"false")]
 Failure = tuple[int, str, str, list[tuple[bytes, bytes]]]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
-class ParkedReply(Response):
+class ParkedReply:
     def __init__(
         self, broker: Broker, dialect: Dialect, call: Call, slot: Slot, episode: Episode, keepalive_s: float
     ) -> None:
-        super().__init__()
         self._broker = broker
         self._dialect = dialect
         self._call = call
@@ -61,7 +58,7 @@ class ParkedReply(Response):
         if (failure := self._failure(answer)) is not None:
             await self._refuse(send, failure)
         else:
-            await self._respond(send, 200, self._dialect.render(self._call, answer.result()), JSON)
+            await respond(send, 200, self._dialect.render(self._call, answer.result()))
 
     async def _stream(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
         started = False
@@ -103,13 +100,7 @@ class ParkedReply(Response):
 
     async def _refuse(self, send: Send, failure: Failure) -> None:
         status, kind, message, headers = failure
-        await self._respond(send, status, self._dialect.error_body(status, kind, message), headers)
-
-    @staticmethod
-    async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        length = (b"content-length", str(len(body)).encode())  # plain framing: no chunked encoding to pay for
-        await send({"type": "http.response.start", "status": status, "headers": [*headers, length]})
-        await send({"type": "http.response.body", "body": body})
+        await respond(send, status, self._dialect.error_body(status, kind, message), headers)
 
 
 def _either(*futures: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:

@@ -10,12 +10,13 @@ from typing import Annotated, TypeVar
 import orjson
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from proxy import wire
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
-from proxy.core.values import EpisodeStatus, JsonObject
+from proxy.core.values import EpisodeStatus, JsonObject, Turn
 from proxy.http.edge import disconnected, status_of
 from proxy.http.views import (
     episode_settings,
@@ -35,11 +36,11 @@ def json_response(data: JsonObject, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status, media_type="application/json")
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], undo: Callable[[T], object]) -> T | None:
+async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[[T], object]) -> T | None:
     """Run a long poll until it is done or its client hangs up. Then it is cancelled, or, if it had finished,
     `undo` gives back what it took (leased turns go back to the queue at once), and the result is None."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(disconnected(request.receive))
+    gone = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         hung_up = gone.done()
@@ -117,7 +118,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
     ) -> Response:
         """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
-        step = await until_disconnect(request, steps.reset(episode_id, wait, lease), steps.undo)
+        step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo)
         return json_response(timestep_view(step)) if step else Response(status_code=499)
 
     @router.post("/episodes/{episode_id}/step", response_model=wire.TimeStep)
@@ -133,23 +134,13 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         await broker.episode(episode_id)  # 404 for an unknown episode
         turn_id = body.turn_id or steps.current(episode_id)
         action = steps.step(episode_id, turn_id, reply_from(body, turn_id), wait, lease)
-        result = await until_disconnect(request, action, steps.undo)
+        result = await until_disconnect(request.receive, action, steps.undo)
         return json_response(timestep_view(result)) if result else Response(status_code=499)
 
     @router.get("/turns/next", response_model=wire.TurnBatch)
-    async def next_turns(
-        request: Request,
-        episode: str | None = None,
-        max: Annotated[int, Query(ge=1, le=4096)] = 1,
-        wait: Annotated[float, Query(ge=0, le=600)] = 0,
-        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
-    ) -> Response:
-        if episode is not None:
-            await broker.episode(episode)
-        turns = await until_disconnect(request, broker.pull(episode, max, wait, lease), broker.release)
-        if turns is None:
-            return Response(status_code=499)
-        return json_response({"turns": [turn_view(turn) for turn in turns]})
+    async def next_turns(request: Request, query: Annotated[wire.TurnsQuery, Query()]) -> Response:
+        status, body = await next_batch(broker, query, request.receive)
+        return Response(body, status, media_type="application/json")
 
     @router.get("/turns/{turn_id}", response_model=wire.Turn)
     async def get_turn(turn_id: str) -> Response:
@@ -173,16 +164,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     @router.post("/turns/replies", response_model=wire.ReplyResults)
     async def reply_many(body: wire.ReplyBatch) -> Response:
         """Answer a batch of turns (one model batch's outputs); results come back in the same order."""
-
-        async def one(item: wire.ReplyItem) -> JsonObject:
-            try:
-                turn = await broker.reply(item.turn_id, reply_from(item, item.turn_id), item.lease_id)
-            except TrajproxyError as e:
-                error = {"type": e.kind, "message": e.message}
-                return {"turn_id": item.turn_id, "status": status_of(e), "error": error}
-            return {"turn_id": item.turn_id, "status": 200, "turn": turn_view(turn)}
-
-        return json_response({"results": await asyncio.gather(*(one(item) for item in body.replies))})
+        return Response(await reply_batch(broker, body), media_type="application/json")
 
     @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
     async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
@@ -190,3 +172,32 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         return json_response(turn_view(turn))
 
     return router
+
+
+# The two calls a trainer makes for every batch; FastLane serves them without the framework when their input is
+# well-formed, and the routes above when it is not (and for the schema).
+
+
+async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
+    """Lease a batch of turns (long-polling up to `query.wait`); 499 if the trainer hung up meanwhile."""
+    if query.episode is not None:
+        await broker.episode(query.episode)
+    pull = broker.pull(query.episode, query.max, query.wait, query.lease)
+    turns = await until_disconnect(receive, pull, broker.release)
+    if turns is None:
+        return 499, b""
+    return 200, orjson.dumps({"turns": [turn_view(turn) for turn in turns]})
+
+
+async def reply_batch(broker: Broker, batch: wire.ReplyBatch) -> bytes:
+    answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in batch.replies]
+    outcomes = await broker.reply_all(answers)
+    results = [_result(turn_id, outcome) for (turn_id, _, _), outcome in zip(answers, outcomes, strict=True)]
+    return orjson.dumps({"results": results})
+
+
+def _result(turn_id: str, outcome: Turn | TrajproxyError) -> JsonObject:
+    if isinstance(outcome, Turn):
+        return {"turn_id": turn_id, "status": 200, "turn": turn_view(outcome)}
+    error = {"type": outcome.kind, "message": outcome.message}
+    return {"turn_id": turn_id, "status": status_of(outcome), "error": error}
