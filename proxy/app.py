@@ -1,4 +1,8 @@
-"""The app factory: builds the adapters once, wires them into the broker and the routes."""
+"""The app factory: builds the adapters once, wires them into the broker and the routes.
+
+A request meets, in order: TrainerGate (the trainer API's token and body limit), FastLane (the calls every
+turn makes, as plain ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from proxy import __version__
 from proxy.core.broker import Broker
@@ -28,7 +33,19 @@ from proxy.upstream import LitellmUpstream
 log = logging.getLogger("trajproxy")
 
 
-def create_app(settings: Settings) -> FastAPI:
+class Trajproxy:
+    """The whole ASGI app, with the broker it serves."""
+
+    def __init__(self, broker: Broker, api: FastAPI, settings: Settings) -> None:
+        self.broker = broker
+        token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
+        self._app = TrainerGate(FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def create_app(settings: Settings) -> Trajproxy:
     store = SqlStore(settings.database_url)
     tokens = TiktokenCounter()
     broker = Broker(
@@ -59,7 +76,6 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url="/api/openapi.json",
         redoc_url=None,
     )
-    app.state.broker = broker
     app.include_router(trainer_routes(broker, settings))
 
     @app.get("/health", include_in_schema=False)
@@ -77,13 +93,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def root() -> Response:
         return Response(orjson.dumps({"name": "trajproxy", "version": __version__}), media_type="application/json")
 
-    token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-    app.add_middleware(FastLane, broker=broker, settings=settings)
-    app.add_middleware(TrainerGate, token=token, max_body_bytes=settings.max_body_bytes)  # outside FastLane
     app.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    return app
+    return Trajproxy(broker, app, settings)
 
 
 def error_response(status: int, kind: str, message: str) -> Response:

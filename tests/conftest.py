@@ -66,7 +66,7 @@ class LiveServer:
 
     @property
     def broker(self) -> Any:
-        return self.app.state.broker
+        return self.app.broker
 
 
 def _free_socket() -> socket.socket:

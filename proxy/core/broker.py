@@ -53,7 +53,6 @@ log = logging.getLogger("trajproxy")
 
 _RECENT_TURNS = 4096
 _CLOSED_EPISODES = 100_000
-_LATE_ANSWER_S = 60.0
 _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
@@ -310,24 +309,26 @@ class Broker:
         except TurnClosed:
             pass  # the turn ended first (its agent left, or the episode finished)
 
-    async def wait_for_reply(self, slot: Slot, episode: Episode) -> Turn:
-        """Wait for the trainer's reply to a parked turn; expire the turn if none comes in time."""
+    def expire_later(self, slot: Slot, episode: Episode) -> asyncio.TimerHandle:
+        """Start the turn timeout of an agent exchange waiting on `slot.answer`: if no reply has come when it
+        passes, the turn is recorded as expired and every exchange waiting on it hears TurnTimeout. The
+        exchange cancels the returned timer when it ends."""
         timeout_s = episode.turn_timeout_s or self._turn_timeout_s
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.shield(slot.answer)
-        except TimeoutError:
-            expired = self._close(slot, TurnStatus.EXPIRED, f"no reply within the turn timeout of {timeout_s:g} s")
-            if expired is None:  # answered (or closed) at the last moment: honour that instead
-                return await asyncio.wait_for(asyncio.shield(slot.answer), _LATE_ANSWER_S)
-            await self._store.save_turns([expired])
-            timeout = TurnTimeout(
-                f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
-            )
-            if not slot.answer.done():  # every exchange waiting on the turn (an SDK retry too) hears it
-                slot.answer.set_exception(timeout)
-                slot.answer.exception()  # retrieved: the exchanges that still wait will see it
-            raise timeout from None
+        return asyncio.get_running_loop().call_later(timeout_s, self._expire, slot, timeout_s)
+
+    def _expire(self, slot: Slot, timeout_s: float) -> None:
+        expired = self._close(slot, TurnStatus.EXPIRED, f"no reply within the turn timeout of {timeout_s:g} s")
+        if expired is None:  # answered (or closed) at the last moment: its answer is on the way
+            return
+        why = f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
+
+        def tell(_written: asyncio.Future[None]) -> None:
+            if not slot.answer.done():
+                slot.answer.set_exception(TurnTimeout(why))
+                slot.answer.exception()  # retrieved: the exchanges still waiting will see it
+
+        # The agent hears of it once the expiry is recorded (or has failed to be).
+        self._submit(self._store.save_turns([expired])).add_done_callback(tell)
 
     def leave(self, slot: Slot) -> None:
         """An agent exchange ended. If it was the turn's last and the turn is unanswered, the turn leaves the
@@ -643,10 +644,11 @@ class Broker:
         log.info("lease on turn %s expired; it is back in the queue", slot.turn.id)
         self._submit(self._store.save_turns([slot.turn]))
 
-    def _submit(self, write: Awaitable[None]) -> None:
+    def _submit(self, write: Awaitable[None]) -> asyncio.Future[None]:
         future = asyncio.ensure_future(write)
         self._background.add(future)
         future.add_done_callback(self._written)
+        return future
 
     def _written(self, future: asyncio.Future[Any]) -> None:
         self._background.discard(future)

@@ -7,8 +7,6 @@ However the exchange ends (reply, error, timeout, the agent hanging up, the serv
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -37,22 +35,21 @@ class ParkedReply:
         self._keepalive_s = keepalive_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        answer = asyncio.ensure_future(self._broker.wait_for_reply(self._slot, self._episode))
         gone = asyncio.ensure_future(disconnected(receive))
+        expiry = self._broker.expire_later(self._slot, self._episode)
         try:
             if self._call.stream:
-                await self._stream(send, answer, gone)
+                await self._stream(send, gone)
             else:
-                await self._plain(send, answer, gone)
+                await self._plain(send, gone)
         finally:
-            for task in (answer, gone):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            expiry.cancel()
+            gone.cancel()
             self._broker.leave(self._slot)
 
-    async def _plain(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
-        await asyncio.wait(_either(answer, gone), return_when=asyncio.FIRST_COMPLETED)
+    async def _plain(self, send: Send, gone: asyncio.Future[None]) -> None:
+        answer = self._slot.answer
+        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
         if not answer.done():
             return
         if (failure := self._failure(answer)) is not None:
@@ -60,10 +57,11 @@ class ParkedReply:
         else:
             await respond(send, 200, self._dialect.render(self._call, answer.result()))
 
-    async def _stream(self, send: Send, answer: asyncio.Future[Turn], gone: asyncio.Future[None]) -> None:
+    async def _stream(self, send: Send, gone: asyncio.Future[None]) -> None:
+        answer = self._slot.answer
         started = False
         while not answer.done():
-            await asyncio.wait(_either(answer, gone), timeout=self._keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((answer, gone), timeout=self._keepalive_s, return_when=asyncio.FIRST_COMPLETED)
             if gone.done():
                 return
             if not answer.done():
@@ -101,7 +99,3 @@ class ParkedReply:
     async def _refuse(self, send: Send, failure: Failure) -> None:
         status, kind, message, headers = failure
         await respond(send, status, self._dialect.error_body(status, kind, message), headers)
-
-
-def _either(*futures: asyncio.Future[Any]) -> set[asyncio.Future[Any]]:
-    return set(futures)
