@@ -7,6 +7,7 @@ However the exchange ends (reply, error, timeout, the agent hanging up, the serv
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -49,7 +50,7 @@ class ParkedReply:
 
     async def _plain(self, send: Send, gone: asyncio.Future[None]) -> None:
         answer = self._slot.answer
-        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+        await _either(answer, gone)
         if not answer.done():
             return
         if (failure := self._failure(answer)) is not None:
@@ -99,3 +100,21 @@ class ParkedReply:
     async def _refuse(self, send: Send, failure: Failure) -> None:
         status, kind, message, headers = failure
         await respond(send, status, self._dialect.error_body(status, kind, message), headers)
+
+
+async def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> None:
+    """Until one of two futures is done: asyncio.wait's work without its generality, which costs several
+    times more and runs once per turn."""
+    woken = asyncio.get_running_loop().create_future()
+
+    def wake(_: object) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    a.add_done_callback(wake)
+    b.add_done_callback(wake)
+    try:
+        await woken
+    finally:
+        a.remove_done_callback(wake)
+        b.remove_done_callback(wake)

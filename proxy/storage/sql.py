@@ -2,7 +2,9 @@
 
 All writes go through one writer thread. It drains whatever has queued up while the previous commit
 ran and commits it as one transaction, so many turns share one fsync; each write's future resolves
-only after its transaction commits. Reads run on a thread of their own connection pool.
+only after its transaction commits. Writes are data (a prebuilt statement and its rows), so a run of
+writes with one statement (many agents' turns parked at once) executes as one executemany.
+Reads run on a thread of their own connection pool.
 """
 
 from __future__ import annotations
@@ -11,11 +13,24 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from itertools import groupby
 from typing import Any, TypeVar
 
 import orjson
-from sqlalchemy import Connection, Engine, bindparam, create_engine, event, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Executable,
+    Table,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
@@ -39,7 +54,7 @@ from proxy.storage.tables import (
 log = logging.getLogger("trajproxy.storage")
 
 T = TypeVar("T")
-Op = Callable[[Connection], object]
+Op = tuple[Executable, list[dict[str, Any]]]  # a statement and the rows it writes
 _MAX_BATCH = 1024
 
 episodes = EpisodeRow.__table__  # type: ignore[attr-defined]
@@ -47,12 +62,22 @@ turns = TurnRow.__table__  # type: ignore[attr-defined]
 rewards = RewardRow.__table__  # type: ignore[attr-defined]
 
 
+def _updater(table: Table, columns: Sequence[str]) -> Executable:
+    """UPDATE table SET columns WHERE id = :s_id, its values bound as s_<column> (`_bound` rows)."""
+    values: dict[str, Any] = {column: bindparam(f"s_{column}") for column in columns if column != "id"}
+    return update(table).where(table.c.id == bindparam("s_id")).values(values)
+
+
+def _bound(row: dict[str, Any]) -> dict[str, Any]:
+    return {f"s_{key}": value for key, value in row.items()}
+
+
 # Built once: constructing a statement costs more than executing it.
-_SAVE_TURN = (
-    update(turns)
-    .where(turns.c.id == bindparam("s_id"))
-    .values({column: bindparam(f"s_{column}") for column in TURN_STATE if column != "id"})
-)
+_ADD_EPISODE = insert(episodes)
+_SAVE_EPISODE = _updater(episodes, [column.name for column in episodes.columns])
+_ADD_TURN = insert(turns)
+_SAVE_TURN = _updater(turns, TURN_STATE)
+_ADD_REWARD = insert(rewards)
 
 
 def engine_url(url: str) -> str:
@@ -89,27 +114,21 @@ class SqlStore:
     # Writes (group-committed)
 
     def add_episode(self, episode: Episode) -> Awaitable[None]:
-        row = episode_row(episode)
-        return self._write(lambda conn: conn.execute(insert(episodes), row))
+        return self._write((_ADD_EPISODE, [episode_row(episode)]))
 
     def save_episode(self, episode: Episode) -> Awaitable[None]:
-        row = episode_row(episode)
-        stmt = update(episodes).where(episodes.c.id == episode.id)
-        return self._write(lambda conn: conn.execute(stmt.values(row)))
+        return self._write((_SAVE_EPISODE, [_bound(episode_row(episode))]))
 
     def add_turn(self, turn: Turn) -> Awaitable[None]:
-        row = turn_row(turn)
-        return self._write(lambda conn: conn.execute(insert(turns), row))
+        return self._write((_ADD_TURN, [turn_row(turn)]))
 
     def save_turns(self, batch: Sequence[Turn]) -> Awaitable[None]:
         if not batch:
             return _done()
-        rows = [{f"s_{key}": value for key, value in turn_state(turn).items()} for turn in batch]
-        return self._write(lambda conn: conn.execute(_SAVE_TURN, rows))
+        return self._write((_SAVE_TURN, [_bound(turn_state(turn)) for turn in batch]))
 
     def add_reward(self, reward: Reward) -> Awaitable[None]:
-        row = reward_row(reward)
-        return self._write(lambda conn: conn.execute(insert(rewards), row))
+        return self._write((_ADD_REWARD, [reward_row(reward)]))
 
     # Reads
 
@@ -225,14 +244,21 @@ class SqlStore:
         assert self._engine is not None
         try:
             with self._engine.begin() as conn:
-                for op in ops:
-                    op(conn)
+                for statement, rows in _runs(ops):
+                    conn.execute(statement, rows)
             return [None] * len(ops)
         except Exception as e:  # the driver's own errors (e.g. encoding) are not all SQLAlchemy's
             if len(ops) == 1:
                 log.exception("database write failed")
                 return [StorageError(f"the database could not record this change: {type(e).__name__}")]
         return [self._commit([op])[0] for op in ops]
+
+
+def _runs(ops: list[Op]) -> Iterator[Op]:
+    """Adjacent writes with the same statement, as one write of all their rows (order kept)."""
+    for _, run in groupby(ops, key=lambda op: id(op[0])):  # statements are built once: identity is equality
+        writes = list(run)
+        yield writes[0][0], [row for _, rows in writes for row in rows]
 
 
 def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
