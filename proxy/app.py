@@ -1,7 +1,8 @@
 """The app factory: builds the adapters once, wires them into the broker and the routes.
 
-A request meets, in order: TrainerGate (the trainer API's token and body limit), FastLane (the calls every
-turn makes, as plain ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
+An agent's call goes straight to its handler (`AgentRoutes`). Anything else meets, in order: TrainerGate
+(the trainer API's token and body limit), FastLane (the trainer's batch pull and reply, as plain ASGI), and
+FastAPI (the rest of the trainer API, its schema and docs, and 404s).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import __version__
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
+from proxy.http.agent import AgentRoutes
 from proxy.http.edge import error_body, redact, status_of
 from proxy.http.fast import FastLane
 from proxy.http.gate import TrainerGate
@@ -38,11 +40,15 @@ class Trajproxy:
 
     def __init__(self, broker: Broker, api: FastAPI, settings: Settings) -> None:
         self.broker = broker
+        self._agents = AgentRoutes(broker, settings)
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        self._app = TrainerGate(FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes)
+        self._rest = TrainerGate(FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        if scope["type"] == "http" and (agent_call := self._agents.route(scope)) is not None:
+            await agent_call(scope, receive, send)
+        else:
+            await self._rest(scope, receive, send)
 
 
 def create_app(settings: Settings) -> Trajproxy:
@@ -62,6 +68,7 @@ def create_app(settings: Settings) -> Trajproxy:
         await store.open()
         warm = asyncio.ensure_future(asyncio.to_thread(tokens.warm_up))
         try:
+            await broker.recover()  # the open turns a previous run left, for their agents' retries
             yield
         finally:
             warm.cancel()

@@ -1,16 +1,17 @@
 """The agent-facing routes: what unmodified agents call, under /v1 and /e/<key>/v1.
 
-Every turn crosses these, so they are plain ASGI handlers (FastLane dispatches to them) with no framework
-layers between the server and the broker.
+Every turn crosses these, so they are plain ASGI handlers, dispatched first thing (see `proxy.app`), with no
+framework layers between the server and the broker.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 
 import orjson
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.core.broker import Broker
 from proxy.core.errors import NotFound, TrajproxyError
@@ -23,7 +24,7 @@ from proxy.http.edge import JSON, agent_key, error_body, error_headers, read_jso
 from proxy.http.parked import ParkedReply
 from proxy.settings import Settings
 
-Handler = Callable[[Scope, Receive, Send, str | None], Awaitable[None]]
+Handler = Callable[[str | None, Scope, Receive, Send], Awaitable[None]]  # the key in the path first
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
 MODELS = b'{"object":"list","data":[{"id":"trajproxy","object":"model","created":0,"owned_by":"trajproxy"}]}'
 
@@ -49,8 +50,8 @@ class AgentRoutes:
             "/v1/models": ("GET", self._models),
         }
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Answer the request if its path is an agent route; False if it is not (another app's to answer)."""
+    def route(self, scope: Scope) -> ASGIApp | None:
+        """The handler for the request, if its path is an agent route; None if it is not (another app's to serve)."""
         path: str = scope["path"]
         key: str | None = None
         if path.startswith("/e/"):
@@ -58,19 +59,21 @@ class AgentRoutes:
             path = "/" + rest
         route = self._routes.get(path)
         if route is None:
-            return False
+            return None
         method, handler = route
         if scope["method"] != method:
-            message = f"{scope['method']} is not allowed on {redact(scope['path'])}"
-            await respond(send, 405, error_body("invalid_request_error", message))
-        else:
-            await handler(scope, receive, send, key)
-        return True
+            return self._not_allowed
+        return partial(handler, key)
+
+    @staticmethod
+    async def _not_allowed(scope: Scope, _receive: Receive, send: Send) -> None:
+        message = f"{scope['method']} is not allowed on {redact(scope['path'])}"
+        await respond(send, 405, error_body("invalid_request_error", message))
 
     def _calls(self, dialect: Dialect, continued: Continuation | None = None) -> Handler:
         broker, settings = self._broker, self._settings
 
-        async def call(scope: Scope, receive: Receive, send: Send, key: str | None) -> None:
+        async def call(key: str | None, scope: Scope, receive: Receive, send: Send) -> None:
             headers: Mapping[bytes, bytes] = dict(scope["headers"])
             try:
                 episode = await broker.authenticate(agent_key(key, headers))
@@ -89,10 +92,10 @@ class AgentRoutes:
 
         return call
 
-    async def _models(self, _scope: Scope, _receive: Receive, send: Send, _key: str | None) -> None:
+    async def _models(self, _key: str | None, _scope: Scope, _receive: Receive, send: Send) -> None:
         await respond(send, 200, MODELS)
 
-    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, key: str | None) -> None:
+    async def _count_tokens(self, key: str | None, scope: Scope, receive: Receive, send: Send) -> None:
         """Anthropic's token counter: the same count trajproxy puts in replies' usage; nothing is parked."""
         try:
             await self._broker.authenticate(agent_key(key, dict(scope["headers"])))

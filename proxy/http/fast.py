@@ -1,9 +1,9 @@
-"""FastLane: the requests every turn makes, served as plain ASGI ahead of the FastAPI stack.
+"""FastLane: the trainer's share of every turn (a batch pull, a batch reply), as plain ASGI ahead of FastAPI.
 
-Each turn is one agent call, and a share of one trainer pull and one batch reply. Those skip FastAPI's
-routing, dependency solving and exception layers (about half the server's CPU per turn when they went
-through it). A trainer request whose query or body does not validate goes on to its FastAPI route, which
-answers with the usual 422 and is also what the OpenAPI schema describes.
+Each turn is one agent call (`proxy.http.agent`), and a share of one trainer pull and one batch reply. Those
+skip FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when
+they went through it). A trainer request whose query or body does not validate goes on to its FastAPI
+route, which answers with the usual 422 and is also what the OpenAPI schema describes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy import wire
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
-from proxy.http.agent import AgentRoutes
 from proxy.http.edge import error_body, read_body, replay, respond, status_of
 from proxy.http.trainer import next_batch, reply_batch
 from proxy.settings import Settings
@@ -28,20 +27,16 @@ class FastLane:
         self._app = app
         self._broker = broker
         self._max_body_bytes = settings.max_body_bytes
-        self._agents = AgentRoutes(broker, settings)
         self._trainer: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/api/turns/next"): self._next_turns,
             ("POST", "/api/turns/replies"): self._replies,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            if (route := self._trainer.get((scope["method"], scope["path"]))) is not None:
-                await route(scope, receive, send)
-                return
-            if await self._agents.serve(scope, receive, send):
-                return
-        await self._app(scope, receive, send)
+        if scope["type"] == "http" and (route := self._trainer.get((scope["method"], scope["path"]))) is not None:
+            await route(scope, receive, send)
+        else:
+            await self._app(scope, receive, send)
 
     async def _next_turns(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
