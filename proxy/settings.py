@@ -25,6 +25,14 @@ class Settings(BaseSettings):
     socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
+    @field_validator("trainer_token", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        # An empty token (TRAJPROXY_TRAINER_TOKEN= from an unset shell variable) is no token: left as a
+        # SecretStr it would pass the public-bind check, yet be falsy where the app reads it, leaving /api open.
+        given = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return None if isinstance(given, str) and not given.strip() else value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lowercase(cls, value: object) -> object:
