@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +22,9 @@ import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
+from harness import HOST, cpu_seconds, percentile, pin_load, start_server
 from lean_http import Connection, request
 
-HOST = "127.0.0.1"
-SERVER_CORE, LOAD_CORE = 0, 1 if (os.cpu_count() or 1) > 1 else 0
 CHAT = orjson.dumps(
     {
         "model": "policy",
@@ -53,30 +49,6 @@ class Run:
     errors: int = 0
     measuring: bool = False
     stop: bool = False
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def start_server(port: int, database_url: str, profile: str | None = None) -> subprocess.Popen[bytes]:
-    script = Path(sys.executable).parent / "trajproxy"
-    command = ["taskset", "-c", str(SERVER_CORE), str(script), "serve", "--port", str(port)]
-    command += ["--database-url", database_url, "--log-level", "warning", "--lease-s", "600"]
-    if profile:  # py-spy samples the server (and its writer thread) into a flame graph
-        spy = Path(sys.executable).parent / "py-spy"
-        command = [str(spy), "record", "--threads", "--rate", "250", "--format", "raw", "-o", profile, "--", *command]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://{HOST}:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    server.kill()
-    raise RuntimeError(f"trajproxy did not start: {server.stderr.read().decode() if server.stderr else ''}")
 
 
 async def agent(port: int, key: str, run: Run) -> None:
@@ -130,10 +102,6 @@ async def measure(port: int, agents: int, seconds: float, warmup_s: float) -> Ru
     return run
 
 
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
-
-
 def bench(
     agents: int, seconds: float, warmup_s: float, database_url: str, port: int, profile: str | None = None
 ) -> dict[str, float]:
@@ -166,7 +134,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18500)
     parser.add_argument("--profile", help="record the server with py-spy into this file (raw, for flamegraph.pl)")
     args = parser.parse_args()
-    os.sched_setaffinity(0, {LOAD_CORE})
+    pin_load()
     print("agents  turns/s  p50 ms  p99 ms  errors  server cpu  load cpu", flush=True)
     failed = False
     for agents in (int(n) for n in args.agents.split(",")):

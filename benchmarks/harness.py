@@ -1,0 +1,125 @@
+"""What the benchmarks share: the two cores, a server started pinned to its core, CPU and percentile figures.
+
+A server (trajproxy, or the fixed model it is compared with) runs pinned to core 0 with `taskset`; the load
+generator pins itself to core 1 (`pin_load`), so the two never share a core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import sqlalchemy
+
+HOST = "127.0.0.1"
+SERVER_CORE, LOAD_CORE = 0, 1 if (os.cpu_count() or 1) > 1 else 0
+BIN = Path(sys.executable).parent
+
+
+def pin_load() -> None:
+    """Run this process (the load generator) on its own core."""
+    os.sched_setaffinity(0, {LOAD_CORE})
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raise_open_files(wanted: int) -> int:
+    """Raise this process's open-file limit to `wanted` (at least its hard limit); returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(wanted, soft)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, max(target, hard)))
+    except (ValueError, OSError):  # raising the hard limit needs CAP_SYS_RESOURCE: go as far as it allows
+        target = min(target, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+def start_pinned(
+    command: Sequence[str],
+    health_url: str,
+    *,
+    open_files: int | None = None,
+    wrapper: Sequence[str] = (),
+    timeout_s: float = 30.0,
+) -> subprocess.Popen[bytes]:
+    """Start a server on the server core (under `wrapper`, e.g. a profiler, if given) with at least
+    `open_files` file descriptors, and wait until `health_url` answers 200."""
+    preexec: Callable[[], object] | None = None
+    if open_files is not None:
+        preexec = lambda: raise_open_files(open_files)  # noqa: E731 (runs in the child, before exec)
+    pinned = [*wrapper, "taskset", "-c", str(SERVER_CORE), *command]
+    server = subprocess.Popen(pinned, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            break
+        try:
+            if httpx.get(health_url, timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    server.kill()
+    server.wait()
+    error = server.stderr.read().decode() if server.stderr else ""
+    raise RuntimeError(f"{command[0]} did not start: {error}")
+
+
+def start_server(
+    port: int,
+    database_url: str,
+    profile: str | None = None,
+    *,
+    flags: Sequence[str] = (),
+    open_files: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """`trajproxy serve` on the server core, with a long lease (no redelivery while a benchmark runs)."""
+    command = [str(BIN / "trajproxy"), "serve", "--port", str(port), "--database-url", database_url]
+    command += ["--log-level", "warning", "--lease-s", "600", *flags]
+    spy: list[str] = []
+    if profile:  # py-spy samples the server (and its writer thread) into a flame graph
+        spy = [str(BIN / "py-spy"), "record", "--threads", "--rate", "250", "--format", "raw", "-o", profile, "--"]
+    return start_pinned(command, f"http://{HOST}:{port}/health", open_files=open_files, wrapper=spy)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (q in 0..100, to a tenth)."""
+    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
+
+
+@contextlib.contextmanager
+def fresh_database(url: str | None) -> Iterator[str]:
+    """A fresh, empty database for one run: a SQLite file (no `url`), or a scratch schema of the Postgres at
+    `url`, dropped afterwards."""
+    if url is None:
+        with tempfile.TemporaryDirectory() as folder:
+            yield f"sqlite:///{folder}/bench.db"
+        return
+    from proxy.storage.sql import engine_url
+
+    schema = f"bench_{secrets.token_hex(6)}"
+    admin = sqlalchemy.create_engine(engine_url(url))
+    try:
+        with admin.begin() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+        try:
+            yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+        finally:
+            with admin.begin() as conn:
+                conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+    finally:
+        admin.dispose()
