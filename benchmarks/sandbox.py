@@ -1,0 +1,329 @@
+"""Sandbox: how long an episode takes to start, from its containers being created to its agent's first LLM call
+parked at trajproxy. Episodes run as `trajproxy run` runs them (Runner over DockerSandboxes, the example task
+and the minimal agent), first one at a time, then many started at once.
+
+    python benchmarks/sandbox.py --sequential 20 --at-once 32
+
+Each start is split into its steps, timed around the docker calls DockerSandboxes makes: the images checked,
+the gate container created and started, the agent container created and started, the task uploaded, and the
+agent's command run until its first call is parked (the turn's own created_at, on the same clock). The agent's
+part is split further, once, in a separate sandbox: what a bare `docker exec` costs, a Python start-up, and
+`import openai`. trajproxy runs pinned to core 0, this process (the runner and its trainer) on core 1; the
+Docker engine and the containers run where the system puts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import docker
+
+# This file's name shadows the sandbox package: import the package with this folder off the path first.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
+from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
+from sandbox.containers import SandboxSpec  # noqa: E402
+from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402
+from sandbox.runner import AGENTS, RunConfig, Runner  # noqa: E402
+from sandbox.tasks import Task, read_tasks  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from harness import cpu_seconds, percentile, pin_load, start_server  # noqa: E402
+
+ROOT = HERE.parent
+EXAMPLE = ROOT / "examples" / "tasks" / "calc"
+AGENT_IMAGE, TASK_IMAGE = "trajproxy/agent-minimal", "trajproxy/example-calc"
+EPISODE_LABEL = "trajproxy.episode"
+DONE = {"content": "```bash\necho TASK_COMPLETE\n```"}
+STEPS = ("images", "gate", "agent box", "upload", "agent to first call")
+Marks = dict[str, dict[str, float]]
+
+
+class Stopwatch:
+    """The first time each named step of each episode was reached (unix seconds, the server's clock too)."""
+
+    def __init__(self) -> None:
+        self.marks: Marks = defaultdict(dict)
+
+    def mark(self, episode: str | None, name: str) -> None:
+        if episode is not None:
+            self.marks[episode].setdefault(name, time.time())
+
+
+class TimedContainer:
+    """A docker container whose upload and first exec are marked."""
+
+    def __init__(self, container: Any, episode: str | None, watch: Stopwatch) -> None:
+        self._container, self._episode, self._watch = container, episode, watch
+
+    def put_archive(self, *args: Any, **kwargs: Any) -> Any:
+        done = self._container.put_archive(*args, **kwargs)
+        self._watch.mark(self._episode, "uploaded")
+        return done
+
+    def exec_run(self, *args: Any, **kwargs: Any) -> Any:
+        self._watch.mark(self._episode, "exec")
+        return self._container.exec_run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._container, name)
+
+
+class TimedContainers:
+    def __init__(self, containers: Any, watch: Stopwatch) -> None:
+        self._containers, self._watch = containers, watch
+
+    def run(self, image: str, command: list[str], **options: Any) -> Any:
+        episode = options.get("labels", {}).get(EPISODE_LABEL)
+        role = "gate" if command[:2] == ["python3", "-c"] else "agent"
+        self._watch.mark(episode, f"{role} create")
+        container = self._containers.run(image, command, **options)
+        self._watch.mark(episode, f"{role} started")
+        return container if role == "gate" else TimedContainer(container, episode, self._watch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._containers, name)
+
+
+class TimedDocker:
+    """A docker client whose container starts, uploads and execs are marked on a stopwatch."""
+
+    def __init__(self, client: Any, watch: Stopwatch) -> None:
+        self._client = client
+        self.containers = TimedContainers(client.containers, watch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class TimedSandboxes(DockerSandboxes):
+    """DockerSandboxes that marks when each episode's (first) sandbox was asked for."""
+
+    def __init__(self, socket_source: str, watch: Stopwatch, client: Any, label: str) -> None:
+        super().__init__(socket_source, labels={"trajproxy.bench": label}, client=TimedDocker(client, watch))
+        self._watch = watch
+
+    async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.proxy:
+            self._watch.mark(spec.labels.get(EPISODE_LABEL), "start")
+        return await super().start(spec)
+
+
+class FirstCalls:
+    """A policy that notes when each episode's first call was parked and, once a whole wave's first calls
+    are, tells every agent it is done."""
+
+    def __init__(self) -> None:
+        self.parked: dict[str, float] = {}
+        self._wave = 0
+        self._released = asyncio.Event()
+
+    def new_wave(self, size: int) -> None:
+        self._wave, self._released = len(self.parked) + size, asyncio.Event()
+
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        while True:
+            for turn in await trainer.next_turns(episode=episode_id, max=8, wait_s=10):
+                if episode_id not in self.parked:
+                    self.parked[episode_id] = turn.created_at
+                    if len(self.parked) >= self._wave:
+                        self._released.set()
+                    await self._released.wait()
+                try:
+                    await trainer.reply(turn.id, message=DONE, lease_id=turn.lease_id)
+                except TrajproxyAPIError as e:
+                    if e.status != 409:
+                        raise
+
+
+def machine_busy() -> tuple[float, float]:
+    """Busy and total CPU time of the whole machine so far (all cores, in clock ticks)."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def steps(marks: dict[str, float], parked: float) -> dict[str, float]:
+    """One episode's start, step by step (seconds), and in all."""
+    return {
+        "images": marks["gate create"] - marks["start"],
+        "gate": marks["gate started"] - marks["gate create"],
+        "agent box": marks["agent started"] - marks["gate started"],
+        "upload": marks["uploaded"] - marks["agent started"],
+        "agent to first call": parked - marks["uploaded"],
+        "total": parked - marks["start"],
+    }
+
+
+async def episodes(
+    url: str, socket_folder: str, task: Task, client: Any, sequential: int, at_once: int, threads: int
+) -> dict[str, Any]:
+    if threads:  # each running agent holds a worker thread (its docker exec) for its whole run
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=threads))
+    watch, policy = Stopwatch(), FirstCalls()
+    label = secrets.token_hex(6)
+    sandboxes = TimedSandboxes(socket_folder, watch, client, label)
+    config = RunConfig(agent_cmd=AGENTS["minimal"], agent_timeout_s=300, grade_timeout_s=120)
+    try:
+        async with AsyncTrainerClient(url) as trainer:
+            runner = Runner(trainer, sandboxes, policy, config)
+            one_by_one = []
+            for _ in range(sequential):
+                policy.new_wave(1)
+                outcome = await runner.run(task)
+                one_by_one.append(steps(watch.marks[str(outcome.episode_id)], policy.parked[str(outcome.episode_id)]))
+            policy.new_wave(at_once if threads else 1)  # too few threads to hold a whole wave: answer at once
+            launched = time.time()
+            outcomes = await runner.run_many([task] * at_once, concurrency=at_once)
+            together = [steps(watch.marks[str(o.episode_id)], policy.parked[str(o.episode_id)]) for o in outcomes]
+            all_parked_s = max(policy.parked[str(o.episode_id)] for o in outcomes) - launched
+            agent_parts = await agent_start_up(sandboxes, task)
+    finally:
+        await sandboxes.prune()
+    failed = [o for o in outcomes if o.status != "finished"]
+    return {
+        "sequential": one_by_one,
+        "at_once": together,
+        "all_parked_s": all_parked_s,
+        "agent_parts": agent_parts,
+        "failed": [f"{o.status}: {o.reason}" for o in failed],
+    }
+
+
+async def agent_start_up(sandboxes: DockerSandboxes, task: Task, times: int = 5) -> dict[str, float]:
+    """The agent's start-up, in parts (medians, s): a bare docker exec, a Python start-up, `import openai`, and
+    the SDK's client made and its chat resource loaded (imported lazily, on the first call)."""
+    box = await sandboxes.start(SandboxSpec(task.image, workdir=task.workdir, proxy=False))
+    commands = {
+        "docker exec": "true",
+        "python start": "python3 -c pass",
+        "import openai": "python3 -c 'import openai'",
+        "openai client": "python3 -c 'import openai; openai.OpenAI(api_key=\"-\").chat.completions.create'",
+    }
+    try:
+        took: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(times):
+            for name, command in commands.items():
+                started = time.perf_counter()
+                result = await box.exec(command, timeout_s=60)
+                if not result.ok:
+                    raise RuntimeError(f"{command!r} failed in the sandbox: {result.output}")
+                took[name].append(time.perf_counter() - started)
+    finally:
+        await box.stop()
+    medians = [statistics.median(took[name]) for name in commands]
+    return {name: median - before for name, median, before in zip(commands, medians, [0.0, *medians], strict=False)}
+
+
+def ensure_images(client: Any) -> None:
+    """The example task's image, built from the repository's Dockerfiles if it is missing (as the tests do)."""
+    try:
+        client.images.get(TASK_IMAGE)
+    except docker.errors.ImageNotFound:
+        client.images.build(path=str(ROOT / "agents" / "minimal"), tag=AGENT_IMAGE, rm=True)
+        client.images.build(path=str(EXAMPLE), tag=TASK_IMAGE, rm=True)
+
+
+def bench(sequential: int, at_once: int, port: int, threads: int = 64) -> dict[str, Any]:
+    client = docker.from_env(max_pool_size=max(threads, 10))
+    ensure_images(client)
+    [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
+    folder = tempfile.mkdtemp(prefix="tp")  # short: Unix socket paths are limited to 108 bytes
+    try:
+        with tempfile.TemporaryDirectory() as data:
+            flags = ["--socket-path", f"{folder}/proxy.sock"]
+            server = start_server(port, f"sqlite:///{data}/bench.db", flags=flags)
+            try:
+                server_cpu, load_cpu, wall = cpu_seconds(server.pid), time.process_time(), time.perf_counter()
+                busy, total = machine_busy()
+                url = f"http://127.0.0.1:{port}"
+                result = asyncio.run(episodes(url, folder, task, client, sequential, at_once, threads))
+                wall = time.perf_counter() - wall
+                result["server_cpu"] = (cpu_seconds(server.pid) - server_cpu) / wall
+                result["load_cpu"] = (time.process_time() - load_cpu) / wall
+                now_busy, now_total = machine_busy()
+                result["machine_cpu"] = (now_busy - busy) / (now_total - total)  # of all cores
+            finally:
+                server.send_signal(signal.SIGINT)
+                server.wait(30)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        client.close()
+    return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    """The headline figures of a run (seconds)."""
+    sequential = [start["total"] for start in result["sequential"]] or [math.nan]
+    together = [start["total"] for start in result["at_once"]]
+    figures = {
+        "p50_s": percentile(sequential, 50),
+        "p95_s": percentile(sequential, 95),
+        "at_once_all_parked_s": result["all_parked_s"],
+        "at_once_p50_s": percentile(together, 50),
+        "at_once_max_s": max(together),
+        "failed": len(result["failed"]),
+        "server_cpu": result["server_cpu"],
+        "load_cpu": result["load_cpu"],
+        "machine_cpu": result["machine_cpu"],
+    }
+    for step in STEPS:
+        figures[f"{step} s"] = statistics.median([start[step] for start in result["sequential"]] or [math.nan])
+    figures.update({f"{part} s": took for part, took in result["agent_parts"].items()})
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--sequential", type=int, default=20, help="episodes started one after another")
+    parser.add_argument("--at-once", type=int, default=32, help="episodes then started all at once")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=64,
+        help="worker threads for the docker calls (each running agent holds one); 0: asyncio's default",
+    )
+    parser.add_argument("--port", type=int, default=18800)
+    parser.add_argument("--quick", action="store_true", help="a short smoke: 3 one by one, then 4 at once")
+    args = parser.parse_args()
+    if args.quick:
+        args.sequential, args.at_once = 3, 4
+    pin_load()
+    result = bench(args.sequential, args.at_once, args.port, args.threads)
+    figures = summary(result)
+    print(f"one at a time ({args.sequential}): start p50 {figures['p50_s']:.2f} s, p95 {figures['p95_s']:.2f} s")
+    print("  median of each step: " + ", ".join(f"{step} {figures[f'{step} s']:.3f} s" for step in STEPS))
+    parts = result["agent_parts"]
+    print("  the agent's start-up, measured apart: " + ", ".join(f"{p} {s:.3f} s" for p, s in parts.items()))
+    together = sorted(start["total"] for start in result["at_once"])
+    print(f"{args.at_once} at once: all first calls parked after {figures['at_once_all_parked_s']:.2f} s")
+    print("  each one's start (s): " + " ".join(f"{took:.2f}" for took in together))
+    print(
+        "  median of each step: "
+        + ", ".join(f"{step} {statistics.median(start[step] for start in result['at_once']):.3f} s" for step in STEPS)
+    )
+    print(
+        f"server cpu {figures['server_cpu']:.0%}, load cpu {figures['load_cpu']:.0%}, "
+        f"whole machine {figures['machine_cpu']:.0%} of {os.cpu_count()} cores"
+    )
+    for failure in result["failed"]:
+        print(f"  failed: {failure}")
+    sys.exit(1 if result["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
