@@ -331,6 +331,48 @@ class StoreContract:
 
         run(body())
 
+    def test_open_turns_are_the_parked_and_leased_of_every_episode(self, make_store: MakeStore) -> None:
+        async def body() -> None:
+            async with opened(make_store) as store:
+                one, two = episode_value(), episode_value()
+                await settled(store.add_episode(one))
+                await settled(store.add_episode(two))
+                assert await store.open_turns() == []
+                statuses = [TurnStatus.ANSWERED, TurnStatus.LEASED, TurnStatus.ABANDONED, TurnStatus.PARKED]
+                for episode in (two, one):
+                    for seq, status in enumerate(statuses):
+                        await settled(store.add_turn(turn_value(episode.id, seq, status=status, deliveries=seq % 2)))
+                left = await store.open_turns()
+                assert [(t.episode_id, t.seq) for t in left] == sorted((e.id, s) for e in (one, two) for s in (1, 3))
+                assert [t.status for t in left] == [TurnStatus.LEASED, TurnStatus.PARKED] * 2
+                assert left[0] == await store.turn(left[0].id)
+
+        run(body())
+
+    def test_latest_answered_are_the_episodes_latest_answers_first(self, make_store: MakeStore) -> None:
+        async def body() -> None:
+            async with opened(make_store) as store:
+                episode, other = episode_value(), episode_value()
+                await settled(store.add_episode(episode))
+                await settled(store.add_episode(other))
+                assert await store.latest_answered(episode.id, 2) == []
+                turns = [turn_value(episode.id, seq) for seq in range(4)]
+                for turn in turns:
+                    await settled(store.add_turn(turn))
+                await settled(store.add_turn(turn_value(other.id, 0)))
+                assert await store.latest_answered(episode.id, 2) == []  # parked turns are not answers
+                # Answered out of order: the second call's answer is the latest.
+                answered = [
+                    replace(turns[seq], status=TurnStatus.ANSWERED, reply=full_reply(), answered_at=T0 + at)
+                    for seq, at in ((0, 10), (2, 11), (1, 12))
+                ]
+                await settled(store.save_turns(answered))
+                assert await store.latest_answered(episode.id, 2) == [answered[2], answered[1]]
+                assert await store.latest_answered(episode.id, 16) == answered[::-1]
+                assert await store.latest_answered(other.id, 16) == []
+
+        run(body())
+
     def test_turn_of_unknown_episode_is_refused(self, make_store: MakeStore) -> None:
         async def body() -> None:
             async with opened(make_store) as store:

@@ -2,7 +2,8 @@
 
 Promises kept here: a turn is committed to the store before any trainer can see it, and a reply is
 committed before its agent receives it. Cleanup of an open turn (answer, timeout, agent gone, episode
-finished) always goes through `_close`, which settles the turn in the parking lot exactly once.
+finished) always goes through `_close`, which settles the turn in the parking lot exactly once. A restart
+loses no turn: `recover` takes back the open turns the store holds, for their agents' retries to claim.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ from proxy.core.values import (
 log = logging.getLogger("trajproxy")
 
 _RECENT_TURNS = 4096
+_HUNG_UP = "the agent disconnected before a reply"
+_NOT_BACK = "the proxy restarted and the agent did not come back for its turn"
 _CLOSED_EPISODES = 100_000
+_RETRY_LOOKBACK = 16  # answered turns of an episode a retry's body is looked for among: its calls in flight at once
 _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
@@ -135,6 +139,39 @@ class Broker:
         """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
         if pending := list(self._background):
             await asyncio.wait(pending)
+
+    async def recover(self) -> int:
+        """Take back the open turns a previous process left in the store (it stopped or crashed holding them);
+        call once, at start-up, before serving. Returns how many it took back.
+
+        Their agents' connections died with that process, so each waits out of the queue, as a turn whose agent
+        hung up does: its agent's SDK retry (the same body) reattaches to it within the retry grace, or it is
+        recorded abandoned. A leased one keeps its lease (renewed), so the reply its trainer sends still lands;
+        answered before the retry comes, it is replayed to the retry. A turn a model answers goes to it again.
+        """
+        left: dict[str, list[Turn]] = {}
+        for turn in await self._store.open_turns():
+            left.setdefault(turn.episode_id, []).append(turn)
+        lives = await asyncio.gather(*(self._live_episode(episode_id) for episode_id in left))
+        loop, now = asyncio.get_running_loop(), self._now()
+        closed: list[Turn] = []
+        for live, turns in zip(lives, left.values(), strict=True):
+            if live is None:  # its episode closed, and the record of its turns closing was lost with the process
+                closed += [
+                    replace(turn, status=TurnStatus.FAILED, ended_at=now, reason="episode closed") for turn in turns
+                ]
+                continue
+            for turn in turns:
+                slot = self._lot.adopt(turn, self._lease_s)
+                slot.grace_timer = loop.call_later(self._retry_grace_s, self._abandon, slot, _NOT_BACK)
+                if (answerer := self._route(live, turn.request) or live.episode.policy) is not None:
+                    self._lot.hold(slot, now)
+                    self._submit(self._answer_from(slot, answerer))
+        await self._store.save_turns(closed)
+        taken = sum(map(len, left.values())) - len(closed)
+        if left:
+            log.info("took back %d open turns of %d episodes from the store", taken, len(left))
+        return taken
 
     # Episodes
 
@@ -240,7 +277,7 @@ class Broker:
         live = await self._live_episode(episode_id)
         if live is None:
             raise self._closed_error(await self.episode(episode_id))
-        if retry and (same := self._retried(episode_id, wire)) is not None:
+        if retry and (same := await self._retried(episode_id, wire)) is not None:
             return same
         if self._pause is not None and self._pause[0] == "reject":
             raise Paused("the trainer has paused new calls (a policy update); retry shortly", self._pause[1])
@@ -249,7 +286,7 @@ class Broker:
             await self._over_budget(live, over)
         model = request.get("model")
         self._restore_arguments(episode_id, request)
-        route = next((route for route in live.episode.routes if route.matches(request)), None)
+        route = self._route(live, request)
         turn_id = new_id("tu")
         branch, parent_id = live.branches.place(turn_id, request)
         turn = Turn(
@@ -338,10 +375,10 @@ class Broker:
         if slot.exchanges > 0 or self._lot.get(slot.turn.id) is not slot:
             return
         self._lot.withdraw(slot)
-        slot.grace_timer = asyncio.get_running_loop().call_later(self._retry_grace_s, self._abandon, slot)
+        slot.grace_timer = asyncio.get_running_loop().call_later(self._retry_grace_s, self._abandon, slot, _HUNG_UP)
 
-    def _abandon(self, slot: Slot) -> None:
-        abandoned = self._close(slot, TurnStatus.ABANDONED, "the agent disconnected before a reply")
+    def _abandon(self, slot: Slot, why: str) -> None:
+        abandoned = self._close(slot, TurnStatus.ABANDONED, why)
         if abandoned is not None:
             self._submit(self._store.save_turns([abandoned]))
 
@@ -361,8 +398,9 @@ class Broker:
                 if original is not None and original != echoed and _same_json(original, echoed):
                     function["arguments"] = original
 
-    def _retried(self, episode_id: str, wire: bytes) -> Slot | None:
-        """The turn an SDK retry with this exact body belongs to: still open, or the last answered."""
+    async def _retried(self, episode_id: str, wire: bytes) -> Slot | None:
+        """The turn an SDK retry with this exact body belongs to: still open, or answered, its reply lost on the
+        way (the agent hung up, or the proxy stopped before sending it); the retry then gets that reply again."""
         for slot in self._lot.of_episode(episode_id):
             if slot.turn.wire == wire:
                 slot.exchanges += 1
@@ -372,8 +410,11 @@ class Broker:
                 self._lot.restore(slot)
                 return slot
         answered = self._last_answered.get(episode_id)
-        if answered is None or answered.wire != wire:
-            return None
+        if answered is None or answered.wire != wire:  # not the last answer this process gave: ask the store
+            latest = await self._store.latest_answered(episode_id, _RETRY_LOOKBACK)
+            answered = next((turn for turn in latest if turn.wire == wire), None)
+            if answered is None:
+                return None
         replay = Slot(answered, asyncio.get_running_loop().create_future())
         replay.answer.set_result(answered)
         return replay
@@ -654,6 +695,11 @@ class Broker:
         self._background.discard(future)
         if not future.cancelled() and future.exception() is not None:
             log.error("a background write failed", exc_info=future.exception())
+
+    @staticmethod
+    def _route(live: _Live, request: JsonObject) -> ModelRoute | None:
+        """The episode's routing rule that sends this call to a model, if one does."""
+        return next((route for route in live.episode.routes if route.matches(request)), None)
 
     @staticmethod
     def _closed_error(episode: Episode) -> EpisodeClosed:

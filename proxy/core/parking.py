@@ -58,6 +58,17 @@ class ParkingLot:
         self._make_ready(slot, front=False)
         return slot
 
+    def adopt(self, turn: Turn, lease_s: float) -> Slot:
+        """Take in an open turn that an earlier process recorded, whose agent is not connected: out of the queue,
+        as `withdraw` leaves a turn, until its agent's retry restores it. A leased turn keeps the lease its
+        trainer holds, running `lease_s` from now."""
+        slot = Slot(turn, asyncio.get_running_loop().create_future(), exchanges=0, withdrawn=True)
+        self._slots[turn.id] = slot
+        if turn.status is TurnStatus.LEASED:
+            slot.turn = replace(turn, lease_id=_lease_id(turn.id, turn.deliveries))
+            self.renew(slot, lease_s)
+        return slot
+
     def take(self, episode_id: str | None, max_turns: int, lease_s: float, now: float) -> list[Slot]:
         """Lease up to `max_turns` ready turns, oldest first, to the caller."""
         queue = self._ready if episode_id is None else self._ready_by_episode.get(episode_id)
@@ -89,7 +100,7 @@ class ParkingLot:
             slot.turn,
             status=TurnStatus.LEASED,
             deliveries=deliveries,
-            lease_id=f"{slot.turn.id}.{deliveries}",
+            lease_id=_lease_id(slot.turn.id, deliveries),
             leased_at=now,
         )
         loop = asyncio.get_running_loop()
@@ -186,3 +197,8 @@ class ParkingLot:
         if slot.lease_timer is not None:
             slot.lease_timer.cancel()
             slot.lease_timer = None
+
+
+def _lease_id(turn_id: str, deliveries: int) -> str:
+    """A lease names its turn and its delivery, so a store's record of a leased turn tells its lease."""
+    return f"{turn_id}.{deliveries}"

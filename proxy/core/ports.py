@@ -44,6 +44,14 @@ class Store(Protocol):
         """What an episode has used so far, for an open episode this process has not served before."""
         ...
 
+    async def open_turns(self) -> list[Turn]:
+        """Every turn still parked or leased, by episode and seq: at start-up, what a previous process left open."""
+        ...
+
+    async def latest_answered(self, episode_id: str, limit: int) -> list[Turn]:
+        """The episode's `limit` most recently answered turns, latest first: those an SDK retry may be for."""
+        ...
+
     async def rewards(self, episode_id: str) -> list[Reward]: ...
 
 

@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
 from proxy.core.errors import StorageError
-from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn
+from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
 from proxy.storage.tables import (
     TURN_STATE,
     EpisodeRow,
@@ -168,6 +168,23 @@ class SqlStore:
             tokens=int(tokens),
             next_branch=0 if last_branch is None else int(last_branch) + 1,
         )
+
+    async def open_turns(self) -> list[Turn]:
+        stmt = (
+            select(turns)
+            .where(turns.c.status.in_([TurnStatus.PARKED.value, TurnStatus.LEASED.value]))
+            .order_by(turns.c.episode_id, turns.c.seq)
+        )
+        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+
+    async def latest_answered(self, episode_id: str, limit: int) -> list[Turn]:
+        stmt = (
+            select(turns)
+            .where(turns.c.episode_id == episode_id, turns.c.status == TurnStatus.ANSWERED.value)
+            .order_by(turns.c.answered_at.desc(), turns.c.seq.desc())
+            .limit(limit)
+        )
+        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
 
     async def rewards(self, episode_id: str) -> list[Reward]:
         stmt = select(rewards).where(rewards.c.episode_id == episode_id).order_by(rewards.c.created_at)
