@@ -260,8 +260,7 @@ class Broker:
             await asyncio.gather(self._store.save_episode(episode), self._store.save_turns(closed))
         finally:
             for slot in slots:
-                if not slot.answer.done():
-                    slot.answer.set_exception(EpisodeClosed(why))
+                _fail(slot.answer, EpisodeClosed(why))
         return episode
 
     # Agent side
@@ -341,8 +340,7 @@ class Broker:
         except UpstreamError as e:
             if (failed := self._close(slot, TurnStatus.FAILED, e.message)) is not None:
                 await self._store.save_turns([failed])
-                if not slot.answer.done():
-                    slot.answer.set_exception(e)
+                _fail(slot.answer, e)
         except TurnClosed:
             pass  # the turn ended first (its agent left, or the episode finished)
 
@@ -360,9 +358,7 @@ class Broker:
         why = f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
 
         def tell(_written: asyncio.Future[None]) -> None:
-            if not slot.answer.done():
-                slot.answer.set_exception(TurnTimeout(why))
-                slot.answer.exception()  # retrieved: the exchanges still waiting will see it
+            _fail(slot.answer, TurnTimeout(why))
 
         # The agent hears of it once the expiry is recorded (or has failed to be).
         self._submit(self._store.save_turns([expired])).add_done_callback(tell)
@@ -726,6 +722,14 @@ def _resolve(answer: asyncio.Future[Turn], written: asyncio.Future[None], turn: 
     if written.cancelled():
         answer.cancel()
     elif (error := written.exception()) is not None:
-        answer.set_exception(error)
+        _fail(answer, error)
     else:
         answer.set_result(turn)
+
+
+def _fail(answer: asyncio.Future[Turn], error: BaseException) -> None:
+    """Fail a turn's answer for the agent exchanges waiting on it; its agent may be gone, so none may ever look
+    (the error counts as seen, or asyncio would log it as never retrieved)."""
+    if not answer.done():
+        answer.set_exception(error)
+        answer.exception()
