@@ -175,10 +175,13 @@ def run_sandbox(args: argparse.Namespace) -> list[Result]:
         return []
     bench = load_sandbox_benchmark()
     sequential, at_once = (3, 4) if args.quick else (20, 32)
-    row = repeated(args.repeats, lambda: bench.summary(bench.bench(sequential, at_once, args.port)))
-    sandbox_steps = [(step, f"{step} s", ".3f") for step in bench.STEPS]
-    parts = [(part, f"{part} s", ".3f") for part in ("docker exec", "python start", "import openai", "openai client")]
+
+    def run(agent: str) -> Result:
+        return {"agent": agent, **bench.summary(bench.bench(sequential, at_once, args.port, agent=agent))}
+
+    rows = [repeated(args.repeats, partial(run, agent)) for agent in ("minimal", "stdlib")]
     columns = [
+        ("agent", "agent", "s"),
         ("p50 s", "p50_s", ".2f"),
         ("p95 s", "p95_s", ".2f"),
         (f"{at_once} at once: all parked s", "at_once_all_parked_s", ".2f"),
@@ -187,9 +190,12 @@ def run_sandbox(args: argparse.Namespace) -> list[Result]:
         ("failed", "failed", "d"),
         ("machine cpu", "machine_cpu", ".0%"),
     ]
-    table(f"Sandbox start: containers created to first call parked ({sequential} one by one)", columns, [row])
-    table("Sandbox start, step by step (medians, one by one)", sandbox_steps, [row])
-    return table("The agent's start-up, measured apart", parts, [row])
+    table(f"Sandbox start: containers created to first call parked ({sequential} one by one)", columns, rows)
+    sandbox_steps = [("agent", "agent", "s"), *((step, f"{step} s", ".3f") for step in bench.STEPS)]
+    table("Sandbox start, step by step (medians, one by one)", sandbox_steps, rows)
+    parts = [(part, f"{part} s", ".3f") for part in ("docker exec", "python start", "import openai", "openai client")]
+    table("The minimal agent's start-up, measured apart", parts, rows[:1])
+    return rows
 
 
 def backends(args: argparse.Namespace) -> list[tuple[str, str | None]]:

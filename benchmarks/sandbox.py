@@ -38,7 +38,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HE
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
 from sandbox.containers import SandboxSpec  # noqa: E402
 from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402
-from sandbox.runner import AGENTS, RunConfig, Runner  # noqa: E402
+from sandbox.runner import AGENTS, Outcome, RunConfig, Runner  # noqa: E402
 from sandbox.tasks import Task, read_tasks  # noqa: E402
 
 sys.path.insert(0, str(HERE))
@@ -50,6 +50,13 @@ AGENT_IMAGE, TASK_IMAGE = "trajproxy/agent-minimal", "trajproxy/example-calc"
 EPISODE_LABEL = "trajproxy.episode"
 DONE = {"content": "```bash\necho TASK_COMPLETE\n```"}
 STEPS = ("images", "gate", "agent box", "upload", "agent to first call")
+# One chat call with the standard library, then exit: what a start costs without an agent SDK to load.
+STDLIB_AGENT = """python3 -c 'import json, os, urllib.request
+body = json.dumps({{"model": "m", "messages": [{{"role": "user", "content": open("{task_file}").read()}}]}})
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body.encode(),
+    headers={{"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"}})
+urllib.request.urlopen(request, timeout=300).read()'"""
+AGENT_COMMANDS = {"minimal": AGENTS["minimal"], "stdlib": STDLIB_AGENT}
 Marks = dict[str, dict[str, float]]
 
 
@@ -170,38 +177,41 @@ def steps(marks: dict[str, float], parked: float) -> dict[str, float]:
 
 
 async def episodes(
-    url: str, socket_folder: str, task: Task, client: Any, sequential: int, at_once: int, threads: int
+    url: str, socket_folder: str, task: Task, client: Any, sequential: int, at_once: int, threads: int, agent: str
 ) -> dict[str, Any]:
     if threads:  # each running agent holds a worker thread (its docker exec) for its whole run
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=threads))
     watch, policy = Stopwatch(), FirstCalls()
     label = secrets.token_hex(6)
     sandboxes = TimedSandboxes(socket_folder, watch, client, label)
-    config = RunConfig(agent_cmd=AGENTS["minimal"], agent_timeout_s=300, grade_timeout_s=120)
+    config = RunConfig(agent_cmd=AGENT_COMMANDS[agent], agent_timeout_s=300, grade_timeout_s=120)
     try:
         async with AsyncTrainerClient(url) as trainer:
             runner = Runner(trainer, sandboxes, policy, config)
             one_by_one = []
             for _ in range(sequential):
                 policy.new_wave(1)
-                outcome = await runner.run(task)
-                one_by_one.append(steps(watch.marks[str(outcome.episode_id)], policy.parked[str(outcome.episode_id)]))
+                one_by_one.append(await runner.run(task))
             policy.new_wave(at_once if threads else 1)  # too few threads to hold a whole wave: answer at once
             launched = time.time()
-            outcomes = await runner.run_many([task] * at_once, concurrency=at_once)
-            together = [steps(watch.marks[str(o.episode_id)], policy.parked[str(o.episode_id)]) for o in outcomes]
-            all_parked_s = max(policy.parked[str(o.episode_id)] for o in outcomes) - launched
+            together = await runner.run_many([task] * at_once, concurrency=at_once)
             agent_parts = await agent_start_up(sandboxes, task)
     finally:
         await sandboxes.prune()
-    failed = [o for o in outcomes if o.status != "finished"]
+    parked = [policy.parked[str(outcome.episode_id)] for outcome in together if outcome.episode_id in policy.parked]
     return {
-        "sequential": one_by_one,
-        "at_once": together,
-        "all_parked_s": all_parked_s,
+        "sequential": starts(one_by_one, watch, policy),
+        "at_once": starts(together, watch, policy),
+        "all_parked_s": max(parked) - launched if parked and len(parked) == at_once else math.nan,
         "agent_parts": agent_parts,
-        "failed": [f"{o.status}: {o.reason}" for o in failed],
+        "failed": [f"{o.status}: {o.reason}" for o in [*one_by_one, *together] if o.status != "finished"],
     }
+
+
+def starts(outcomes: list[Outcome], watch: Stopwatch, policy: FirstCalls) -> list[dict[str, float]]:
+    """The step-by-step start of each episode whose agent's first call was parked."""
+    ids = [str(outcome.episode_id) for outcome in outcomes if outcome.episode_id in policy.parked]
+    return [steps(watch.marks[episode], policy.parked[episode]) for episode in ids]
 
 
 async def agent_start_up(sandboxes: DockerSandboxes, task: Task, times: int = 5) -> dict[str, float]:
@@ -238,7 +248,7 @@ def ensure_images(client: Any) -> None:
         client.images.build(path=str(EXAMPLE), tag=TASK_IMAGE, rm=True)
 
 
-def bench(sequential: int, at_once: int, port: int, threads: int = 64) -> dict[str, Any]:
+def bench(sequential: int, at_once: int, port: int, threads: int = 64, agent: str = "minimal") -> dict[str, Any]:
     client = docker.from_env(max_pool_size=max(threads, 10))
     ensure_images(client)
     [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
@@ -251,7 +261,7 @@ def bench(sequential: int, at_once: int, port: int, threads: int = 64) -> dict[s
                 server_cpu, load_cpu, wall = cpu_seconds(server.pid), time.process_time(), time.perf_counter()
                 busy, total = machine_busy()
                 url = f"http://127.0.0.1:{port}"
-                result = asyncio.run(episodes(url, folder, task, client, sequential, at_once, threads))
+                result = asyncio.run(episodes(url, folder, task, client, sequential, at_once, threads, agent))
                 wall = time.perf_counter() - wall
                 result["server_cpu"] = (cpu_seconds(server.pid) - server_cpu) / wall
                 result["load_cpu"] = (time.process_time() - load_cpu) / wall
@@ -269,7 +279,7 @@ def bench(sequential: int, at_once: int, port: int, threads: int = 64) -> dict[s
 def summary(result: dict[str, Any]) -> dict[str, float]:
     """The headline figures of a run (seconds)."""
     sequential = [start["total"] for start in result["sequential"]] or [math.nan]
-    together = [start["total"] for start in result["at_once"]]
+    together = [start["total"] for start in result["at_once"]] or [math.nan]
     figures = {
         "p50_s": percentile(sequential, 50),
         "p95_s": percentile(sequential, 95),
@@ -297,25 +307,30 @@ def main() -> None:
         default=64,
         help="worker threads for the docker calls (each running agent holds one); 0: asyncio's default",
     )
+    parser.add_argument(
+        "--agent",
+        choices=sorted(AGENT_COMMANDS),
+        default="minimal",
+        help="minimal: the minimal agent (openai SDK); stdlib: one call with urllib, no SDK to load",
+    )
     parser.add_argument("--port", type=int, default=18800)
     parser.add_argument("--quick", action="store_true", help="a short smoke: 3 one by one, then 4 at once")
     args = parser.parse_args()
     if args.quick:
         args.sequential, args.at_once = 3, 4
     pin_load()
-    result = bench(args.sequential, args.at_once, args.port, args.threads)
+    result = bench(args.sequential, args.at_once, args.port, args.threads, args.agent)
     figures = summary(result)
     print(f"one at a time ({args.sequential}): start p50 {figures['p50_s']:.2f} s, p95 {figures['p95_s']:.2f} s")
     print("  median of each step: " + ", ".join(f"{step} {figures[f'{step} s']:.3f} s" for step in STEPS))
     parts = result["agent_parts"]
     print("  the agent's start-up, measured apart: " + ", ".join(f"{p} {s:.3f} s" for p, s in parts.items()))
-    together = sorted(start["total"] for start in result["at_once"])
-    print(f"{args.at_once} at once: all first calls parked after {figures['at_once_all_parked_s']:.2f} s")
-    print("  each one's start (s): " + " ".join(f"{took:.2f}" for took in together))
-    print(
-        "  median of each step: "
-        + ", ".join(f"{step} {statistics.median(start[step] for start in result['at_once']):.3f} s" for step in STEPS)
-    )
+    if result["at_once"]:
+        together = result["at_once"]
+        print(f"{args.at_once} at once: all first calls parked after {figures['at_once_all_parked_s']:.2f} s")
+        print("  each one's start (s): " + " ".join(f"{start['total']:.2f}" for start in together))
+        medians = {step: statistics.median(start[step] for start in together) for step in STEPS}
+        print("  median of each step: " + ", ".join(f"{step} {took:.3f} s" for step, took in medians.items()))
     print(
         f"server cpu {figures['server_cpu']:.0%}, load cpu {figures['load_cpu']:.0%}, "
         f"whole machine {figures['machine_cpu']:.0%} of {os.cpu_count()} cores"
