@@ -145,7 +145,7 @@ def run_storage(args: argparse.Namespace) -> list[Result]:
     batches, most = ([64], 640) if args.quick else ([1, 64, 1024], 20000)
     columns = [
         ("batch", "batch", "d"),
-        ("turns", "turns", "d"),
+        ("turns", "turns", ",d"),
         ("turns/s", "turns_per_s", ",.0f"),
         ("µs per turn", "us_per_turn", ".0f"),
         ("store cpu", "store_cpu", ".0%"),

@@ -7,6 +7,8 @@ answers until every call is parked (GET /health counts them); then one trainer p
 4096 and answers each batch in one call, until every agent has its 200. The server's memory is read from
 /proc/<pid>/status (VmHWM, the peak resident set, and VmRSS, the resident set now). trajproxy runs pinned to
 core 0, the agents and the trainer in this process on core 1; both get an open-file limit above the count.
+Agents connect --connect-at-once at a time; the connections the kernel dropped meanwhile because trajproxy's
+listen queue was full are counted ("overflows", from /proc/net/netstat): each cost its agent a SYN retry.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, cpu_seconds, fresh_database, pin_load, raise_open_files, start_server
 from lean_http import Connection, request
 
-MiB = 1024 * 1024
 CHAT = orjson.dumps(
     {
         "model": "policy",

@@ -7,6 +7,7 @@ generator pins itself to core 1 (`pin_load`), so the two never share a core.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
 import secrets
@@ -38,7 +39,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def raise_open_files(wanted: int) -> int:
-    """Raise this process's open-file limit to `wanted` (at least its hard limit); returns the new soft limit."""
+    """Raise this process's open-file limit to `wanted` (past its hard limit only with the privilege to);
+    returns the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = max(wanted, soft)
     try:
@@ -97,8 +99,10 @@ def start_server(
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (q in 0..100, to a tenth)."""
-    return statistics.quantiles(values, n=1000)[int(q * 10) - 1] if len(values) > 1 else values[0]
+    """The q-th percentile (q in 0..100, to a tenth); nan if there are no values."""
+    if len(values) < 2:
+        return values[0] if values else math.nan
+    return statistics.quantiles(values, n=1000)[int(q * 10) - 1]
 
 
 @contextlib.contextmanager
