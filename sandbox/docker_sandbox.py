@@ -5,7 +5,9 @@ relay in `sandbox/gate.py`, listening on its own loopback and forwarding to traj
 which is mounted into it. The agent's container joins the gate's network namespace, so loopback is
 all it has and trajproxy is the only thing it can reach. (A Docker `internal` network would not do:
 it still lets a container reach every address of the host itself.) The docker SDK blocks, so every
-call runs on a worker thread.
+call runs on a worker thread of the sandboxes' own pool: a running agent's exec holds its thread for the
+whole run, and on asyncio's shared pool (a few threads per core) that would cap how many agents run at
+once and starve whatever else in the process uses it (an embedded trajproxy's reads and token counts).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import asyncio
 import io
 import tarfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
@@ -27,6 +32,14 @@ GATE_SOURCE = (Path(__file__).parent / "gate.py").read_text()
 GATE_MOUNT = "/run/trajproxy"
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
 _EXEC_GRACE_S = 30.0
+_MAX_THREADS = 1024  # started only as needed; about one per running agent
+
+T = TypeVar("T")
+
+
+async def _blocking(threads: ThreadPoolExecutor, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking docker call on the sandboxes' own threads."""
+    return await asyncio.get_running_loop().run_in_executor(threads, partial(call, *args, **kwargs))
 
 
 class DockerSandboxes:
@@ -53,6 +66,7 @@ class DockerSandboxes:
         self.proxy_port = proxy_port
         self.labels = {MANAGED: "1", **(labels or {})}  # on every container; prune() removes what carries them
         self._client = client
+        self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="trajproxy-docker")
 
     @property
     def base_url(self) -> str:
@@ -60,11 +74,11 @@ class DockerSandboxes:
         return f"http://127.0.0.1:{self.proxy_port}"
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
-        return await asyncio.to_thread(self._start, spec)
+        return await _blocking(self._threads, self._start, spec)
 
     async def prune(self) -> int:
         """Remove every container these sandboxes' labels mark (all of trajproxy's, by default); returns how many."""
-        return await asyncio.to_thread(self._prune)
+        return await _blocking(self._threads, self._prune)
 
     def _docker(self) -> Any:
         if self._client is None:
@@ -115,7 +129,7 @@ class DockerSandboxes:
         except docker.errors.DockerException as e:
             _remove(gate)
             raise SandboxError(f"could not start a sandbox from {spec.image!r}: {e}") from e
-        return DockerSandbox(agent, gate, spec.workdir)
+        return DockerSandbox(agent, gate, spec.workdir, self._threads)
 
     def _prune(self) -> int:
         selector = [f"{name}={value}" for name, value in self.labels.items()]
@@ -126,10 +140,11 @@ class DockerSandboxes:
 
 
 class DockerSandbox:
-    def __init__(self, agent: Any, gate: Any, workdir: str) -> None:
+    def __init__(self, agent: Any, gate: Any, workdir: str, threads: ThreadPoolExecutor) -> None:
         self._agent = agent
         self._gate = gate
         self._workdir = workdir
+        self._threads = threads
 
     @property
     def id(self) -> str:
@@ -141,8 +156,8 @@ class DockerSandbox:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s + _EXEC_GRACE_S):
-                exit_code, output = await asyncio.to_thread(
-                    self._agent.exec_run, argv, workdir=self._workdir, environment=env or {}
+                exit_code, output = await _blocking(
+                    self._threads, self._agent.exec_run, argv, workdir=self._workdir, environment=env or {}
                 )
         except TimeoutError:
             return ExecResult(exit_code=-1, output="", timed_out=True)
@@ -160,7 +175,7 @@ class DockerSandbox:
             info.mtime = int(time.time())
             archive.addfile(info, io.BytesIO(content))
         try:
-            await asyncio.to_thread(self._agent.put_archive, "/", buffer.getvalue())
+            await _blocking(self._threads, self._agent.put_archive, "/", buffer.getvalue())
         except docker.errors.DockerException as e:
             raise SandboxError(f"could not upload {path} to sandbox {self.id[:12]}: {e}") from e
 
@@ -175,13 +190,13 @@ class DockerSandbox:
                 return extracted.read()
 
         try:
-            return await asyncio.to_thread(fetch)
+            return await _blocking(self._threads, fetch)
         except docker.errors.DockerException as e:
             raise SandboxError(f"could not download {path} from sandbox {self.id[:12]}: {e}") from e
 
     async def stop(self) -> None:
-        await asyncio.to_thread(_remove, self._agent)
-        await asyncio.to_thread(_remove, self._gate)
+        await _blocking(self._threads, _remove, self._agent)
+        await _blocking(self._threads, _remove, self._gate)
 
 
 def _ensure_image(client: Any, image: str) -> None:

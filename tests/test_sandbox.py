@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,6 +64,38 @@ def test_an_agent_in_a_sandbox_talks_to_trajproxy_through_the_gate(
     assert turn.request["messages"][0]["content"] == "from the box"
     trainer.reply(turn.id, "hello, box")
     assert answer.result(timeout=60) == "hello, box"
+
+
+def test_more_agents_run_at_once_than_asyncio_has_default_threads(
+    proxied: Any, sandboxes: DockerSandboxes, background: Any
+) -> None:
+    """A running agent's exec holds a thread for its whole run: every one of more agents than asyncio's default
+    pool has threads must be running at once, each parked at trajproxy, before any of them is answered."""
+    trainer = TrainerClient(proxied.url)
+    count = min(32, (os.cpu_count() or 1) + 4) + 2  # asyncio's default pool size, and then some
+    episodes = [trainer.create_episode() for _ in range(count)]
+
+    async def one(key: str) -> str:
+        box = await sandboxes.start(SandboxSpec(IMAGE, env={"OPENAI_API_KEY": key}))
+        try:
+            result = await box.exec(f"python3 -c '{AGENT_CALL}'", timeout_s=120)
+            assert result.ok, result.output
+            return result.output.strip()
+        finally:
+            await box.stop()
+
+    async def scenario() -> list[str]:
+        return list(await asyncio.gather(*(one(episode.key) for episode in episodes)))
+
+    answers = background(run, scenario())
+    parked: list[Any] = []
+    deadline = time.monotonic() + 120
+    while len(parked) < count and time.monotonic() < deadline:
+        parked += trainer.next_turns(max=count, wait_s=5)
+    assert len(parked) == count, f"only {len(parked)} of {count} agents were running at once"
+    for turn in parked:
+        trainer.reply(turn.id, f"hello, {turn.episode_id}")
+    assert sorted(answers.result(timeout=120)) == sorted(f"hello, {episode.id}" for episode in episodes)
 
 
 CONNECT = """
