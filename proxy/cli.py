@@ -14,6 +14,10 @@ from pydantic import ValidationError
 from proxy import __version__
 from proxy.settings import Settings
 
+# Thousands of agents may connect in one burst at the start of a run; a short accept queue turns the overflow into
+# SYN retries, a second or more each. The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 16384
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trajproxy", description=__doc__)
@@ -92,6 +96,7 @@ def serve(settings: Settings) -> None:
         access_log=False,  # paths may carry episode keys (/e/<key>/...)
         timeout_keep_alive=75,
         timeout_graceful_shutdown=5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
+        backlog=LISTEN_BACKLOG,  # uvicorn listens again on the sockets it is given, with this backlog
     )
     try:
         sockets = listen(settings)
@@ -107,12 +112,13 @@ def serve(settings: Settings) -> None:
 def listen(settings: Settings) -> list[socket.socket]:
     """The TCP socket trainers and agents use, and the Unix socket sandboxes' gates relay to, if any."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sockets = [socket.create_server((settings.host, settings.port), family=family)]
+    sockets = [socket.create_server((settings.host, settings.port), family=family, backlog=LISTEN_BACKLOG)]
     if settings.socket_path:
         path = Path(settings.socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         unix.bind(str(path))
+        unix.listen(LISTEN_BACKLOG)
         sockets.append(unix)
     return sockets

@@ -34,7 +34,7 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.cli import listen
+    from proxy.cli import LISTEN_BACKLOG, listen
 
     with tempfile.TemporaryDirectory(prefix="trajproxy-") as folder:
         config = Settings(port=port, database_url=database_url, socket_path=f"{folder}/proxy.sock", **settings)
@@ -43,7 +43,13 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
         except OSError as e:
             raise CannotListen(f"cannot listen on port {port} ({e})") from e
         server = _embedded_server(
-            uvicorn.Config(create_app(config), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+            uvicorn.Config(
+                create_app(config),
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=2,
+                backlog=LISTEN_BACKLOG,
+            )
         )
         serving = asyncio.create_task(server.serve(sockets=sockets))
         while not server.started:

@@ -131,6 +131,18 @@ def test_serve_answers_health_on_a_sqlite_file_in_wal_mode(tmp_path: Path) -> No
         assert "Application shutdown complete" in served.output()
 
 
+def test_the_listening_socket_queues_a_burst_of_connections(tmp_path: Path) -> None:
+    """Thousands of agents connect at once when a run starts: the accept queue is as long as the kernel allows
+    (up to 16,384), not uvicorn's default of 2,048."""
+    port = free_port()
+    with serving(["--port", str(port), "--database-url", f"sqlite:///{tmp_path}/x.db"], tmp_path) as served:
+        served.wait_healthy(port)
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True)
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    backlog = int(listening.stdout.split()[2])  # for a listening socket, Send-Q is its backlog
+    assert backlog == min(16384, somaxconn), listening.stdout
+
+
 def test_default_database_is_trajproxy_db_in_the_working_directory(tmp_path: Path) -> None:
     port = free_port()
     with serving(["--port", str(port)], tmp_path) as served:
