@@ -88,7 +88,8 @@ import sqlalchemy
 from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.core import keys
 from proxy.core.broker import Broker
-from proxy.http.gate import MAX_JSON_DEPTH, TrainerGate
+from proxy.http.edge import MAX_JSON_DEPTH
+from proxy.http.gate import TrainerGate
 from proxy.storage.sql import engine_url
 from sandbox.containers import Limits, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
@@ -753,11 +754,6 @@ def deep_agent_bodies(value: str) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent routes take JSON nested 255-1024 levels deep, then fail when storing it (503 storage_error): "
-    "proxy/http/edge.py read_json lacks the nesting check TrainerGate makes",
-)
 def test_deeply_nested_json_is_a_clear_400_on_agent_routes(server: Any, trainer: TrainerClient) -> None:
     base = server.url
     episode = trainer.create_episode()

@@ -68,13 +68,41 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+# Deeper JSON parses (orjson reads 1,024 levels) but cannot be stored or sent back: orjson writes 255 levels at most.
+MAX_JSON_DEPTH = 128
+TOO_DEEP = f"request body nests JSON arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+
+
+def nested_too_deep(raw: bytes, value: Any) -> bool:
+    """Whether the JSON `value` (parsed from `raw`) nests arrays and objects deeper than MAX_JSON_DEPTH levels.
+    A body with fewer brackets than that cannot, which settles almost every body without a look inside."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    level, depth = [value], 0
+    while level:  # breadth first, one level at a time
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            return True
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+    return False
+
+
 async def read_json(scope: Scope, receive: Receive, limit_bytes: int) -> tuple[bytes, JsonObject]:
-    """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object."""
+    """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object of bounded nesting."""
     raw = await read_body(scope, receive, limit_bytes)
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        if str(e).startswith("depth limit exceeded"):
+            raise errors.BadRequest(TOO_DEEP) from None
         raise errors.BadRequest(f"request body is not valid JSON: {e}") from None
+    if isinstance(body, dict | list) and nested_too_deep(raw, body):
+        raise errors.BadRequest(TOO_DEEP)
     if not isinstance(body, dict):
         raise errors.BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
     return raw, body

@@ -3,18 +3,23 @@ reads the body."""
 
 from __future__ import annotations
 
-import json
-
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorized
 from proxy.core.keys import same_secret
-from proxy.http.edge import error_body, parse_bearer, read_body, replay, status_of
+from proxy.http.edge import (
+    MAX_JSON_DEPTH,
+    TOO_DEEP,
+    error_body,
+    nested_too_deep,
+    parse_bearer,
+    read_body,
+    replay,
+    status_of,
+)
 
 OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; no data
-MAX_JSON_DEPTH = 128  # well inside what storage's serialiser takes (orjson stops at 255 levels)
-_PARSER_DEPTH = 1024  # how deep orjson.loads goes before it gives up (documented)
 
 
 class TrainerGate:
@@ -36,8 +41,8 @@ class TrainerGate:
                 raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
             self._check_token(scope)
             body = await read_body(scope, receive, self._max_body_bytes)
-            if nested_deeper(body, MAX_JSON_DEPTH):
-                raise BadRequest(f"request body nests JSON arrays and objects deeper than {MAX_JSON_DEPTH} levels")
+            if too_deep(body):
+                raise BadRequest(TOO_DEEP)
         except TrajproxyError as e:
             await _refuse(send, e)
             return
@@ -51,34 +56,15 @@ class TrainerGate:
             raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
 
 
-def nested_deeper(body: bytes, limit: int) -> bool:
-    """Whether the JSON in `body` nests arrays and objects more than `limit` levels deep. Such a body parses, but
-    later fails where a serialiser gives up (a 500, or a 503 from storage)."""
-    if body.count(b"[") + body.count(b"{") <= limit:  # the usual case: too few brackets to nest that deep
+def too_deep(body: bytes) -> bool:
+    """Whether the body is JSON nested deeper than MAX_JSON_DEPTH (malformed JSON is its route's to refuse)."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
         return False
-    # The parser, in C, does the counting: wrapped in (its depth - limit) arrays, the body is too deep for it
-    # exactly when it nests more than `limit` levels, or when it is not JSON at all.
-    padding = _PARSER_DEPTH - limit
     try:
-        orjson.loads(b"[" * padding + body + b"]" * padding)
-    except orjson.JSONDecodeError:
-        return _json_too_deep(body)
-    return False
-
-
-def _json_too_deep(body: bytes) -> bool:
-    """Whether a body the padded parse refused is JSON (only too deep) rather than malformed (its route says how)."""
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError:
-        try:
-            json.loads(body)
-        except RecursionError:
-            return True  # deeper than either parser goes
-        except ValueError:
-            return False
-        return False  # JSON that orjson does not take (NaN)
-    return True
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return str(e).startswith("depth limit exceeded")
+    return nested_too_deep(body, value)
 
 
 async def _refuse(send: Send, error: TrajproxyError) -> None:
