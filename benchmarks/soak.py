@@ -26,7 +26,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
@@ -243,8 +243,19 @@ async def drained(port: int, timeout_s: float) -> bool:
     return False
 
 
-def recorded(database_url: str) -> list[tuple[str, str, int, str, str | None, str | None]]:
-    """Every turn in the database: (episode, text, seq, status, reply text, reason)."""
+class Row(NamedTuple):
+    """A turn as the database has it."""
+
+    episode_id: str
+    text: str
+    seq: int
+    status: str
+    reply: str | None
+    reason: str | None
+
+
+def recorded(database_url: str) -> list[Row]:
+    """Every turn in the database."""
     engine = sqlalchemy.create_engine(engine_url(database_url))
     try:
         with engine.connect() as conn:
@@ -256,34 +267,38 @@ def recorded(database_url: str) -> list[tuple[str, str, int, str, str | None, st
         reply = orjson.loads(row.reply) if isinstance(row.reply, str | bytes) else row.reply
         text = orjson.loads(bytes(row.wire))["messages"][-1]["content"]
         said = reply["message"]["content"] if reply and reply.get("message") else None
-        turns.append((row.episode_id, text, row.seq, row.status, said, row.reason))
+        turns.append(Row(row.episode_id, text, row.seq, row.status, said, row.reason))
     return turns
 
 
-def account(calls: list[Call], turns: list[tuple[str, str, int, str, str | None, str | None]]) -> dict[str, int]:
-    """Match the agents' log against the database."""
-    by_text: dict[str, list[tuple[str, str, int, str, str | None, str | None]]] = {}
+def account(calls: list[Call], turns: list[Row]) -> tuple[Counter[str], list[str]]:
+    """Match the agents' log against the database: the figures, and what went wrong with which call."""
+    by_text: dict[str, list[Row]] = {}
     for turn in turns:
-        by_text.setdefault(turn[1], []).append(turn)
+        by_text.setdefault(turn.text, []).append(turn)
     figures = Counter({"lost": 0, "duplicated": 0, "unknown": 0, "open": 0, "gaps": 0})
+    cases = []
     for record in calls:
         mine = by_text.pop(record.text, [])
-        figures["duplicated"] += max(0, len(mine) - 1)
-        statuses = {turn[3] for turn in mine}
-        if record.outcome == "answered":
-            lost = statuses != {"answered"} or mine[0][4] != record.content or record.content != f"re: {record.text}"
+        if record.outcome == "answered":  # the agent's answer is on record, from the one turn of its call
+            lost = record.content != f"re: {record.text}" or not any(
+                turn.status == "answered" and turn.reply == record.content for turn in mine
+            )
         elif record.outcome == "expired":
-            lost = statuses != {"expired"}
-        else:  # hung up (or refused): at most one turn, and closed
+            lost = not any(turn.status == "expired" for turn in mine)
+        else:  # given up on: at most one turn (checked below), whatever became of it
             lost = False
         figures["lost"] += lost
+        figures["duplicated"] += max(0, len(mine) - 1)
+        if lost or len(mine) > 1:
+            cases.append(f"{record} -> {mine}")
     figures["unknown"] = sum(len(left) for left in by_text.values())
-    figures["open"] = sum(turn[3] in ("parked", "leased") for turn in turns)
+    figures["open"] = sum(turn.status in ("parked", "leased") for turn in turns)
     seqs: dict[str, list[int]] = {}
     for turn in turns:
-        seqs.setdefault(turn[0], []).append(turn[2])
+        seqs.setdefault(turn.episode_id, []).append(turn.seq)
     figures["gaps"] = sum(sorted(numbers) != list(range(len(numbers))) for numbers in seqs.values())
-    return figures
+    return figures, cases
 
 
 class Complaints:
@@ -391,11 +406,11 @@ def run(
         server.send_signal(signal.SIGINT)
         server.wait(60)
     turns = recorded(database_url)
-    figures = account(soak.calls, turns)
+    figures, cases = account(soak.calls, turns)
     outcomes = Counter(
         record.outcome.split()[0] if record.outcome.startswith("error") else record.outcome for record in soak.calls
     )
-    statuses = Counter(turn[3] for turn in turns)
+    statuses = Counter(turn.status for turn in turns)
     warm = samples[len(samples) // 5][1]  # after a fifth of the run: caches (recent turns, pools) have filled
     start, end, peak = samples[0][1], samples[-1][1], max(rss for _, rss in samples)
     growth = (end - warm) / warm
@@ -423,6 +438,8 @@ def run(
         f"({growth:+.1%} after warm-up: {'flat' if flat else 'GROWING'}); server cpu {cpu / wall:.0%} of a core"
     )
     print("memory samples (MiB): " + " ".join(f"{rss / MIB:.0f}" for _, rss in samples[:: max(1, len(samples) // 20)]))
+    for case in cases[:10]:
+        print(f"  {case}")
     print(f"server errors logged during the run: {complained[0]}")
     if complained[0]:
         print(complained[1])

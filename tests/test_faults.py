@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -79,11 +81,28 @@ def answer(trainer: TrainerClient, turns: list[Any]) -> None:
         trainer.reply(turn.id, f"re: {asked(turn)}", lease_id=turn.lease_id)
 
 
+def chat_body(text: str) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+
+
 def raw_call(url: str, key: str, text: str, retry: int, timeout_s: float) -> httpx.Response:
     """A call as an SDK sends it, attempt number included."""
-    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
-    headers = {"authorization": f"Bearer {key}", "x-stainless-retry-count": str(retry)}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=timeout_s)
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    headers["x-stainless-retry-count"] = str(retry)
+    return httpx.post(f"{url}/v1/chat/completions", content=chat_body(text), headers=headers, timeout=timeout_s)
+
+
+def held_call(port: int, key: str, text: str) -> socket.socket:
+    """A first attempt of a call (the same bytes as `raw_call`'s) on a bare socket: its agent hangs up when the
+    socket is closed."""
+    body = chat_body(text)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\nx-stainless-retry-count: 0\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    sock.sendall(head.encode() + body)
+    return sock
 
 
 def recorded(database_url: str) -> list[dict[str, Any]]:
@@ -213,10 +232,10 @@ def test_a_proxy_killed_mid_turn_comes_back_with_every_turn(
 
         # An agent that hung up on two calls at once while they were leased; their replies, recorded just before
         # the crash, never reached it.
-        hanging_up = [background(raw_call, url, hung_up_episode.key, f"hung up {n}", 0, 2.0) for n in (1, 2)]
+        hanging_up = [held_call(port, hung_up_episode.key, f"hung up {n}") for n in (1, 2)]
         hung_up = sorted(pull(trainer, 2, episode=hung_up_episode.id), key=asked)
-        for call in hanging_up:
-            assert isinstance(call.exception(timeout=WAIT_S), httpx.ReadTimeout)
+        for sock in hanging_up:
+            sock.close()
         for turn in hung_up[::-1]:
             trainer.reply(turn.id, f"recorded for {asked(turn)}", lease_id=turn.lease_id)
 
@@ -368,6 +387,33 @@ def test_a_call_a_model_was_answering_at_the_crash_goes_to_the_model_again(
         assert turn.status == "answered"
         assert turn.reply is not None and turn.reply.answered_by == "model:openai/gpt-4o-mini"
     assert slow_model.calls == 2
+
+
+# A database that stalls
+
+
+@sqlite_only
+@pytest.mark.settings(retry_grace_s=10)
+def test_a_retry_while_its_first_attempt_is_still_being_recorded_joins_that_turn(
+    server: LiveServer, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    database = server.settings.database_url.removeprefix("sqlite:///")
+    stall = sqlite3.connect(database, isolation_level=None, timeout=WAIT_S)
+    try:
+        stall.execute("BEGIN IMMEDIATE")  # the disk stalls: no write commits until it is over
+        first = held_call(int(server.url.rsplit(":", 1)[1]), episode.key, "slow disk")
+        wait_until(lambda: trainer.episode(episode.id).status == "running")  # its turn is being recorded
+        first.close()  # the agent gives up on it and retries, as SDKs do
+        retry = background(raw_call, server.url, episode.key, "slow disk", 1, WAIT_S)
+        time.sleep(1.0)  # time for the retry to arrive while the first attempt's turn is still unrecorded
+    finally:
+        stall.execute("ROLLBACK")
+        stall.close()
+    [turn] = pull(trainer, 1)
+    answer(trainer, [turn])
+    assert retry.result(timeout=WAIT_S).json()["choices"][0]["message"]["content"] == "re: slow disk"
+    assert [(t["text"], t["status"]) for t in recorded(server.settings.database_url)] == [("slow disk", "answered")]
 
 
 # A trainer that crashes, or freezes, holding leases

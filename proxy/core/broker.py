@@ -15,7 +15,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.core.branches import Branches
@@ -64,12 +64,14 @@ Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (
 
 @dataclass(eq=False, slots=True)
 class _Live:
-    """An open episode this process serves: its latest state, what it has used, and its branches."""
+    """An open episode this process serves: its latest state, what it has used, its branches, and the calls
+    whose turns are being written (each body by the future its write resolves)."""
 
     episode: Episode
     next_seq: int
     tokens: int
     branches: Branches
+    recording: dict[asyncio.Future[None], bytes] = field(default_factory=dict)
 
 
 class Broker:
@@ -276,7 +278,7 @@ class Broker:
         live = await self._live_episode(episode_id)
         if live is None:
             raise self._closed_error(await self.episode(episode_id))
-        if retry and (same := await self._retried(episode_id, wire)) is not None:
+        if retry and (same := await self._retried(live, wire)) is not None:
             return same
         if self._pause is not None and self._pause[0] == "reject":
             raise Paused("the trainer has paused new calls (a policy update); retry shortly", self._pause[1])
@@ -307,7 +309,13 @@ class Broker:
         if live.episode.status is EpisodeStatus.PENDING:
             live.episode = replace(live.episode, status=EpisodeStatus.RUNNING, started_at=now)
             self._submit(self._store.save_episode(live.episode))
-        await self._store.add_turn(turn)
+        recorded = asyncio.get_running_loop().create_future()
+        live.recording[recorded] = wire
+        try:
+            await self._store.add_turn(turn)
+        finally:  # a retry of this call that came meanwhile finds the turn in the lot once it resumes
+            del live.recording[recorded]
+            recorded.set_result(None)
         if live.episode.status.closed:
             failed = replace(turn, status=TurnStatus.FAILED, ended_at=self._now(), reason="episode closed")
             self._submit(self._store.save_turns([failed]))
@@ -394,9 +402,13 @@ class Broker:
                 if original is not None and original != echoed and _same_json(original, echoed):
                     function["arguments"] = original
 
-    async def _retried(self, episode_id: str, wire: bytes) -> Slot | None:
-        """The turn an SDK retry with this exact body belongs to: still open, or answered, its reply lost on the
-        way (the agent hung up, or the proxy stopped before sending it); the retry then gets that reply again."""
+    async def _retried(self, live: _Live, wire: bytes) -> Slot | None:
+        """The turn an SDK retry with this exact body belongs to: still open (or still being written), or
+        answered, its reply lost on the way (the agent hung up, or the proxy stopped before sending it); the
+        retry then gets that reply again."""
+        for write in [write for write, body in live.recording.items() if body == wire]:
+            await asyncio.shield(write)
+        episode_id = live.episode.id
         for slot in self._lot.of_episode(episode_id):
             if slot.turn.wire == wire:
                 slot.exchanges += 1
