@@ -56,7 +56,7 @@ _RECENT_TURNS = 4096
 _HUNG_UP = "the agent disconnected before a reply"
 _NOT_BACK = "the proxy restarted and the agent did not come back for its turn"
 _CLOSED_EPISODES = 100_000
-_RETRY_LOOKBACK = 16  # answered turns of an episode a retry's body is looked for among: its calls in flight at once
+_RETRY_LOOKBACK = 16  # an episode's latest answers a retry is matched against (more than its calls at once)
 _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
