@@ -368,7 +368,7 @@ def main() -> None:
     pin_load()
     seconds = 20.0 if args.quick else args.minutes * 60
     every_s = (2.0, 5.0) if args.quick else (3.0, 15.0)
-    sample_s = 1.0 if args.quick else 5.0
+    sample_s = max(0.5, min(5.0, seconds / 60))  # enough samples for a warm-up fifth, even in a short run
     with tempfile.TemporaryDirectory() as folder:
         database_url = args.database_url or f"sqlite:///{folder}/soak.db"
         sys.exit(run(args.port, database_url, args.agents, seconds, args.think_s, every_s, sample_s))
