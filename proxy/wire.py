@@ -8,7 +8,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request: unknown fields and values of another JSON type (`true` for a number, "5" for an integer)
+    are refused, as the schema says, rather than coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class _Open(BaseModel):
@@ -16,6 +19,51 @@ class _Open(BaseModel):
 
 
 # Requests
+#
+# Whatever a request carries is stored and served back as JSON, so it must be JSON that can be written out again:
+# valid Unicode (Python's own JSON parser lets lone surrogates through) and integers within 64 bits. Strings
+# stored as text columns (names, ids, reasons) also may not hold U+0000, which Postgres text cannot.
+
+_INT64 = (-(2**63), 2**63 - 1)
+_INT32_MAX = 2**31 - 1  # counts stored in INTEGER columns
+
+
+def _unicode(text: str) -> str:
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode: a lone surrogate (U+D800 to U+DFFF) cannot be stored") from None
+    return text
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("must not contain U+0000")
+    return _unicode(text)
+
+
+def _storable(value: Any) -> Any:
+    """Refuse free-form JSON that could not be stored and served back: see the note above. (Nesting is bounded
+    before any route reads a body.)"""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _unicode(item)
+        elif isinstance(item, int) and not _INT64[0] <= item <= _INT64[1]:
+            raise ValueError(f"integers must fit in 64 bits; {item} does not")
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+Name = Annotated[str, AfterValidator(_no_nul)]
+Json = Annotated[dict[str, Any], AfterValidator(_storable)]
+TokenId = Annotated[int, Field(ge=_INT64[0], le=_INT64[1])]
 
 
 def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
@@ -28,15 +76,15 @@ def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-ModelOptions = Annotated[dict[str, Any], AfterValidator(_no_credentials)]
+ModelOptions = Annotated[Json, AfterValidator(_no_credentials)]
 
 
 class RouteIn(_Strict):
     """Send the calls that match to `model` (a litellm name), answered without the trainer, not trainable."""
 
-    model: str = Field(min_length=1)
-    when_model: str | None = Field(default=None, min_length=1, description="a glob on the model the agent asks for")
-    when_system: str | None = Field(default=None, min_length=1, description="text in the call's system prompt")
+    model: Name = Field(min_length=1)
+    when_model: Text | None = Field(default=None, min_length=1, description="a glob on the model the agent asks for")
+    when_system: Text | None = Field(default=None, min_length=1, description="text in the call's system prompt")
     options: ModelOptions = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -47,27 +95,27 @@ class RouteIn(_Strict):
 
 
 class EpisodeCreate(_Strict):
-    task: str = ""
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    task: Name = ""
+    metadata: Json = Field(default_factory=dict)
     turn_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
-    policy: str = Field(
+    policy: Name = Field(
         default="trainer", pattern=r"^(trainer|model:.+)$", description="trainer, or model:NAME (any litellm model)"
     )
     policy_options: ModelOptions = Field(default_factory=dict)
     routes: list[RouteIn] = Field(default_factory=list, max_length=100)
-    max_turns: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1, le=_INT32_MAX)
+    max_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     deadline_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="seconds from creation")
     on_budget: Literal["reject", "finish"] = "reject"
 
 
 class FunctionCall(_Strict):
-    name: str = Field(min_length=1)
-    arguments: str | dict[str, Any] = "{}"
+    name: Text = Field(min_length=1)
+    arguments: Text | Json = "{}"
 
 
 class ToolCall(_Strict):
-    id: str | None = None
+    id: Text | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -75,20 +123,28 @@ class ToolCall(_Strict):
 class Message(_Open):
     """An assistant message in chat shape; extra fields (`reasoning_content`, …) are passed to the agent."""
 
+    model_config = ConfigDict(extra="allow", strict=True)
+
     role: Literal["assistant"] = "assistant"
-    content: str | None = None
+    content: Text | None = None
     tool_calls: list[ToolCall] | None = None
+
+    @model_validator(mode="after")
+    def _storable_extras(self) -> Message:
+        if self.model_extra:
+            _storable(self.model_extra)
+        return self
 
 
 class UsageIn(_Strict):
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=0, le=_INT32_MAX)
+    completion_tokens: int = Field(ge=0, le=_INT32_MAX)
 
 
 class AgentErrorIn(_Strict):
     status: int = Field(ge=400, le=599)
-    message: str
-    type: str = "server_error"
+    message: Text
+    type: Text = "server_error"
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
@@ -101,11 +157,11 @@ class ReplyIn(_Strict):
     error: AgentErrorIn | None = None
     finish_reason: FinishReason | None = None
     usage: UsageIn | None = None
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    completion_token_ids: list[TokenId] | None = None
     logprobs: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
-    policy_version: str | None = None
-    lease_id: str | None = None
+    policy_version: Name | None = None
+    lease_id: Text | None = None
 
     @model_validator(mode="after")
     def _message_or_error(self) -> ReplyIn:
@@ -117,19 +173,19 @@ class ReplyIn(_Strict):
 class ForwardIn(_Strict):
     """Answer a turn from a model through litellm; `options` go to the call (api_base, temperature, …)."""
 
-    model: str = Field(min_length=1)
-    options: dict[str, Any] = Field(default_factory=dict)
-    lease_id: str | None = None
+    model: Name = Field(min_length=1)
+    options: Json = Field(default_factory=dict)
+    lease_id: Text | None = None
 
 
 class ReplyItem(ReplyIn):
-    turn_id: str = Field(min_length=1)
+    turn_id: Name = Field(min_length=1)
 
 
 class TurnsQuery(BaseModel):
     """Which parked turns to lease: from one episode or any, how many, how long to wait for the first."""
 
-    episode: str | None = Field(default=None, description="only this episode's turns")
+    episode: Name | None = Field(default=None, description="only this episode's turns")
     max: int = Field(default=1, ge=1, le=4096, description="the most turns to lease at once")
     wait: float = Field(default=0, ge=0, le=600, description="seconds to wait for the first turn")
     lease: float | None = Field(default=None, gt=0, le=86400, description="seconds until unanswered turns return")
@@ -156,20 +212,20 @@ class PauseState(_Open):
 class StepIn(ReplyIn):
     """The action for the episode's current call (or for `turn_id`), as a reply."""
 
-    turn_id: str | None = None
+    turn_id: Name | None = None
 
 
 class FinishIn(_Strict):
     status: Literal["finished", "failed", "cancelled"] = "finished"
-    reason: str | None = None
+    reason: Name | None = None
 
 
 class RewardIn(_Strict):
-    name: str = Field(default="reward", min_length=1, max_length=200)
+    name: Name = Field(default="reward", min_length=1, max_length=200)
     value: float = Field(allow_inf_nan=False)
-    turn_id: str | None = None
-    source: str = Field(default="trainer", min_length=1, max_length=200)
-    info: dict[str, Any] = Field(default_factory=dict)
+    turn_id: Name | None = None
+    source: Name = Field(default="trainer", min_length=1, max_length=200)
+    info: Json = Field(default_factory=dict)
 
 
 # Responses

@@ -14,7 +14,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call, messages_of
+from proxy.dialects.dialect import Call, check_id, check_model, messages_of, text_field
 
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -28,6 +28,7 @@ class AnthropicDialect:
     keepalive = b'event: ping\ndata: {"type":"ping"}\n\n'
 
     def parse(self, body: JsonObject) -> Call:
+        check_model(body)
         messages = messages_of(body)
         chat: list[JsonObject] = []
         if (system := body.get("system")) is not None:
@@ -36,6 +37,8 @@ class AnthropicDialect:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"messages.{index}: must be an object with a string 'role' (user or assistant)")
             chat.extend(_to_chat(message, index))
+        if not chat:
+            raise BadRequest("messages: the conversation is empty (every message has empty content)")
         request = {k: v for k, v in body.items() if k not in CONVERTED}
         request["messages"] = chat
         if isinstance(tools := body.get("tools"), list):
@@ -110,7 +113,9 @@ def _to_chat(message: JsonObject, index: int) -> list[JsonObject]:
     if role == "assistant":
         return [_assistant(content, index)]
     results = [
-        _tool_result(block) for block in content if isinstance(block, dict) and block.get("type") == "tool_result"
+        _tool_result(block, f"messages.{index}.content.{n}")
+        for n, block in enumerate(content)
+        if isinstance(block, dict) and block.get("type") == "tool_result"
     ]
     parts = [_part(block) for block in content if not (isinstance(block, dict) and block.get("type") == "tool_result")]
     return results + ([{"role": "user", "content": parts}] if parts else [])
@@ -119,13 +124,14 @@ def _to_chat(message: JsonObject, index: int) -> list[JsonObject]:
 def _assistant(content: list[Any], index: int) -> JsonObject:
     message: JsonObject = {"role": "assistant", "content": None}
     texts, calls, thinking = [], [], []
-    for block in content:
+    for n, block in enumerate(content):
         if not isinstance(block, dict):
             raise BadRequest(f"messages.{index}.content: each block must be an object")
         kind = block.get("type")
         if kind == "text":
-            texts.append(block.get("text", ""))
+            texts.append(text_field(block.get("text", ""), f"messages.{index}.content.{n}.text"))
         elif kind == "tool_use":
+            check_id(block.get("id"), f"messages.{index}.content.{n}.id")
             arguments = orjson.dumps(block.get("input", {})).decode()
             calls.append(
                 {
@@ -146,8 +152,11 @@ def _assistant(content: list[Any], index: int) -> JsonObject:
     return message
 
 
-def _tool_result(block: JsonObject) -> JsonObject:
+def _tool_result(block: JsonObject, where: str) -> JsonObject:
     content = block.get("content", "")
+    if content is not None and not isinstance(content, str | list):
+        raise BadRequest(f"{where}.content must be a string or an array of content blocks")
+    check_id(block.get("tool_use_id"), f"{where}.tool_use_id")
     message: JsonObject = {
         "role": "tool",
         "tool_call_id": block.get("tool_use_id"),

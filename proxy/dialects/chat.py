@@ -8,7 +8,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call, messages_of
+from proxy.dialects.dialect import Call, check_id, check_model, messages_of
 
 DONE = b"data: [DONE]\n\n"
 
@@ -18,14 +18,14 @@ class ChatDialect:
     keepalive = b": keep-alive\n\n"
 
     def parse(self, body: JsonObject) -> Call:
-        messages = messages_of(body)
-        for index, message in enumerate(messages):
+        check_model(body)
+        for index, message in enumerate(messages_of(body)):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"messages[{index}] must be an object with a string 'role'")
+            _check_tool_ids(message, f"messages[{index}]")
         _expect(body, "tools", list, "an array of tool objects")
         _expect(body, "stream", bool, "a boolean")
         _expect(body, "stream_options", dict, "an object")
-        _expect(body, "model", str, "a string")
         if body.get("n") not in (None, 1):
             raise BadRequest("only n=1 is supported: each call is one turn with one reply")
         options = body.get("stream_options") or {}
@@ -82,6 +82,17 @@ class ChatDialect:
 
     def stream_error(self, status: int, kind: str, message: str) -> bytes:
         return _event(_error(kind, message))
+
+
+def _check_tool_ids(message: JsonObject, where: str) -> None:
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise BadRequest(f"{where}.tool_calls must be an array of tool calls")
+    for index, call in enumerate(calls or ()):
+        if not isinstance(call, dict):
+            raise BadRequest(f"{where}.tool_calls[{index}] must be an object")
+        check_id(call.get("id"), f"{where}.tool_calls[{index}].id")
+    check_id(message.get("tool_call_id"), f"{where}.tool_call_id")
 
 
 def _expect(body: JsonObject, field: str, kind: type, described: str) -> None:

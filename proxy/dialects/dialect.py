@@ -49,3 +49,26 @@ def messages_of(body: JsonObject) -> list[Any]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array of message objects")
     return messages
+
+
+def check_model(body: JsonObject) -> None:
+    """A `model`, if the body names one, is a string without U+0000: it is stored as text (Postgres text cannot
+    hold a NUL)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, not {type(model).__name__}")
+    if model is not None and "\x00" in model:
+        raise BadRequest("'model' must not contain U+0000")
+
+
+def check_id(value: Any, where: str) -> None:
+    """Tool call ids are compared and looked up as strings; anything else is refused."""
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"{where} must be a string, not {type(value).__name__}")
+
+
+def text_field(value: Any, where: str) -> str:
+    """A field that must hold text (a block's `text`, say), or BadRequest."""
+    if not isinstance(value, str):
+        raise BadRequest(f"{where} must be a string, not {type(value).__name__}")
+    return value

@@ -14,7 +14,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call
+from proxy.dialects.dialect import Call, check_id, check_model, text_field
 
 CONVERTED = {"input", "tools", "tool_choice", "max_output_tokens"}
 RESPONSE_PREFIX = "resp_"
@@ -25,6 +25,7 @@ class ResponsesDialect:
     keepalive = b": keep-alive\n\n"
 
     def parse(self, body: JsonObject) -> Call:
+        check_model(body)
         items = body.get("input")
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
@@ -36,7 +37,9 @@ class ResponsesDialect:
         for index, item in enumerate(items):
             if not isinstance(item, dict):
                 raise BadRequest(f"input[{index}] must be an object")
-            _add_item(messages, item)
+            _add_item(messages, item, f"input[{index}]")
+        if not messages and body.get("previous_response_id") is None:
+            raise BadRequest("'input' is empty: there is nothing to respond to")
         request = {k: v for k, v in body.items() if k not in CONVERTED}
         request["messages"] = messages
         if isinstance(tools := body.get("tools"), list):
@@ -95,13 +98,15 @@ class ResponsesDialect:
         return _frame("error", {**error, "error": {"type": kind, "message": message}})
 
 
-def _add_item(messages: list[JsonObject], item: JsonObject) -> None:
+def _add_item(messages: list[JsonObject], item: JsonObject, where: str) -> None:
     kind = item.get("type", "message")
+    if kind in ("function_call", "function_call_output"):
+        check_id(item.get("call_id"), f"{where}.call_id")
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise BadRequest(f"an input message needs a role of user, assistant, system or developer, not {role!r}")
-        messages.append({"role": role, "content": _content(item.get("content"), role)})
+        messages.append({"role": role, "content": _content(item.get("content"), role, f"{where}.content")})
     elif kind == "function_call":
         call = {
             "id": item.get("call_id"),
@@ -111,6 +116,8 @@ def _add_item(messages: list[JsonObject], item: JsonObject) -> None:
         _assistant(messages).setdefault("tool_calls", []).append(call)
     elif kind == "function_call_output":
         output = item.get("output", "")
+        if not isinstance(output, str | list):
+            raise BadRequest(f"{where}.output must be a string or an array of content parts")
         content = output if isinstance(output, str) else [_part(part) for part in output]
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
     elif kind == "reasoning":
@@ -127,13 +134,13 @@ def _assistant(messages: list[JsonObject]) -> JsonObject:
     return messages[-1]
 
 
-def _content(content: Any, role: str) -> Any:
+def _content(content: Any, role: str, where: str) -> Any:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise BadRequest("message content must be a string or an array of content parts")
+        raise BadRequest(f"{where} must be a string or an array of content parts")
     if role == "assistant" and all(isinstance(p, dict) and p.get("type") == "output_text" for p in content):
-        return "".join(part.get("text", "") for part in content)
+        return "".join(text_field(part.get("text", ""), f"{where}[{n}].text") for n, part in enumerate(content))
     return [_part(part) for part in content]
 
 
