@@ -70,7 +70,11 @@ def table(title: str, columns: Sequence[Column], rows: list[Result]) -> list[Res
 
 
 def cell(value: Any, style: str) -> str:
-    return "-" if isinstance(value, float) and math.isnan(value) else format(value, style)
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    if style.endswith("d") and isinstance(value, float):  # the median of an even number of counts
+        value = round(value)
+    return format(value, style)
 
 
 def run_turns(args: argparse.Namespace) -> list[Result]:
