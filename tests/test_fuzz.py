@@ -430,8 +430,9 @@ class AgentFuzz:
     http: httpx.Client
     accepted: dict[str, list[bytes]] = field(default_factory=dict)  # episode id -> bodies that became turns
 
-    def exchange(self, endpoint: Endpoint, requests: list[Request]) -> list[httpx.Response]:
-        """Send the calls in order, from a fresh episode; check each answer and what the episode recorded."""
+    def exchange(self, endpoint: Endpoint, requests: list[Request]) -> list[tuple[Request, httpx.Response]]:
+        """Send the calls in order, from a fresh episode; check each answer and what the episode recorded.
+        Returns each call sent with its answer."""
         episode = self.trainer.create_episode(task="fuzz")
         accepted = self.accepted.setdefault(episode.id, [])
         responses = []
@@ -450,11 +451,11 @@ class AgentFuzz:
                     previous = response.json()["id"].encode()
             else:
                 check_refusal(endpoint, response, sent)
-            responses.append(response)
+            responses.append((sent, response))
         try:
             check_recorded(endpoint, self.trainer.trajectory(episode.id), accepted)
         except AssertionError as e:
-            answers = [(r.status_code, r.text[:200]) for r in responses]
+            answers = [(r.status_code, r.text[:200]) for _, r in responses]
             raise AssertionError(f"{e}\nsent {requests}\nanswered {answers}") from None
         return responses
 
@@ -778,7 +779,7 @@ def test_huge_strings_are_answered_below_the_body_limit_and_413_above(
     @settings(FUZZ, max_examples=12)
     @given(requests_for(huge(endpoint)))
     def run(requests: list[Request]) -> None:
-        for request, response in zip(requests, fuzz.exchange(endpoint, requests), strict=True):
+        for request, response in fuzz.exchange(endpoint, requests):
             too_big = len(request.body) > MAX_BODY_BYTES
             assert (response.status_code == 413) == too_big, (len(request.body), response.status_code)
 
@@ -794,7 +795,7 @@ def test_deep_nesting_gets_an_answer_or_a_400(agent_fuzz: tuple[AgentFuzz, Answe
     @settings(FUZZ, max_examples=30)
     @given(requests_for(deep(endpoint)))
     def run(requests: list[Request]) -> None:
-        for request, response in zip(requests, fuzz.exchange(endpoint, requests), strict=True):
+        for request, response in fuzz.exchange(endpoint, requests):
             if nesting_of(request.body) > MAX_JSON_DEPTH:
                 assert response.status_code == 400, (nesting_of(request.body), response.text[:300])
 
@@ -810,7 +811,7 @@ def test_bytes_that_are_not_a_json_object_are_400(agent_fuzz: tuple[AgentFuzz, A
     @settings(FUZZ, max_examples=30)
     @given(requests_for(not_json(endpoint)))
     def run(requests: list[Request]) -> None:
-        for response in fuzz.exchange(endpoint, requests):
+        for _, response in fuzz.exchange(endpoint, requests):
             assert response.status_code == 400, response.text[:300]
             assert response.json()["error"]["type"] == "invalid_request_error"
 
@@ -830,7 +831,7 @@ def test_the_templates_fuzzing_starts_from_are_answered(
         for stream in ([False, True] if endpoint.parks else [False])
         for auth, chunked in [("bearer", False), ("x-api-key", True), ("path", False)]
     ]
-    for response in fuzz.exchange(endpoint, requests):
+    for _, response in fuzz.exchange(endpoint, requests):
         assert response.status_code == 200
     fuzz.check_consistent(answerer)
 
@@ -863,7 +864,7 @@ def test_agent_calls_fuzzing_found_are_400_and_record_nothing(
     agent_fuzz: tuple[AgentFuzz, Answerer], endpoint: Endpoint, body: dict[str, Any], hint: str
 ) -> None:
     fuzz, answerer = agent_fuzz
-    [response] = fuzz.exchange(endpoint, [Request(encode(body))])
+    [(_, response)] = fuzz.exchange(endpoint, [Request(encode(body))])
     assert response.status_code == 400, response.text
     assert hint in response.json()["error"]["message"], response.text
     fuzz.check_consistent(answerer)
