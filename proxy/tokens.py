@@ -43,7 +43,7 @@ class TiktokenCounter:
         total = _REPLY_PRIMER
         for message in request.get("messages") or ():
             role = message.get("role") if isinstance(message, dict) else None
-            total += _PER_MESSAGE + (len(encoding.encode(role)) if isinstance(role, str) else 0)
+            total += _PER_MESSAGE + (len(encoding.encode(role, disallowed_special=())) if isinstance(role, str) else 0)
             total += sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(message))
         for tool in request.get("tools") or ():
             total += sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(tool))

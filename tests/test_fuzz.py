@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -208,13 +207,6 @@ def cut_long_polls(case: Any) -> None:
         case.query = {**query, "wait": LONG_POLL_S}
 
 
-def known_bug(case: Any) -> bool:
-    """Cases of the bugs the xfail tests at the end pin down, left out here so fuzzing goes on finding others."""
-    query = case.query if isinstance(case.query, dict) else {}
-    offset = query.get("offset")
-    return case.operation.label == "GET /api/episodes" and isinstance(offset, int) and offset > INT64_MAX
-
-
 CHECKS = [no_server_error, response_schema_conformance, content_type_conformance, negative_data_rejection]
 
 
@@ -232,8 +224,6 @@ def test_the_trainer_api_answers_every_generated_request_without_a_server_error(
         @settings(FUZZ, max_examples=40)
         @given(case=cases)
         def fuzz(case: Any) -> None:
-            if known_bug(case):
-                return
             cut_long_polls(case)
             case.call_and_validate(checks=CHECKS, timeout=REQUEST_TIMEOUT_S)
 
@@ -438,8 +428,6 @@ class AgentFuzz:
         responses = []
         previous = b"resp_none"
         for request in requests:
-            if SPECIAL_TOKEN_ROLE.search(request.body):
-                continue  # test_a_role_holding_a_special_token_is_counted_as_text
             sent = replace(request, body=request.body.replace(PREVIOUS_RESPONSE, previous))
             response = self.send(endpoint, episode.key, sent)
             if response.is_success:
@@ -594,7 +582,6 @@ def paths_in(value: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 
 DELETE = object()
-SPECIAL_TOKEN_ROLE = re.compile(rb'"role": "[^"]*<\|')  # a known bug, left out of the fuzzing (see below)
 PREVIOUS_RESPONSE = b"resp_previous"  # replaced, as sent, by the id of the call's last answer
 
 
@@ -923,20 +910,13 @@ def test_trainer_calls_fuzzing_found_are_422_and_change_nothing(
     agents.pool.shutdown()
 
 
-WRONG_METHOD_IN_OPENAI_SHAPE = pytest.mark.xfail(
-    strict=True,
-    reason="405 on an Anthropic route comes in OpenAI's error shape: AgentRoutes._not_allowed (proxy/http/agent.py) "
-    "always answers with error_body, whatever the route's dialect",
-)
-
-
 @pytest.mark.parametrize(
     "endpoint",
     [
         CHAT,
         RESPONSES,
-        pytest.param(MESSAGES, marks=WRONG_METHOD_IN_OPENAI_SHAPE),
-        pytest.param(COUNT_TOKENS, marks=WRONG_METHOD_IN_OPENAI_SHAPE),
+        MESSAGES,
+        COUNT_TOKENS,
     ],
     ids=str,
 )
@@ -949,31 +929,15 @@ def test_other_methods_are_405_in_the_dialects_shape(server: Any, trainer: Train
     assert trainer.trajectory(episode.id).turns == []
 
 
-# Bugs fuzzing found outside the dialects and the wire models, pinned until they are fixed (and kept out of the
-# fuzzing above by `known_bug`). Each test says what trajproxy should do.
+# Bugs fuzzing found outside the dialects and the wire models, each pinned by the case that found it.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GET /api/episodes takes any offset: past 2**63-1 it is a 500 (SQLite OverflowError) or a 503 "
-    "(Postgres bigint out of range); list_episodes in proxy/http/trainer.py needs le=2**63-1 on `offset`",
-)
 def test_an_offset_too_large_for_the_database_is_a_422(server: Any) -> None:
     response = httpx.get(f"{server.url}/api/episodes", params={"offset": INT64_MAX + 1})
     assert response.status_code == 422, response.text
 
 
-def test_an_id_holding_nul_is_unknown_on_every_route(
-    server: Any, trainer: TrainerClient, request: pytest.FixtureRequest
-) -> None:
-    if server.settings.database_url.startswith("postgresql"):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="on Postgres an episode or turn id with U+0000 in the path is a 503 (psycopg refuses NUL in "
-                "a text parameter), with the SQL in the message: the store's reads should find no such row",
-            )
-        )
+def test_an_id_holding_nul_is_unknown_on_every_route(server: Any, trainer: TrainerClient) -> None:
     routes = [
         ("GET", "/api/episodes/a%00b", None),
         ("GET", "/api/episodes/a%00b/trajectory", None),
@@ -990,13 +954,6 @@ def test_an_id_holding_nul_is_unknown_on_every_route(
 
 
 @AGENT_SERVER
-@pytest.mark.xfail(
-    strict=True,
-    reason="a message role holding a tiktoken special token ('<|endoftext|>') makes token counting raise "
-    "ValueError: count_tokens is a 500, and a reply without usage to such a turn is a 500, so its agent waits "
-    "out the turn timeout (504); TiktokenCounter.count_prompt in proxy/tokens.py encodes the role without "
-    "disallowed_special=()",
-)
 def test_a_role_holding_a_special_token_is_counted_as_text(agent_fuzz: tuple[AgentFuzz, Answerer]) -> None:
     fuzz, answerer = agent_fuzz
     episode = fuzz.trainer.create_episode()

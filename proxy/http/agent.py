@@ -20,7 +20,7 @@ from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
 from proxy.dialects.responses import ResponsesDialect
-from proxy.http.edge import JSON, agent_key, error_body, error_headers, read_json, redact, respond, status_of
+from proxy.http.edge import JSON, agent_key, error_headers, read_json, redact, respond, status_of
 from proxy.http.parked import ParkedReply
 from proxy.settings import Settings
 
@@ -42,12 +42,12 @@ class AgentRoutes:
         self._broker = broker
         self._settings = settings
         chat, self._anthropic, self._responses = ChatDialect(), AnthropicDialect(), ResponsesDialect()
-        self._routes: dict[str, tuple[str, Handler]] = {
-            "/v1/chat/completions": ("POST", self._calls(chat)),
-            "/v1/messages": ("POST", self._calls(self._anthropic)),
-            "/v1/responses": ("POST", self._calls(self._responses, self._continue_response)),
-            "/v1/messages/count_tokens": ("POST", self._count_tokens),
-            "/v1/models": ("GET", self._models),
+        self._routes: dict[str, tuple[str, Dialect, Handler]] = {
+            "/v1/chat/completions": ("POST", chat, self._calls(chat)),
+            "/v1/messages": ("POST", self._anthropic, self._calls(self._anthropic)),
+            "/v1/responses": ("POST", self._responses, self._calls(self._responses, self._continue_response)),
+            "/v1/messages/count_tokens": ("POST", self._anthropic, self._count_tokens),
+            "/v1/models": ("GET", chat, self._models),
         }
 
     def route(self, scope: Scope) -> ASGIApp | None:
@@ -60,15 +60,10 @@ class AgentRoutes:
         route = self._routes.get(path)
         if route is None:
             return None
-        method, handler = route
+        method, dialect, handler = route
         if scope["method"] != method:
-            return self._not_allowed
+            return partial(_not_allowed, dialect, method)
         return partial(handler, key)
-
-    @staticmethod
-    async def _not_allowed(scope: Scope, _receive: Receive, send: Send) -> None:
-        message = f"{scope['method']} is not allowed on {redact(scope['path'])}"
-        await respond(send, 405, error_body("invalid_request_error", message))
 
     def _calls(self, dialect: Dialect, continued: Continuation | None = None) -> Handler:
         broker, settings = self._broker, self._settings
@@ -119,3 +114,9 @@ class AgentRoutes:
         if previous is None or previous.episode_id != episode.id:
             raise NotFound(f"previous response resp_{previous_id} is not a response of this episode")
         return self._responses.continue_from(parsed, previous)
+
+
+async def _not_allowed(dialect: Dialect, allowed: str, scope: Scope, _receive: Receive, send: Send) -> None:
+    message = f"{scope['method']} is not allowed on {redact(scope['path'])}; use {allowed}"
+    body = dialect.error_body(405, "invalid_request_error", message)
+    await respond(send, 405, body, [*JSON, (b"allow", allowed.encode())])

@@ -79,7 +79,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     async def list_episodes(
         status: EpisodeStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # the databases' largest integer
     ) -> Response:
         found = await broker.episodes(status, limit + 1, offset)
         more = len(found) > limit

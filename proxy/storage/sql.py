@@ -133,6 +133,8 @@ class SqlStore:
     # Reads
 
     async def episode(self, episode_id: str) -> Episode | None:
+        if "\x00" in episode_id:  # no id holds U+0000, and Postgres refuses it in a parameter
+            return None
         rows = await self._read(lambda conn: conn.execute(select(episodes).where(episodes.c.id == episode_id)))
         return episode_from(rows[0]) if rows else None
 
@@ -149,6 +151,8 @@ class SqlStore:
         return [episode_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
 
     async def turn(self, turn_id: str) -> Turn | None:
+        if "\x00" in turn_id:  # no id holds U+0000, and Postgres refuses it in a parameter
+            return None
         rows = await self._read(lambda conn: conn.execute(select(turns).where(turns.c.id == turn_id)))
         return turn_from(rows[0]) if rows else None
 
