@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import HOST, cpu_seconds, fresh_database, percentile, pin_load, start_pinned
-from turns import Run, agent
+from harness import HOST, fresh_database, pin_load, start_pinned
+from turns import Run, agent, measured
 from turns import bench as through_trajproxy
 
 FIXED_MODEL = Path(__file__).parent / "fixed_model.py"
@@ -40,23 +38,7 @@ async def measure_direct(port: int, agents: int, seconds: float, warmup_s: float
 def direct(agents: int, seconds: float, warmup_s: float, port: int) -> dict[str, float]:
     """The agents calling the fixed model server, with no trajproxy in between."""
     server = start_pinned([sys.executable, str(FIXED_MODEL), "--port", str(port)], f"http://{HOST}:{port}/health")
-    try:
-        load_cpu, server_cpu, wall = time.process_time(), cpu_seconds(server.pid), time.perf_counter()
-        run = asyncio.run(measure_direct(port, agents, seconds, warmup_s))
-        wall = time.perf_counter() - wall
-        load_cpu, server_cpu = time.process_time() - load_cpu, cpu_seconds(server.pid) - server_cpu
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(30)
-    return {
-        "agents": agents,
-        "turns_per_s": run.turns / seconds,
-        "p50_ms": percentile(run.latencies, 50) * 1000,
-        "p99_ms": percentile(run.latencies, 99) * 1000,
-        "errors": run.errors,
-        "server_cpu": server_cpu / wall,
-        "load_cpu": load_cpu / wall,
-    }
+    return measured(server, agents, seconds, measure_direct(port, agents, seconds, warmup_s))
 
 
 def bench(agents: int, seconds: float, warmup_s: float, database_url: str | None, port: int) -> dict[str, float]:

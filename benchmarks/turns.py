@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -106,9 +109,16 @@ def bench(
     agents: int, seconds: float, warmup_s: float, database_url: str, port: int, profile: str | None = None
 ) -> dict[str, float]:
     server = start_server(port, database_url, profile)
+    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s))
+
+
+def measured(
+    server: subprocess.Popen[bytes], agents: int, seconds: float, load: Coroutine[Any, Any, Run]
+) -> dict[str, float]:
+    """Run the load against the server, then stop the server; the figures, with the CPU each side used."""
     try:
         load_cpu, server_cpu, wall = time.process_time(), cpu_seconds(server.pid), time.perf_counter()
-        run = asyncio.run(measure(port, agents, seconds, warmup_s))
+        run = asyncio.run(load)
         wall = time.perf_counter() - wall
         load_cpu, server_cpu = time.process_time() - load_cpu, cpu_seconds(server.pid) - server_cpu
     finally:

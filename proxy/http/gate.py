@@ -9,9 +9,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorized
 from proxy.core.keys import same_secret
 from proxy.http.edge import (
-    MAX_JSON_DEPTH,
     TOO_DEEP,
     error_body,
+    may_nest_too_deep,
     nested_too_deep,
     parse_bearer,
     read_body,
@@ -58,13 +58,13 @@ class TrainerGate:
 
 def too_deep(body: bytes) -> bool:
     """Whether the body is JSON nested deeper than MAX_JSON_DEPTH (malformed JSON is its route's to refuse)."""
-    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+    if not may_nest_too_deep(body):
         return False
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         return str(e).startswith("depth limit exceeded")
-    return nested_too_deep(body, value)
+    return nested_too_deep(value)
 
 
 async def _refuse(send: Send, error: TrajproxyError) -> None:

@@ -16,10 +16,8 @@ from proxy.core.errors import TrajproxyError
 from proxy.core.parking import Slot
 from proxy.core.values import Episode, Turn
 from proxy.dialects.dialect import Call, Dialect
-from proxy.http.edge import JSON, disconnected, respond, status_of
+from proxy.http.edge import JSON, disconnected, error_headers, respond, status_of
 
-# SDKs retry 5xx, 409 and 429 unless told not to; the proxy's own verdicts (timeout, closed) are final.
-NO_RETRY = [*JSON, (b"x-should-retry", b"false")]
 Failure = tuple[int, str, str, list[tuple[bytes, bytes]]]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
@@ -88,7 +86,7 @@ class ParkedReply:
         """Why the agent gets an error instead of the reply (status, kind, message, headers); None if it does not."""
         error = answer.exception()
         if isinstance(error, TrajproxyError):
-            return status_of(error), error.kind, error.message, NO_RETRY
+            return status_of(error), error.kind, error.message, [*JSON, *error_headers(error)]
         if error is not None:
             raise error
         reply = answer.result().reply
