@@ -1,5 +1,7 @@
-"""Real agent CLIs, unmodified, through trajproxy: each completes a task that needs one tool call, answered by a
-scripted trainer over the trainer API; what the agent did and what the database recorded are both checked."""
+"""Real agent CLIs, unmodified, through trajproxy: each completes a task in three calls (two tool calls, then the
+answer), answered by a scripted trainer over the trainer API. What the agent did and what was recorded are both
+checked, and the recording is what a trainer can train on: one branch whose turns each extend the one before, with
+every message in the role the agent sent it in."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from proxy.client import TrainerClient
 CLIS = Path(__file__).parent.parent / "agents" / "cli"
 BIN = CLIS / "node_modules" / ".bin"
 PY_BIN = CLIS / ".venv" / "bin"
-TASK = "Create a file hello.txt containing hi"
+TASK = "Create a file hello.txt containing hi, then a file bye.txt containing bye"
 
 
 def cli(name: str, folder: Path = BIN) -> str:
@@ -62,22 +64,58 @@ def answer_until_exit(
     return seen
 
 
-def one_tool_call(tool: str, arguments: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
-    """Call `tool` once when the agent offers it, then say the task is done."""
+def tool_calls(tool: str, *arguments: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
+    """Call `tool` with each of `arguments` in turn when the agent offers it, then say the task is done. Which call
+    comes next is read from the conversation (the tool results in it), so a retried call gets the same answer."""
 
     def policy(turn: Any) -> dict[str, Any]:
         names = {(t.get("function") or {}).get("name") for t in turn.request.get("tools") or ()}
-        if tool in names and turn.request["messages"][-1]["role"] != "tool":
-            return {
-                "content": "On it.",
-                "tool_calls": [{"id": f"call_{turn.seq}", "function": {"name": tool, "arguments": arguments}}],
-            }
-        return {"content": "Done: hello.txt created."}
+        done = sum(message["role"] == "tool" for message in turn.request["messages"])
+        if tool in names and done < len(arguments):
+            call = {"id": f"call_{turn.seq}", "function": {"name": tool, "arguments": arguments[done]}}
+            return {"content": "On it.", "tool_calls": [call]}
+        return {"content": "Done: hello.txt and bye.txt created."}
 
     return policy
 
 
-def test_claude_code_completes_a_task_with_one_tool_call(server: Any, trainer: TrainerClient, tmp_path: Path) -> None:
+def sent_roles(dialect: str, wire: dict[str, Any]) -> list[str]:
+    """The roles of the messages an agent sent, in order, read from its request as it came over the wire: what
+    the trainer must see. A tool result is a `tool` message in chat shape, whatever carried it."""
+    if dialect == "chat":
+        return [message["role"] for message in wire["messages"]]
+    roles: list[str] = []
+    if dialect == "anthropic":
+        roles += ["system"] if wire.get("system") else []
+        for message in wire["messages"]:
+            blocks = message["content"] if isinstance(message["content"], list) else [message["content"]]
+            results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+            roles += ["tool"] * len(results) + ([message["role"]] if len(results) < len(blocks) else [])
+        return roles
+    roles += ["system"] if wire.get("instructions") else []
+    for item in wire["input"]:
+        kind = item.get("type", "message")
+        role = {"function_call_output": "tool", "function_call": "assistant", "reasoning": "assistant"}.get(kind)
+        if role == "assistant" and roles[-1:] == ["assistant"]:
+            continue  # a call or reasoning joins the assistant message it follows, as in chat shape
+        roles.append(role or item["role"])
+    return roles
+
+
+def assert_trainable(turns: list[Any], dialect: str, calls: int = 3) -> None:
+    """One branch, each turn extending the one before, every message in the role the agent sent it in."""
+    assert [(turn.dialect, turn.status, turn.trainable) for turn in turns] == [(dialect, "answered", True)] * calls
+    assert {turn.branch for turn in turns} == {0}
+    assert [turn.parent_id for turn in turns] == [None, *(turn.id for turn in turns[:-1])]
+    for turn in turns:
+        assert [message["role"] for message in turn.request["messages"]] == sent_roles(
+            dialect, turn.wire or turn.request
+        ), turn.seq
+
+
+def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
+    server: Any, trainer: TrainerClient, tmp_path: Path
+) -> None:
     claude = cli("claude")
     episode = trainer.create_episode(task=TASK)
     work, home = folders(tmp_path, "work", "home")
@@ -94,23 +132,28 @@ def test_claude_code_completes_a_task_with_one_tool_call(server: Any, trainer: T
         [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    seen = answer_until_exit(
-        trainer, agent, one_tool_call("Bash", {"command": "echo hi > hello.txt", "description": "Create hello.txt"})
+    policy = tool_calls(
+        "Bash",
+        {"command": "echo hi > hello.txt", "description": "Create hello.txt"},
+        {"command": "echo bye > bye.txt", "description": "Create bye.txt"},
     )
+    seen = answer_until_exit(trainer, agent, policy)
     stdout, stderr = agent.communicate()
     assert agent.returncode == 0, stderr[-2000:]
     result = json.loads(stdout)
-    assert (result["is_error"], result["result"]) == (False, "Done: hello.txt created.")
-    assert (work / "hello.txt").read_text() == "hi\n"
+    assert (result["is_error"], result["result"]) == (False, "Done: hello.txt and bye.txt created.")
+    assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
     turns = trainer.trajectory(episode.id).turns
-    assert {turn.dialect for turn in turns} == {"anthropic"}
-    assert {turn.status for turn in turns} == {"answered"}
+    assert_trainable(turns, "anthropic")
+    # Claude Code's instructions include a `system` message inside the conversation, as blocks on its first call
+    # and as a string after: it stays a system message, and the conversation stays one branch.
+    assert "system" in [message["role"] for message in seen[0].request["messages"][1:]]
     tool_results = [m for turn in seen for m in turn.request["messages"] if m["role"] == "tool"]
     assert tool_results and tool_results[0]["tool_call_id"].startswith("call_")
 
 
-def test_codex_exec_completes_a_task_with_one_shell_command(
+def test_codex_exec_completes_a_task_in_three_calls_recorded_as_one_branch(
     server: Any, trainer: TrainerClient, tmp_path: Path
 ) -> None:
     codex = cli("codex")
@@ -125,21 +168,21 @@ def test_codex_exec_completes_a_task_with_one_shell_command(
         [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access", TASK],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    seen = answer_until_exit(trainer, agent, one_tool_call("exec_command", {"cmd": "echo hi > hello.txt"}))
+    policy = tool_calls("exec_command", {"cmd": "echo hi > hello.txt"}, {"cmd": "echo bye > bye.txt"})
+    seen = answer_until_exit(trainer, agent, policy)
     stdout, stderr = agent.communicate()
     assert agent.returncode == 0, stderr[-2000:]
-    assert "Done: hello.txt created." in stdout
-    assert (work / "hello.txt").read_text() == "hi\n"
+    assert "Done: hello.txt and bye.txt created." in stdout
+    assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
     turns = trainer.trajectory(episode.id).turns
-    assert {turn.dialect for turn in turns} == {"responses"}
-    assert {turn.status for turn in turns} == {"answered"}
+    assert_trainable(turns, "responses")
     assert any(
         m["role"] == "tool" and "exited with code 0" in str(m["content"]) for t in seen for m in t.request["messages"]
     )
 
 
-def test_mini_swe_agent_completes_a_task_with_its_default_tool_calling_config(
+def test_mini_swe_agent_completes_a_task_in_three_calls_with_its_default_tool_calling_config(
     server: Any, trainer: TrainerClient, tmp_path: Path
 ) -> None:
     mini = cli("mini", PY_BIN)
@@ -154,7 +197,7 @@ def test_mini_swe_agent_completes_a_task_with_its_default_tool_calling_config(
         "MSWEA_COST_TRACKING": "ignore_errors",  # the policy has no price in litellm's tables
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
-    commands = iter(["echo hi > hello.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])
+    commands = iter(["echo hi > hello.txt", "echo bye > bye.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])
 
     def policy(turn: Any) -> dict[str, Any]:
         call = {"id": f"call_{turn.seq}", "function": {"name": "bash", "arguments": {"command": next(commands)}}}
@@ -169,10 +212,10 @@ def test_mini_swe_agent_completes_a_task_with_its_default_tool_calling_config(
     seen = answer_until_exit(trainer, agent, policy)
     _, stderr = agent.communicate()
     assert agent.returncode == 0, stderr[-2000:]
-    assert (work / "hello.txt").read_text() == "hi\n"
+    assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
     assert json.loads(trajectory.read_text())["info"]["exit_status"] == "Submitted"
 
     assert [tool["function"]["name"] for tool in seen[0].request["tools"]] == ["bash"]  # its default: tool calling
     turns = trainer.trajectory(episode.id).turns
-    assert [(turn.dialect, turn.status) for turn in turns] == [("chat", "answered")] * 2
-    assert turns[1].request["messages"][-1]["role"] == "tool"
+    assert_trainable(turns, "chat")
+    assert [turn.request["messages"][-1]["role"] for turn in turns] == ["user", "tool", "tool"]

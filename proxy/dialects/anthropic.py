@@ -118,7 +118,9 @@ def _to_chat(message: JsonObject, index: int) -> list[JsonObject]:
         if isinstance(block, dict) and block.get("type") == "tool_result"
     ]
     parts = [_part(block) for block in content if not (isinstance(block, dict) and block.get("type") == "tool_result")]
-    return results + ([{"role": "user", "content": parts}] if parts else [])
+    # The message keeps its own role whatever its content's form: Claude Code sends a mid-conversation `system`
+    # message as blocks on one call and as a string on the next, and both must read as the same message.
+    return results + ([{"role": role, "content": parts}] if parts else [])
 
 
 def _assistant(content: list[Any], index: int) -> JsonObject:

@@ -122,8 +122,21 @@ def _add_item(messages: list[JsonObject], item: JsonObject, where: str) -> None:
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
     elif kind == "reasoning":
         _assistant(messages).setdefault("reasoning_items", []).append(item)
-    else:  # other tools' items (custom, shell, …): carried, unchanged, for the trainer to read
-        messages.append({"role": "user", "content": [item]})
+    elif kind == "custom_tool_call":  # a freeform tool's call (the Codex CLI's apply_patch), in chat's custom shape
+        check_id(item.get("call_id"), f"{where}.call_id")
+        call = {
+            "id": item.get("call_id"),
+            "type": "custom",
+            "custom": {"name": item.get("name"), "input": item.get("input")},
+        }
+        _assistant(messages).setdefault("tool_calls", []).append(call)
+    elif isinstance(kind, str) and kind.endswith("_call_output"):  # what another tool gave back: a tool result
+        check_id(item.get("call_id"), f"{where}.call_id")
+        output = item.get("output")
+        content = output if isinstance(output, str) else [item]
+        messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
+    else:  # other items (a built-in tool's call, …): carried unchanged, in the role of whoever made them
+        messages.append({"role": "assistant" if str(kind).endswith("_call") else "user", "content": [item]})
 
 
 def _assistant(messages: list[JsonObject]) -> JsonObject:
