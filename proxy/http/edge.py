@@ -164,3 +164,27 @@ def redact(path: str) -> str:
         _, _, rest = path[3:].partition("/")
         return "/e/<key>/" + rest
     return path
+
+
+UPGRADE_REFUSED = "trajproxy serves plain HTTP only: send this request again without 'Upgrade: websocket'"
+
+
+def asks_upgrade(scope: Scope) -> bool:
+    """Whether an HTTP request asks to switch to WebSocket (uvicorn, told not to, passes such requests on)."""
+    return any(name == b"upgrade" and value.lower() == b"websocket" for name, value in scope["headers"])
+
+
+async def refuse_upgrade(scope: Scope, send: Send) -> None:
+    """Answer a WebSocket handshake at once with 426, which clients with an HTTP transport (the Codex CLI) take as
+    "use HTTP" and do not retry. A server that hands the app WebSocket scopes gets the same answer through the
+    denial-response extension where it has it (a bare close, 403, where it does not)."""
+    body = error_body("invalid_request_error", UPGRADE_REFUSED)
+    headers = [*JSON, (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 426, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    elif "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": 426, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})

@@ -1,0 +1,66 @@
+"""How uvicorn serves trajproxy: one configuration for `trajproxy serve`, the embedded proxy and the tests, and
+the log filter that keeps episode keys out of every line uvicorn writes.
+
+Agents may carry their episode key in the URL (`/e/<key>/v1`), so no path may reach a log line whole. The access
+log is off; WebSocket upgrades never reach uvicorn's WebSocket code (`ws="none"`), which would log each handshake
+with its path: the app itself refuses them at once with 426, and clients that probe a WebSocket transport (the
+Codex CLI) fall back to plain HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+# Thousands of agents may connect in one burst at the start of a run; a short accept queue turns the overflow into
+# SYN retries, a second or more each. The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 16384
+
+_KEY_IN_PATH = re.compile(r"/e/[^/\s\"']+")
+# What uvicorn says of each upgrade request it leaves to the app (which answers it): noise, and with ws="none"
+# its advice to install a WebSocket library is wrong for us.
+_UPGRADE_NOISE = ("Unsupported upgrade request.", "No supported WebSocket library detected")
+
+
+class KeyRedactor(logging.Filter):
+    """Rewrites `/e/<key>` in a record to `/e/<key>` literally, and drops uvicorn's notes on upgrade requests."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_UPGRADE_NOISE):
+            return False
+        record.msg = _redact(record.msg)
+        if isinstance(record.args, tuple):  # kept a tuple of the same length: formatters unpack it
+            record.args = tuple(_redact(arg) for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {name: _redact(arg) for name, arg in record.args.items()}
+        return True
+
+
+def _redact(value: Any) -> Any:
+    return _KEY_IN_PATH.sub("/e/<key>", value) if isinstance(value, str) and "/e/" in value else value
+
+
+def install_log_filter() -> None:
+    """Put KeyRedactor on every logger uvicorn writes to and on its handlers (once; calling again is harmless)."""
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "trajproxy"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, KeyRedactor) for f in logger.filters):
+            logger.addFilter(KeyRedactor())
+
+
+def uvicorn_config(app: Any, **overrides: Any) -> Any:
+    """The uvicorn configuration trajproxy is served with; `overrides` for log level, shutdown grace and so on."""
+    import uvicorn
+
+    options: dict[str, Any] = {
+        "access_log": False,  # paths may carry episode keys (/e/<key>/...)
+        "ws": "none",  # upgrades reach the app as plain requests, which it refuses with 426 (see above)
+        "timeout_keep_alive": 75,
+        "timeout_graceful_shutdown": 5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
+        "backlog": LISTEN_BACKLOG,  # uvicorn listens again on the sockets it is given, with this backlog
+        **overrides,
+    }
+    config = uvicorn.Config(app, **options)
+    install_log_filter()
+    return config

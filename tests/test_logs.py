@@ -1,0 +1,74 @@
+"""No log line holds an episode key or the trainer token: a real `trajproxy serve` logging at debug level, raw
+WebSocket handshakes on every kind of route, and the real Codex CLI probing its WebSocket transport on a base URL
+that carries the key (`/e/<key>/v1`)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+from proxy.client import TrainerClient
+from tests.test_agent_clis import answer_until_exit, cli, folders, tool_calls
+from tests.test_cli import clean_env, free_port, serving
+
+HANDSHAKE = (
+    "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer {key}\r\n\r\n"
+)
+
+
+def handshake(port: int, path: str, key: str) -> str:
+    """Send a WebSocket handshake; the status line of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(HANDSHAKE.format(path=path, key=key).encode())
+        return sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+
+
+def secrets_in(log: str, *secrets: str) -> list[str]:
+    return [line for line in log.splitlines() if any(secret in line for secret in secrets)]
+
+
+def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with_a_key(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serving(["--port", str(port), "--log-level", "debug"], tmp_path) as served:
+        served.wait_healthy(port)
+        with TrainerClient(url) as trainer:
+            key = trainer.create_episode(task="t").key
+        token = Path(clean_env()["TRAJPROXY_TRAINER_TOKEN_FILE"]).read_text().strip()
+        paths = [f"/e/{key}/v1/responses", f"/e/{key}/v1/chat/completions", "/v1/messages", "/api/turns/next", "/"]
+        for path in paths:
+            assert handshake(port, path, key) == "HTTP/1.1 426 Upgrade Required", path
+        assert handshake(port, "/api/episodes", token) == "HTTP/1.1 426 Upgrade Required"
+    log = served.output()
+    assert len(log.splitlines()) > 5, log  # at debug level it says plenty; none of it a secret
+    assert secrets_in(log, key, token) == []
+
+
+def test_codex_probing_websockets_falls_back_to_http_at_once_and_no_log_line_holds_its_key(tmp_path: Path) -> None:
+    codex = cli("codex")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serving(["--port", str(port), "--log-level", "debug"], tmp_path) as served, TrainerClient(url) as trainer:
+        served.wait_healthy(port)
+        episode = trainer.create_episode(task="t")
+        work, home = folders(tmp_path, "work", "codex-home")
+        (home / "config.toml").write_text(
+            'model = "policy"\nmodel_provider = "trajproxy"\n\n[model_providers.trajproxy]\nname = "trajproxy"\n'
+            f'base_url = "{url}/e/{episode.key}/v1"\nwire_api = "responses"\nsupports_websockets = true\n'
+        )
+        agent = subprocess.Popen(
+            [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access", "Create hello.txt containing hi"],
+            cwd=work, env={**clean_env(), "HOME": str(home), "CODEX_HOME": str(home)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        answer_until_exit(trainer, agent, tool_calls("exec_command", {"cmd": "echo hi > hello.txt"}))
+        _, stderr = agent.communicate()
+        assert agent.returncode == 0, stderr[-2000:]
+        assert (work / "hello.txt").read_text() == "hi\n"
+        # One probe, answered 426, and Codex goes on over HTTP: no retries with backoff (a 403 drew seven).
+        assert stderr.count("failed to connect to Responses WebSocket") == 1, stderr[-2000:]
+        assert len(trainer.trajectory(episode.id).turns) == 2
+    token = Path(clean_env()["TRAJPROXY_TRAINER_TOKEN_FILE"]).read_text().strip()
+    assert secrets_in(served.output(), episode.key, token) == []
