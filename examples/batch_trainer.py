@@ -46,7 +46,7 @@ async def main(episodes: int, batch: int, linger_s: float, database_url: str) ->
     for path, tag in IMAGES:
         engine.images.build(path=str(path), tag=tag, rm=True)
     [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
-    async with embedded_proxy(database_url) as proxy, AsyncTrainerClient(proxy.url) as trainer:
+    async with embedded_proxy(database_url) as proxy, AsyncTrainerClient(proxy.url, proxy.token) as trainer:
         config = RunConfig(agent_cmd=AGENTS["minimal"])
         runner = Runner(trainer, DockerSandboxes(proxy.socket_folder), TrainerPolicy(), config)
         run = asyncio.create_task(runner.run_many([task] * episodes, concurrency=episodes))

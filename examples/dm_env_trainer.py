@@ -59,7 +59,7 @@ async def main(episodes: int, database_url: str) -> None:
     for path, tag in IMAGES:
         engine.images.build(path=str(path), tag=tag, rm=True)
     [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
-    async with embedded_proxy(database_url) as proxy, AsyncTrainerClient(proxy.url) as trainer:
+    async with embedded_proxy(database_url) as proxy, AsyncTrainerClient(proxy.url, proxy.token) as trainer:
         sandboxes = DockerSandboxes(proxy.socket_folder)
         for line in await asyncio.gather(*(play(trainer, sandboxes, task, n) for n in range(episodes))):
             print(line, flush=True)

@@ -7,16 +7,16 @@ import logging
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from proxy import __version__
+from proxy.serving import LISTEN_BACKLOG
 from proxy.settings import Settings
 
-# Thousands of agents may connect in one burst at the start of a run; a short accept queue turns the overflow into
-# SYN retries, a second or more each. The kernel caps it at net.core.somaxconn.
-LISTEN_BACKLOG = 16384
+if TYPE_CHECKING:
+    from proxy.trainer_token import KeptToken
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,7 +31,18 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--database-url", help="SQLAlchemy URL (default sqlite:///./trajproxy.db)")
-    serve.add_argument("--trainer-token", help="token the trainer API requires (required off loopback)")
+    serve.add_argument(
+        "--trainer-token",
+        help="token the trainer API requires (default: the one kept in ~/.config/trajproxy/trainer-token, made on "
+        "first start; see --trainer-token-file)",
+    )
+    serve.add_argument("--trainer-token-file", help="where the generated trainer token is kept")
+    serve.add_argument(
+        "--no-trainer-token",
+        action="store_true",
+        default=None,
+        help="leave the trainer API open (loopback only): for a throwaway session",
+    )
     serve.add_argument("--turn-timeout-s", type=float, help="seconds a turn waits for a reply (default 300)")
     serve.add_argument("--lease-s", type=float, help="seconds a pulled turn stays leased (default 60)")
     serve.add_argument("--keepalive-s", type=float, help="seconds between stream keep-alives (default 10)")
@@ -83,21 +94,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(settings: Settings) -> None:
+    from proxy.trainer_token import TokenFileError, settle
+
     if (refusal := settings.refusal()) is not None:
         sys.exit(f"trajproxy: {refusal}")
+    try:
+        settings, kept = settle(settings)
+    except TokenFileError as e:
+        sys.exit(f"trajproxy: {e}")
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.serving import uvicorn_config
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn.Config(
-        create_app(settings),
-        log_level=settings.log_level,
-        access_log=False,  # paths may carry episode keys (/e/<key>/...)
-        timeout_keep_alive=75,
-        timeout_graceful_shutdown=5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
-        backlog=LISTEN_BACKLOG,  # uvicorn listens again on the sockets it is given, with this backlog
-    )
+    config = uvicorn_config(create_app(settings), log_level=settings.log_level)
     try:
         sockets = listen(settings)
     except OSError as e:
@@ -106,7 +117,22 @@ def serve(settings: Settings) -> None:
     logging.getLogger("trajproxy").info(
         "serving on %s%s", where, f" and unix:{settings.socket_path}" if settings.socket_path else ""
     )
+    _announce_token(kept)
     uvicorn.Server(config).run(sockets=sockets)
+
+
+def _announce_token(kept: KeptToken | None) -> None:
+    """Say where the trainer token is (on the terminal only; never in a log line), and the token itself once, when
+    it is made and someone is at the terminal to copy it."""
+    if kept is None:
+        return
+    if kept.made and sys.stdout.isatty():
+        print(f"trajproxy: a new trainer token, shown this once: {kept.token}")
+    print(
+        f"trajproxy: the trainer API needs the token in {kept.path} (TrainerClient and trajproxy run read it "
+        f"from there; elsewhere: export TRAJPROXY_TRAINER_TOKEN=$(cat {kept.path}))",
+        flush=True,
+    )
 
 
 def listen(settings: Settings) -> list[socket.socket]:

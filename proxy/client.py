@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from proxy import wire
+from proxy.trainer_token import find_token
 
 M = TypeVar("M", bound=BaseModel)
 _LONG_POLL_MARGIN_S = 30.0
@@ -156,6 +157,9 @@ class _Calls:
 
 
 def _headers(token: str | None) -> dict[str, str]:
+    """The trainer token header: `token`, else TRAJPROXY_TRAINER_TOKEN, else the token file `trajproxy serve`
+    keeps (~/.config/trajproxy/trainer-token), else none."""
+    token = token or find_token()
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
@@ -171,7 +175,8 @@ def _parse(call: _Call[M], response: httpx.Response) -> M:
 
 
 class TrainerClient:
-    """Blocking client for the trainer API."""
+    """Blocking client for the trainer API. With no `token`, it sends the one in TRAJPROXY_TRAINER_TOKEN or in
+    the file `trajproxy serve` keeps it in."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
         self._http = httpx.Client(base_url=base_url, headers=_headers(token), timeout=timeout_s)

@@ -1,7 +1,7 @@
 """A trajproxy served from inside a Python program (a runner, a trainer script), on its event loop.
 
 async with embedded_proxy(database_url="sqlite:///./runs.db") as proxy:
-    async with AsyncTrainerClient(proxy.url) as trainer: ...
+    async with AsyncTrainerClient(proxy.url, token=proxy.token) as trainer: ...
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from proxy.settings import Settings
 class EmbeddedProxy:
     url: str  # for trainers, and agents on this machine
     socket_folder: str  # holds proxy.sock, the Unix socket sandboxes' gates relay to
+    token: str | None  # the trainer token its /api requires (None only if the settings opted out)
 
 
 class CannotListen(RuntimeError):
@@ -31,33 +32,27 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
     """Serve trajproxy on 127.0.0.1:`port` (0: any free port) and a Unix socket, until the block ends.
 
     Raises CannotListen if the port cannot be bound."""
-    import uvicorn
-
     from proxy.app import create_app
-    from proxy.cli import LISTEN_BACKLOG, listen
+    from proxy.cli import listen
+    from proxy.serving import uvicorn_config
+    from proxy.trainer_token import settle
 
     with tempfile.TemporaryDirectory(prefix="trajproxy-") as folder:
         config = Settings(port=port, database_url=database_url, socket_path=f"{folder}/proxy.sock", **settings)
+        config, _ = settle(config)
         try:
             sockets = listen(config)
         except OSError as e:
             raise CannotListen(f"cannot listen on port {port} ({e})") from e
-        server = _embedded_server(
-            uvicorn.Config(
-                create_app(config),
-                log_level="warning",
-                access_log=False,
-                timeout_graceful_shutdown=2,
-                backlog=LISTEN_BACKLOG,
-            )
-        )
+        server = _embedded_server(uvicorn_config(create_app(config), log_level="warning", timeout_graceful_shutdown=2))
         serving = asyncio.create_task(server.serve(sockets=sockets))
         while not server.started:
             if serving.done():
                 serving.result()
             await asyncio.sleep(0.02)
         try:
-            yield EmbeddedProxy(f"http://127.0.0.1:{sockets[0].getsockname()[1]}", folder)
+            token = config.trainer_token.get_secret_value() if config.trainer_token else None
+            yield EmbeddedProxy(f"http://127.0.0.1:{sockets[0].getsockname()[1]}", folder, token)
         finally:
             server.should_exit = True
             await serving

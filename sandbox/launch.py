@@ -41,7 +41,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--memory-mb", type=int, default=2048)
     run.add_argument("--pids", type=int, default=512)
     run.add_argument("--proxy-url", help="a running trajproxy's URL (default: run one for this run)")
-    run.add_argument("--trainer-token", help="its trainer token")
+    run.add_argument(
+        "--trainer-token", help="its trainer token (default: TRAJPROXY_TRAINER_TOKEN, or the token file it keeps)"
+    )
     run.add_argument("--socket-source", help="with --proxy-url: the host folder or volume of its --socket-path")
     run.add_argument("--port", type=int, default=8000, help="the embedded trajproxy's port, for a trainer")
     run.add_argument("--database-url", default="sqlite:///./trajproxy.db", help="the embedded trajproxy's database")
@@ -128,7 +130,7 @@ async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
 
     try:
         async with embedded_proxy(args.database_url, args.port) as proxy:
-            yield proxy.url, None, proxy.socket_folder
+            yield proxy.url, proxy.token, proxy.socket_folder
     except CannotListen as e:
         raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
 

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse
 
 from proxy.app import create_app
 from proxy.client import TrainerClient
+from proxy.serving import uvicorn_config
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from sandbox.docker_sandbox import DockerSandboxes
@@ -34,6 +35,9 @@ POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "settings(**overrides): trajproxy settings for the `server` fixture")
+    # The token file servers keep a generated trainer token in: one of the test run's own, never the user's.
+    os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"] = str(Path(tempfile.mkdtemp(prefix="tp-token")) / "trainer-token")
+    os.environ.pop("TRAJPROXY_TRAINER_TOKEN", None)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -68,6 +72,12 @@ class LiveServer:
     def broker(self) -> Any:
         return self.app.broker
 
+    @property
+    def token(self) -> str | None:
+        """Its trainer token (None if it was started without one)."""
+        secret = self.settings.trainer_token if self.settings is not None else None
+        return secret.get_secret_value() if secret is not None else None
+
 
 def _free_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -89,7 +99,12 @@ class Running:
 
 def start_server(settings: Settings) -> Running:
     """Run trajproxy with uvicorn on a thread of its own, on a free loopback port."""
-    return serve_app(create_app(settings), settings)
+    app = create_app(settings)
+    return serve_app(app, app.settings)
+
+
+def new_token() -> str:
+    return f"test-trainer-{secrets.token_hex(8)}"
 
 
 def serve_app(app: Any, settings: Any = None) -> Running:
@@ -101,7 +116,7 @@ def serve_app(app: Any, settings: Any = None) -> Running:
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         unix.bind(settings.socket_path)
         sockets.append(unix)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    config = uvicorn_config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
@@ -115,14 +130,16 @@ def serve_app(app: Any, settings: Any = None) -> Running:
 
 @pytest.fixture
 def make_server(database_url: str) -> Iterator[Callable[..., LiveServer]]:
-    """Start servers on the test's database with given setting overrides; all stop after the test."""
+    """Start servers on the test's database with given setting overrides; all stop after the test. Each has a
+    trainer token of its own unless the overrides give one or opt out (`no_trainer_token=True`)."""
     running: list[Running] = []
 
     def make(**overrides: Any) -> LiveServer:
+        token = {} if {"trainer_token", "no_trainer_token"} & set(overrides) else {"trainer_token": new_token()}
         settings = Settings(
             _env_file=None,  # type: ignore[call-arg]
             database_url=database_url,
-            **{"keepalive_s": 0.2, "turn_timeout_s": 30.0, "lease_s": 30.0, "retry_grace_s": 0.3, **overrides},
+            **{"keepalive_s": 0.2, "turn_timeout_s": 30.0, "lease_s": 30.0, "retry_grace_s": 0.3, **token, **overrides},
         )
         running.append(start_server(settings))
         return running[-1].live
@@ -140,8 +157,7 @@ def server(make_server: Callable[..., LiveServer], request: pytest.FixtureReques
 
 @pytest.fixture
 def trainer(server: LiveServer) -> Iterator[TrainerClient]:
-    token = server.settings.trainer_token
-    with TrainerClient(server.url, token=token.get_secret_value() if token else None) as client:
+    with TrainerClient(server.url, token=server.token) as client:
         yield client
 
 

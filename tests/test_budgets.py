@@ -102,7 +102,7 @@ def test_anthropic_agents_get_their_own_429(server: Any, trainer: TrainerClient)
 
 def test_the_token_tally_survives_a_restart(make_server: Any, background: Any) -> None:
     first = make_server()
-    with TrainerClient(first.url) as trainer:
+    with TrainerClient(first.url, first.token) as trainer:
         episode = trainer.create_episode(max_tokens=50)
         call = background(ask, agent_for(episode))
         answer_next(trainer, episode.id, usage={"prompt_tokens": 30, "completion_tokens": 25})

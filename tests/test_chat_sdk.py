@@ -158,7 +158,7 @@ def test_async_sdk_many_episodes_with_async_trainer(server: Any) -> None:
         return answered
 
     async def main() -> None:
-        async with AsyncTrainerClient(server.url) as client:
+        async with AsyncTrainerClient(server.url, server.token) as client:
             episodes = [await client.create_episode(task=f"t{i}") for i in range(8)]
             results = await asyncio.wait_for(
                 asyncio.gather(

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from proxy import __version__
+from proxy.client import TrainerClient
 
 START_S = 20  # generous: a cold interpreter imports fastapi, sqlalchemy and pydantic
 EXIT_S = 30
@@ -32,9 +33,9 @@ def trajproxy_script() -> str:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any TRAJPROXY_* setting, plus `extra`."""
+    """This process's environment without any TRAJPROXY_* setting but the test run's token file, plus `extra`."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("TRAJPROXY_")}
-    return {**env, **extra}
+    return {**env, "TRAJPROXY_TRAINER_TOKEN_FILE": os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"], **extra}
 
 
 def free_port() -> int:
@@ -152,17 +153,54 @@ def test_default_database_is_trajproxy_db_in_the_working_directory(tmp_path: Pat
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
-def test_refuses_a_public_address_without_a_trainer_token(tmp_path: Path, how: str) -> None:
+def test_refuses_a_public_address_opted_out_of_the_trainer_token(tmp_path: Path, how: str) -> None:
     port = str(free_port())
     if how == "flag":
-        done = run_cli(["serve", "--host", "0.0.0.0", "--port", port], tmp_path)
+        done = run_cli(["serve", "--host", "0.0.0.0", "--port", port, "--no-trainer-token"], tmp_path)
     else:
-        done = run_cli(["serve", "--port", port], tmp_path, clean_env(TRAJPROXY_HOST="0.0.0.0"))
+        env = clean_env(TRAJPROXY_HOST="0.0.0.0", TRAJPROXY_NO_TRAINER_TOKEN="true")
+        done = run_cli(["serve", "--port", port], tmp_path, env)
     assert done.returncode != 0
     assert "TRAJPROXY_TRAINER_TOKEN" in done.stderr
     assert "0.0.0.0" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "trajproxy.db").exists()
+
+
+def test_with_no_token_given_one_is_made_once_kept_owner_only_and_found_by_the_client(tmp_path: Path) -> None:
+    token_file = tmp_path / "config" / "trajproxy" / "trainer-token"
+    env = clean_env(TRAJPROXY_TRAINER_TOKEN_FILE=str(token_file))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serving(["--port", str(port)], tmp_path, env) as served:
+        served.wait_healthy(port)
+        token = token_file.read_text().strip()
+        assert (token_file.stat().st_mode & 0o777, token_file.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+        assert httpx.get(f"{url}/api/episodes", timeout=5).status_code == 401
+        assert str(token_file) in served.output() and token not in served.output()  # where it is, never what
+    with serving(["--port", str(port)], tmp_path, env) as served:  # a restart keeps the same token
+        served.wait_healthy(port)
+        assert token_file.read_text().strip() == token
+        os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"], kept = str(token_file), os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"]
+        try:
+            with TrainerClient(url) as trainer:  # no token passed: it reads the file
+                assert trainer.create_episode(task="found").task == "found"
+        finally:
+            os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"] = kept
+    token_file.chmod(0o644)  # readable by others: refused, not served with
+    done = run_cli(["serve", "--port", str(port)], tmp_path, env)
+    assert done.returncode != 0 and f"chmod 600 {token_file}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_no_trainer_token_opens_the_api_on_loopback(tmp_path: Path) -> None:
+    token_file = tmp_path / "trainer-token"
+    port = free_port()
+    env = clean_env(TRAJPROXY_TRAINER_TOKEN_FILE=str(token_file))
+    with serving(["--port", str(port), "--no-trainer-token"], tmp_path, env) as served:
+        served.wait_healthy(port)
+        assert httpx.get(f"http://127.0.0.1:{port}/api/episodes", timeout=5).status_code == 200
+    assert not token_file.exists()
 
 
 def test_a_public_address_with_a_trainer_token_starts_and_guards_the_trainer_api(tmp_path: Path) -> None:

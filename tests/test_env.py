@@ -31,7 +31,7 @@ def test_an_env_walks_an_agent_from_its_first_request_to_its_grade(
     proxied: Any, sandboxes: DockerSandboxes, example_task: Task
 ) -> None:
     async def main() -> tuple[list[Any], Any]:
-        async with AsyncTrainerClient(proxied.url) as trainer:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
             async with AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd=AGENTS["minimal"])) as env:
                 steps = [await env.reset()]
                 for action in (FIX, DONE):
@@ -45,7 +45,7 @@ def test_an_env_walks_an_agent_from_its_first_request_to_its_grade(
     assert mid.observation is not None and mid.observation["messages"][-2]["content"] == FIX["content"]
     assert (last.reward, last.discount, last.episode.status) == (1.0, 0.0, "finished")
     assert env.outcome is not None and env.outcome.reward == 1.0 and "a + b" in env.outcome.diff
-    with TrainerClient(proxied.url) as trainer:
+    with TrainerClient(proxied.url, proxied.token) as trainer:
         turns = trainer.trajectory(env.episode.id).turns
     assert [t.reply.message["content"] if t.reply and t.reply.message else None for t in turns] == [
         FIX["content"],
@@ -57,14 +57,14 @@ def test_leaving_before_the_end_cancels_the_episode_and_its_sandbox(
     proxied: Any, sandboxes: DockerSandboxes, example_task: Task, engine: Any
 ) -> None:
     async def main() -> Any:
-        async with AsyncTrainerClient(proxied.url) as trainer:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
             async with AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd=AGENTS["minimal"])) as env:
                 await env.reset()
             return env
 
     env = asyncio.run(main())
     assert env.outcome is None
-    with TrainerClient(proxied.url) as trainer:
+    with TrainerClient(proxied.url, proxied.token) as trainer:
         episode = trainer.episode(env.episode.id)
     assert (episode.status, episode.reason) == ("cancelled", "the run was interrupted")
     assert engine.containers.list(all=True, filters={"label": mine(sandboxes)}) == []
@@ -72,7 +72,7 @@ def test_leaving_before_the_end_cancels_the_episode_and_its_sandbox(
 
 def test_an_env_must_be_entered_before_use(proxied: Any, sandboxes: DockerSandboxes, example_task: Task) -> None:
     async def main() -> None:
-        async with AsyncTrainerClient(proxied.url) as trainer:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
             await AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd="true")).reset()
 
     with pytest.raises(RuntimeError, match="async with AgentEnv"):

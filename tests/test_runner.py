@@ -28,7 +28,7 @@ def run_tasks(
     proxied: Any, sandboxes: DockerSandboxes, tasks: list[Task], script: str, concurrency: int = 1, **config: Any
 ) -> list[Outcome]:
     async def main() -> list[Outcome]:
-        async with AsyncTrainerClient(proxied.url) as trainer:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
             runner = Runner(
                 trainer,
                 sandboxes,
@@ -47,7 +47,7 @@ def test_a_right_fix_earns_1_and_a_wrong_one_0(proxied: Any, sandboxes: DockerSa
     assert "return a + b" in solved.diff
     assert (wrong.status, wrong.reward) == ("finished", 0.0), wrong.reason
 
-    trainer = TrainerClient(proxied.url)
+    trainer = TrainerClient(proxied.url, proxied.token)
     recorded = trainer.trajectory(solved.episode_id)  # type: ignore[arg-type]
     assert recorded.episode.status == "finished"
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3
@@ -63,7 +63,7 @@ def test_eight_tasks_at_concurrency_four(proxied: Any, sandboxes: DockerSandboxe
     outcomes = run_tasks(proxied, sandboxes, [example_task] * 8, "solve.script.jsonl", concurrency=4)
     assert [(o.status, o.reward) for o in outcomes] == [("finished", 1.0)] * 8
     assert len({o.episode_id for o in outcomes}) == 8
-    episodes = TrainerClient(proxied.url).episodes(status="finished").episodes
+    episodes = TrainerClient(proxied.url, proxied.token).episodes(status="finished").episodes
     assert len(episodes) == 8
 
 
@@ -76,7 +76,7 @@ def test_failures_are_recorded_and_the_other_tasks_carry_on(
         example_task,
         Task(**{**_fields(example_task), "eval_cmd": "sleep 60"}),
     )
-    trainer = TrainerClient(proxied.url)
+    trainer = TrainerClient(proxied.url, proxied.token)
 
     [no_image] = run_tasks(proxied, sandboxes, [missing], "solve.script.jsonl")
     assert (no_image.status, no_image.reward) == ("failed", None)
@@ -103,7 +103,7 @@ def test_an_interrupted_run_cancels_its_episodes_and_leaves_no_container(
     proxied: Any, sandboxes: DockerSandboxes, example_task: Task, engine: Any
 ) -> None:
     async def main() -> list[str]:
-        async with AsyncTrainerClient(proxied.url) as trainer:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
             runner = Runner(
                 trainer,
                 sandboxes,

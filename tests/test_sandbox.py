@@ -46,7 +46,7 @@ print(json.load(urllib.request.urlopen(request, timeout=30))["choices"][0]["mess
 def test_an_agent_in_a_sandbox_talks_to_trajproxy_through_the_gate(
     proxied: Any, sandboxes: DockerSandboxes, background: Any
 ) -> None:
-    trainer = TrainerClient(proxied.url)
+    trainer = TrainerClient(proxied.url, proxied.token)
     episode = trainer.create_episode()
 
     async def scenario() -> str:
@@ -72,7 +72,7 @@ def test_more_agents_run_at_once_than_asyncio_has_default_threads(
 ) -> None:
     """A running agent's exec holds a thread for its whole run: every one of more agents than asyncio's default
     pool has threads must be running at once, each parked at trajproxy, before any of them is answered."""
-    trainer = TrainerClient(proxied.url)
+    trainer = TrainerClient(proxied.url, proxied.token)
     count = min(32, (os.cpu_count() or 1) + 4) + 2  # asyncio's default pool size, and then some
     episodes = [trainer.create_episode() for _ in range(count)]
 
@@ -228,7 +228,7 @@ def test_prune_removes_what_was_left_behind(sandboxes: DockerSandboxes, engine: 
 
 def test_the_sandbox_socket_serves_agents_but_never_the_trainer_api(proxied: Any, socket_dir: str) -> None:
     """No token is configured, yet a sandboxed agent cannot pull or answer turns through its gate."""
-    trainer = TrainerClient(proxied.url)
+    trainer = TrainerClient(proxied.url, proxied.token)
     episode = trainer.create_episode()
     with httpx.Client(transport=httpx.HTTPTransport(uds=f"{socket_dir}/proxy.sock"), base_url="http://box") as box:
         assert box.get("/health").json()["status"] == "ok"

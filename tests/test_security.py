@@ -415,7 +415,7 @@ def test_an_episode_key_opens_no_trainer_route_over_the_sandbox_socket(
     """No trainer token at all: sandboxed agents, which reach trajproxy only through its socket, still cannot."""
     sock = f"{socket_dir}/proxy.sock"
     server = make_server(socket_path=sock)
-    trainer = TrainerClient(server.url)
+    trainer = TrainerClient(server.url, server.token)
 
     def sandbox_side() -> httpx.Client:
         return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandbox", timeout=10)
@@ -574,23 +574,44 @@ NON_LOOPBACK = ["0.0.0.0", "::", "own address"]
 
 
 @pytest.mark.parametrize("which", NON_LOOPBACK)
-def test_a_non_loopback_bind_without_a_token_does_not_start(tmp_path: Path, which: str) -> None:
+def test_a_non_loopback_bind_opted_out_of_the_token_does_not_start(tmp_path: Path, which: str) -> None:
     host, reach = bind_and_reach(which)
     port = str(free_port())
     for how, args, env in [
-        ("no token", [], {}),
-        ("an empty --trainer-token", ["--trainer-token", ""], {}),
-        ("an empty TRAJPROXY_TRAINER_TOKEN", [], {"TRAJPROXY_TRAINER_TOKEN": ""}),
-        ("a blank TRAJPROXY_TRAINER_TOKEN", [], {"TRAJPROXY_TRAINER_TOKEN": "  "}),
+        ("--no-trainer-token", ["--no-trainer-token"], {}),
+        ("TRAJPROXY_NO_TRAINER_TOKEN", [], {"TRAJPROXY_NO_TRAINER_TOKEN": "1"}),
     ]:
         done = run_cli(["serve", "--host", host, "--port", port, *args], tmp_path, clean_env(**env))
         assert done.returncode != 0, (how, done.stdout, done.stderr)
-        assert "TRAJPROXY_TRAINER_TOKEN" in done.stderr, (how, done.stderr)
+        assert "without a trainer token" in done.stderr and "--no-trainer-token" in done.stderr, (how, done.stderr)
         assert host in done.stderr, (how, done.stderr)
         assert "Traceback" not in done.stderr, (how, done.stderr)
         assert not (tmp_path / "trajproxy.db").exists()
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://{reach}:{port}/health", timeout=2)
+
+
+@pytest.mark.parametrize("which", NON_LOOPBACK)
+def test_a_non_loopback_bind_with_no_token_given_guards_the_api_with_a_generated_one(
+    tmp_path: Path, which: str
+) -> None:
+    host, reach = bind_and_reach(which)
+    for how, args, env in [
+        ("no token", [], {}),
+        ("an empty --trainer-token", ["--trainer-token", ""], {}),
+        ("a blank TRAJPROXY_TRAINER_TOKEN", [], {"TRAJPROXY_TRAINER_TOKEN": "  "}),
+    ]:
+        token_file = tmp_path / how.replace(" ", "-") / "token"
+        port = free_port()
+        base = f"http://{reach}:{port}"
+        environment = clean_env(TRAJPROXY_TRAINER_TOKEN_FILE=str(token_file), **env)
+        with serving(["--host", host, "--port", str(port), *args], tmp_path, environment) as served:
+            wait_healthy(served, base)
+            token = token_file.read_text().strip()
+            assert len(token) >= 32, how
+            assert request(base, "GET", "/api/episodes").status_code == 401, how
+            assert request(base, "GET", "/api/episodes", headers=bearer(token)).status_code == 200, how
+        assert token not in served.output(), how  # its log never holds it (nobody was at a terminal)
 
 
 def wait_healthy(served: Served, base: str) -> None:

@@ -87,7 +87,7 @@ def test_a_step_sent_twice_answers_once_and_goes_on(server: Any, trainer: Traine
     background(slow_agent)
     first = trainer.reset(episode.id, wait_s=10)
     body = {"message": RUN_LS}
-    with httpx.Client(base_url=server.url, timeout=30) as http:
+    with httpx.Client(base_url=server.url, timeout=30, headers={"authorization": f"Bearer {server.token}"}) as http:
         # the trainer hangs up while the step waits; the action it sent stands, and sending it again goes on
         with pytest.raises(httpx.ReadTimeout):
             http.post(f"/api/episodes/{episode.id}/step?wait=20", json=body, timeout=0.5)
@@ -158,7 +158,7 @@ def test_many_episodes_step_side_by_side(server: Any, trainer: TrainerClient, ba
     agents = [run_episode(trainer, episode, background) for episode in made]
 
     def walk(episode: Any) -> list[int]:
-        with TrainerClient(server.url) as own:
+        with TrainerClient(server.url, server.token) as own:
             kinds = [own.reset(episode.id, wait_s=10).step_type]
             kinds.append(own.step(episode.id, message=RUN_LS, wait_s=10).step_type)
             kinds.append(own.step(episode.id, f"done with {episode.id}", wait_s=10).step_type)
