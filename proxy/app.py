@@ -61,6 +61,7 @@ def create_app(settings: Settings) -> Trajproxy:
         turn_timeout_s=settings.turn_timeout_s,
         lease_s=settings.lease_s,
         retry_grace_s=settings.retry_grace_s,
+        restart_grace_s=settings.restart_grace_s,
     )
 
     @asynccontextmanager

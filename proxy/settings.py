@@ -20,6 +20,7 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=60.0, gt=0)
     keepalive_s: float = Field(default=10.0, gt=0)
     retry_grace_s: float = Field(default=5.0, ge=0)  # how long a hung-up agent's turn waits for its SDK's retry
+    restart_grace_s: float = Field(default=60.0, ge=0)  # how long a turn taken back at start-up waits for its retry
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     public_url: str | None = None
     socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)

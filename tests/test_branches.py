@@ -21,26 +21,33 @@ def assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
 
 
+def place(branches: Branches, turn_id: str, request: dict[str, Any]) -> tuple[int, str | None]:
+    """Where a call goes, recorded there at once (as the broker does once its turn is written)."""
+    spot = branches.locate(request)
+    branches.grow(turn_id, spot)
+    return spot.branch, spot.parent_id
+
+
 def test_branches_follow_conversations() -> None:
     branches = Branches()
     one = [SYSTEM, user("fix the bug")]
-    assert branches.place("t0", {"messages": one}) == (0, None)
+    assert place(branches, "t0", {"messages": one}) == (0, None)
     two = [*one, assistant("looking"), user("ok")]
-    assert branches.place("t1", {"messages": two}) == (0, "t0")
+    assert place(branches, "t1", {"messages": two}) == (0, "t0")
     sub = [{"role": "system", "content": "you are a search sub-agent"}, user("find foo")]
-    assert branches.place("t2", {"messages": sub}) == (1, None)
+    assert place(branches, "t2", {"messages": sub}) == (1, None)
     three = [*two, assistant("found it"), user("go on")]
-    assert branches.place("t3", {"messages": three}) == (0, "t1")  # the main conversation picks up again
-    assert branches.place("t4", {"messages": [*sub, assistant("foo is in a.py"), user("and bar?")]}) == (1, "t2")
+    assert place(branches, "t3", {"messages": three}) == (0, "t1")  # the main conversation picks up again
+    assert place(branches, "t4", {"messages": [*sub, assistant("foo is in a.py"), user("and bar?")]}) == (1, "t2")
     compacted = [SYSTEM, user("summary of the work so far: ..."), user("go on")]
-    assert branches.place("t5", {"messages": compacted}) == (2, None)
-    assert branches.place("t6", {"messages": three}) == (3, None)  # the same request again: a sibling
+    assert place(branches, "t5", {"messages": compacted}) == (2, None)
+    assert place(branches, "t6", {"messages": three}) == (3, None)  # the same request again: a sibling
     # moved cache markers, parts instead of strings and None for "" do not split a conversation
     marked = [SYSTEM, {"role": "user", "content": [{"type": "text", "text": "summary of the work so far: ..."}]},
               {"role": "user", "content": [{"type": "text", "text": "go on", "cache_control": {"type": "ephemeral"}}]},
               {"role": "assistant", "content": None}]  # fmt: skip
-    assert branches.place("t7", {"messages": marked}) == (2, "t5")
-    assert Branches(next_branch=7).place("t8", {"messages": one}) == (7, None)
+    assert place(branches, "t7", {"messages": marked}) == (2, "t5")
+    assert place(Branches(next_branch=7), "t8", {"messages": one}) == (7, None)
 
 
 def test_the_trajectory_records_branches(server: Any, trainer: TrainerClient, background: Any) -> None:

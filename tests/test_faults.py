@@ -205,6 +205,11 @@ def serve_args(port: int, database_url: str, retry_grace_s: float) -> list[str]:
     ]
 
 
+def restart_env(restart_grace_s: float) -> dict[str, str]:
+    """The server's environment with its restart grace set (how long a turn taken back waits for its agent)."""
+    return clean_env(TRAJPROXY_RESTART_GRACE_S=str(restart_grace_s))
+
+
 def kill_server(served: Any) -> None:
     served.process.kill()
     served.process.wait(EXIT_S)
@@ -298,8 +303,8 @@ def test_turns_whose_agents_do_not_come_back_after_a_restart_are_abandoned(
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = serve_args(port, database_url, retry_grace_s=1)
-    with serving(args, tmp_path) as first, TrainerClient(url) as trainer:
+    args, env = serve_args(port, database_url, retry_grace_s=1), restart_env(1)
+    with serving(args, tmp_path, env) as first, TrainerClient(url) as trainer:
         first.wait_healthy(port)
         parked_episode, leased_episode = trainer.create_episode(), trainer.create_episode()
         calls = [background(raw_call, url, e.key, "gone", 0, WAIT_S) for e in (parked_episode, leased_episode)]
@@ -309,7 +314,7 @@ def test_turns_whose_agents_do_not_come_back_after_a_restart_are_abandoned(
         for call in calls:  # these agents do not retry
             assert isinstance(call.exception(timeout=WAIT_S), httpx.TransportError)
 
-    with serving(args, tmp_path) as second, TrainerClient(url) as trainer:
+    with serving(args, tmp_path, env) as second, TrainerClient(url) as trainer:
         second.wait_healthy(port)
         assert trainer.next_turns(max=8, wait_s=3) == []  # no agent is waiting on them: no trainer gets them
         wait_until(lambda: {turn["status"] for turn in recorded(database_url)} == {"abandoned"})
@@ -403,7 +408,9 @@ def test_a_retry_while_its_first_attempt_is_still_being_recorded_joins_that_turn
     try:
         stall.execute("BEGIN IMMEDIATE")  # the disk stalls: no write commits until it is over
         first = held_call(int(server.url.rsplit(":", 1)[1]), episode.key, "slow disk")
-        wait_until(lambda: trainer.episode(episode.id).status == "running")  # its turn is being recorded
+        # Nothing says so from outside (the episode reads running only once the database has it): give the call
+        # a moment, far more than it needs, to reach the stalled database.
+        time.sleep(0.5)
         first.close()  # the agent gives up on it and retries, as SDKs do
         retry = background(raw_call, server.url, episode.key, "slow disk", 1, WAIT_S)
         time.sleep(1.0)  # time for the retry to arrive while the first attempt's turn is still unrecorded

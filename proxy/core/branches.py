@@ -9,46 +9,73 @@ break a conversation in two.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core.values import JsonObject, text_of
+from proxy.core.values import JsonObject, Turn, text_of
 
-_HEADS_KEPT = 64
+HEADS_KEPT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a call goes: its branch, and the turn it extends (None when it opens the branch)."""
+
+    branch: int
+    parent_id: str | None
+    prints: tuple[int, ...]
 
 
 @dataclass(slots=True)
 class _Head:
     branch: int
     turn_id: str
-    prints: list[int]
+    prints: tuple[int, ...]
 
 
 class Branches:
-    """The latest call of each branch of one episode."""
+    """The latest call of each branch of one episode (of its `HEADS_KEPT` newest branches)."""
 
     def __init__(self, next_branch: int = 0) -> None:
         self._heads: list[_Head] = []
         self._next = next_branch
 
-    def place(self, turn_id: str, request: JsonObject) -> tuple[int, str | None]:
-        """The branch a new call belongs to and the turn it extends (None when it opens a branch)."""
-        prints = [_fingerprint(message) for message in request.get("messages") or ()]
+    @classmethod
+    def resume(cls, next_branch: int, heads: Iterable[Turn]) -> Branches:
+        """The branches of an episode served before: each turn given is the latest of its branch."""
+        branches = cls(next_branch)
+        for turn in sorted(heads, key=lambda head: head.branch)[-HEADS_KEPT:]:
+            branches._heads.append(_Head(turn.branch, turn.id, _prints(turn.request)))
+        return branches
+
+    def locate(self, request: JsonObject) -> Place:
+        """Where a call goes: after the head whose messages it extends furthest, or on a new branch. The call
+        heads its branch only once `grow` says it was recorded (before the next `locate`)."""
+        prints = _prints(request)
         best: _Head | None = None
         for head in self._heads:
             n = len(head.prints)
             if n < len(prints) and prints[:n] == head.prints and (best is None or n > len(best.prints)):
                 best = head
         if best is None:
-            best = _Head(self._next, turn_id, prints)
-            self._next += 1
-            self._heads.append(best)
-            if len(self._heads) > _HEADS_KEPT:
-                self._heads.pop(0)
-            return best.branch, None
-        parent = best.turn_id
-        best.turn_id, best.prints = turn_id, prints
-        return best.branch, parent
+            return Place(self._next, None, prints)
+        return Place(best.branch, best.turn_id, prints)
+
+    def grow(self, turn_id: str, place: Place) -> None:
+        """The turn `locate` placed is recorded: it is the head of its branch now."""
+        head = next((head for head in self._heads if head.branch == place.branch), None)
+        if head is not None:
+            head.turn_id, head.prints = turn_id, place.prints
+            return
+        self._heads.append(_Head(place.branch, turn_id, place.prints))
+        self._next = max(self._next, place.branch + 1)
+        if len(self._heads) > HEADS_KEPT:
+            self._heads.pop(0)
+
+
+def _prints(request: JsonObject) -> tuple[int, ...]:
+    return tuple(_fingerprint(message) for message in request.get("messages") or ())
 
 
 def _fingerprint(message: Any) -> int:

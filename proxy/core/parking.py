@@ -26,6 +26,13 @@ class Slot:
     withdrawn: bool = False  # out of the queue: its agent hung up (a retry may come), or new calls are held
     grace_timer: asyncio.TimerHandle | None = field(default=None)
 
+    def fail(self, error: BaseException) -> None:
+        """Fail the turn's answer for the agent exchanges waiting on it; its agent may be gone, so none may ever
+        look (the error counts as seen, or asyncio would log it as never retrieved)."""
+        if not self.answer.done():
+            self.answer.set_exception(error)
+            self.answer.exception()
+
 
 class ParkingLot:
     def __init__(self, on_lease_expired: Callable[[Slot], None]) -> None:

@@ -44,6 +44,10 @@ class Store(Protocol):
         """What an episode has used so far, for an open episode this process has not served before."""
         ...
 
+    async def branch_heads(self, episode_id: str, limit: int) -> list[Turn]:
+        """The latest turn of each of the episode's `limit` newest branches: where its conversations stand."""
+        ...
+
     async def open_turns(self) -> list[Turn]:
         """Every turn still parked or leased, by episode and seq: at start-up, what a previous process left open."""
         ...

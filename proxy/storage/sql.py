@@ -173,6 +173,17 @@ class SqlStore:
             next_branch=0 if last_branch is None else int(last_branch) + 1,
         )
 
+    async def branch_heads(self, episode_id: str, limit: int) -> list[Turn]:
+        latest = (
+            select(func.max(turns.c.seq))
+            .where(turns.c.episode_id == episode_id)
+            .group_by(turns.c.branch)
+            .order_by(turns.c.branch.desc())
+            .limit(limit)
+        )
+        stmt = select(turns).where(turns.c.episode_id == episode_id, turns.c.seq.in_(latest)).order_by(turns.c.branch)
+        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+
     async def open_turns(self) -> list[Turn]:
         stmt = (
             select(turns)

@@ -1,0 +1,176 @@
+"""Live episodes: the open episodes this process serves, with what they have used, and tombstones of closed ones.
+
+An open episode this process has not served before (it was created by an earlier process, which stopped) is
+loaded from the store when first needed: its next seq, the tokens it has used and the head of each branch, so
+its agent's next call carries on its sequence and its conversation. A change of an episode's record (started,
+over budget, closed) is written first and held in memory only once the store has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from proxy.core.branches import HEADS_KEPT, Branches, Place
+from proxy.core.errors import EpisodeClosed
+from proxy.core.ledger import failure
+from proxy.core.ports import Store
+from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Reply, Tally, Turn
+
+log = logging.getLogger("trajproxy")
+
+_CLOSED_EPISODES = 100_000
+
+
+@dataclass(eq=False, slots=True)
+class LiveEpisode:
+    """An open episode this process serves: its latest state, what it has used, its branches, the calls whose
+    turns are being written (each body by the future its write resolves), its latest answer (what an SDK
+    retry may need replayed) and the tool-call arguments its agent was sent."""
+
+    episode: Episode
+    next_seq: int
+    tokens: int
+    branches: Branches
+    recording: dict[asyncio.Future[None], bytes] = field(default_factory=dict)
+    last_answered: Turn | None = None
+    arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
+    # One new turn written at a time, and one change of the episode's record: what memory holds then follows
+    # the store, write by write, even when a write fails.
+    writing_turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    writing_episode: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def took(self, turn: Turn, place: Place) -> None:
+        """The store has recorded a new turn of this episode: its seq is taken and it heads its branch."""
+        self.next_seq = turn.seq + 1
+        self.branches.grow(turn.id, place)
+
+    def account(self, turn: Turn, reply: Reply) -> None:
+        """What an answered turn adds: tokens used, the retry replay, the tool-call arguments sent."""
+        self.tokens += reply.usage.total_tokens if reply.usage else 0
+        self.last_answered = turn
+        for call in (reply.message or {}).get("tool_calls") or ():
+            self.arguments[call["id"]] = call["function"]["arguments"]
+
+    def restore_arguments(self, request: JsonObject) -> None:
+        """Give tool calls the agent sends back the exact arguments string the trainer sent, where the agent's
+        dialect carries arguments as a JSON object (Anthropic) and so re-serialised them: the trainer's history
+        then holds the very text its policy produced."""
+        if not self.arguments:
+            return
+        for message in request.get("messages") or ():
+            for call in (message.get("tool_calls") or ()) if isinstance(message, dict) else ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict):
+                    continue
+                original, echoed = self.arguments.get(call.get("id")), function.get("arguments")
+                if original is not None and original != echoed and _same_json(original, echoed):
+                    function["arguments"] = original
+
+    def route(self, request: JsonObject) -> ModelRoute | None:
+        """The episode's routing rule that sends this call to a model, if one does."""
+        return next((route for route in self.episode.routes if route.matches(request)), None)
+
+
+class LiveEpisodes:
+    """The open episodes this process serves, by id and by key hash, and the latest closed ones it has seen."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._open: dict[str, LiveEpisode] = {}
+        self._by_key: dict[str, LiveEpisode] = {}
+        self._closed: OrderedDict[str, Episode] = OrderedDict()  # tombstones: a stale read cannot reopen these
+
+    def get(self, episode_id: str) -> LiveEpisode | None:
+        return self._open.get(episode_id)
+
+    def by_key_hash(self, key_hash: str) -> LiveEpisode | None:
+        return self._by_key.get(key_hash)
+
+    def closed(self, episode_id: str) -> Episode | None:
+        return self._closed.get(episode_id)
+
+    async def load(self, episode_id: str) -> LiveEpisode | None:
+        """The live state of an open episode, loaded from the store if this process has not seen it."""
+        live = self._open.get(episode_id)
+        if live is not None or episode_id in self._closed:
+            return live if live is not None and not live.episode.status.closed else None
+        episode = await self._store.episode(episode_id)
+        if episode is None or episode.status.closed:
+            return None
+        tally, heads = await asyncio.gather(
+            self._store.tally(episode_id), self._store.branch_heads(episode_id, HEADS_KEPT)
+        )
+        if episode_id in self._closed:  # finished while we were reading the store
+            return None
+        return self._open.get(episode_id) or self.add(episode, tally, heads)
+
+    def add(self, episode: Episode, tally: Tally, heads: Iterable[Turn] = ()) -> LiveEpisode:
+        live = LiveEpisode(episode, tally.next_seq, tally.tokens, Branches.resume(tally.next_branch, heads))
+        self._open[episode.id] = live
+        self._by_key[episode.key_hash] = live
+        return live
+
+    async def start(self, live: LiveEpisode, first_turn: asyncio.Future[None], now: float) -> None:
+        """Record a pending episode as running, with its first turn (`first_turn`, its write); memory says so
+        once the store does."""
+        async with live.writing_episode:
+            if live.episode.status is not EpisodeStatus.PENDING:  # finished while its first call waited
+                return
+            running = replace(live.episode, status=EpisodeStatus.RUNNING, started_at=now)
+            started = asyncio.ensure_future(self._store.save_episode(running))
+            await asyncio.wait([first_turn, started])  # neither write is cancelled with the call
+            if (error := failure(started)) is None:
+                live.episode = running
+            else:  # its turn may be recorded all the same: the episode's next call records it running
+                log.warning("episode %s could not be recorded as running: %s", running.id, error)
+
+    async def flag(self, live: LiveEpisode, over_budget: str) -> None:
+        """Record why the episode's latest refused call was over its budget."""
+        async with live.writing_episode:
+            if live.episode.status.closed:
+                raise closed_error(live.episode)
+            if live.episode.over_budget != over_budget:
+                flagged = replace(live.episode, over_budget=over_budget)
+                await self._store.save_episode(flagged)
+                live.episode = flagged
+
+    async def close(
+        self, live: LiveEpisode, status: EpisodeStatus, reason: str | None, now: float, over_budget: str | None
+    ) -> Episode | None:
+        """Record an open episode closed, then forget its live state; None if it closed first (another finish
+        at the same time)."""
+        async with live.writing_episode:
+            if live.episode.status.closed:
+                return None
+            episode = replace(live.episode, status=status, reason=reason, ended_at=now)
+            if over_budget is not None:
+                episode = replace(episode, over_budget=over_budget)
+            await self._store.save_episode(episode)  # if it fails, the episode stays open here as in the store
+            live.episode = episode  # in-flight calls of this episode see it closed from now on
+            self.bury(episode)
+            return episode
+
+    def bury(self, episode: Episode) -> None:
+        """Forget a closed episode's live state, keeping a tombstone so no stale read revives it."""
+        self._open.pop(episode.id, None)
+        self._by_key.pop(episode.key_hash, None)
+        self._closed[episode.id] = episode
+        if len(self._closed) > _CLOSED_EPISODES:
+            self._closed.popitem(last=False)
+
+
+def closed_error(episode: Episode) -> EpisodeClosed:
+    why = f": {episode.reason}" if episode.reason else ""
+    return EpisodeClosed(f"episode {episode.id} is {episode.status}{why}; it takes no more calls")
+
+
+def _same_json(a: object, b: object) -> bool:
+    try:
+        return isinstance(a, str) and isinstance(b, str) and json.loads(a) == json.loads(b)
+    except ValueError:
+        return False

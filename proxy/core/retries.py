@@ -1,0 +1,42 @@
+"""SDK retries: a call an agent's SDK sends again (the same body) belongs to the turn its first attempt made.
+
+An SDK retries when its connection died or timed out: the agent hung up, or the proxy stopped. The retry
+attaches to that turn while it is open (or still being written), or gets its recorded reply again if it was
+answered meanwhile; it never becomes a second turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.core.episodes import LiveEpisode
+from proxy.core.parking import ParkingLot, Slot
+from proxy.core.ports import Store
+
+RETRY_LOOKBACK = 16  # an episode's latest answers a retry is matched against (more than its calls at once)
+
+
+async def retried(lot: ParkingLot, store: Store, live: LiveEpisode, wire: bytes) -> Slot | None:
+    """The turn an SDK retry with this exact body belongs to: still open (or still being written), or
+    answered, its reply lost on the way (the agent hung up, or the proxy stopped before sending it); the
+    retry then gets that reply again."""
+    for write in [write for write, body in live.recording.items() if body == wire]:
+        await asyncio.shield(write)
+    episode_id = live.episode.id
+    for slot in lot.of_episode(episode_id):
+        if slot.turn.wire == wire:
+            slot.exchanges += 1
+            if slot.grace_timer is not None:
+                slot.grace_timer.cancel()
+                slot.grace_timer = None
+            lot.restore(slot)
+            return slot
+    answered = live.last_answered
+    if answered is None or answered.wire != wire:  # not the last answer this process gave: ask the store
+        latest = await store.latest_answered(episode_id, RETRY_LOOKBACK)
+        answered = next((turn for turn in latest if turn.wire == wire), None)
+        if answered is None:
+            return None
+    replay = Slot(answered, asyncio.get_running_loop().create_future())
+    replay.answer.set_result(answered)
+    return replay
