@@ -330,6 +330,90 @@ def test_turns_whose_agents_do_not_come_back_after_a_restart_are_abandoned(
     assert all("restart" in turn["reason"] for turn in turns.values())
 
 
+def test_a_turn_taken_back_waits_the_restart_grace_for_its_agent_not_the_retry_grace(
+    database_url: str, tmp_path: Path, background: Any
+) -> None:
+    retry_grace_s, restart_grace_s = 0.5, 8.0
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args, env = serve_args(port, database_url, retry_grace_s=retry_grace_s), restart_env(restart_grace_s)
+    with serving(args, tmp_path, env) as first, TrainerClient(url) as trainer:
+        first.wait_healthy(port)
+        back_soon, back_late = trainer.create_episode(), trainer.create_episode()
+        calls = [held_call(port, episode.key, "backing off") for episode in (back_soon, back_late)]
+        wait_until(lambda: health(url)["ready_turns"] == 2)
+        taken = {episode.id: trainer.trajectory(episode.id).turns[0].id for episode in (back_soon, back_late)}
+        kill_server(first)
+        for sock in calls:
+            sock.close()
+
+    with serving(args, tmp_path, env) as second, TrainerClient(url) as trainer:
+        second.wait_healthy(port)
+        restarted = time.monotonic()  # the turns were taken back a little before this
+        time.sleep(retry_grace_s * 3)  # an SDK in its backoff: past the retry grace, within the restart grace
+        assert health(url)["open_turns"] == 2  # both turns still wait for their agents
+        retried = background(raw_call, url, back_soon.key, "backing off", 3, WAIT_S)
+        [turn] = pull(trainer, 1)
+        assert turn.id == taken[back_soon.id]  # the retry joined the turn taken back: one turn, not two
+        answer(trainer, [turn])
+        assert retried.result(timeout=WAIT_S).json()["choices"][0]["message"]["content"] == "re: backing off"
+        assert time.monotonic() - restarted < restart_grace_s  # (the retry did come within the restart grace)
+
+        # The other agent comes back after the restart grace: its turn was abandoned; its call is a new turn.
+        wait_until(lambda: trainer.turn(taken[back_late.id]).status == "abandoned")
+        assert time.monotonic() - restarted > restart_grace_s - 1.0  # not at the retry grace
+        retried = background(raw_call, url, back_late.key, "backing off", 4, WAIT_S)
+        [turn] = pull(trainer, 1)
+        assert turn.id != taken[back_late.id]
+        answer(trainer, [turn])
+        assert retried.result(timeout=WAIT_S).json()["choices"][0]["message"]["content"] == "re: backing off"
+
+    turns = recorded(database_url)
+    assert [(t["episode_id"], t["seq"], t["status"]) for t in turns] == sorted(
+        [(back_soon.id, 0, "answered"), (back_late.id, 0, "abandoned"), (back_late.id, 1, "answered")]
+    )
+    assert "restart" in next(t["reason"] for t in turns if t["status"] == "abandoned")
+
+
+def test_an_episode_carries_on_each_of_its_conversations_after_a_restart(
+    database_url: str, tmp_path: Path, background: Any
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = serve_args(port, database_url, retry_grace_s=5)
+    system, sub_agent = "you are an agent", "you are a search sub-agent"
+    history = {system: [{"role": "system", "content": system}, {"role": "user", "content": "fix the bug"}]}
+    history[sub_agent] = [{"role": "system", "content": sub_agent}, {"role": "user", "content": "find foo"}]
+
+    def converse(agent: openai.OpenAI, trainer: TrainerClient, who: str) -> None:
+        """One call of a conversation, answered; the conversation then goes on with the reply and a next step."""
+        messages = history[who]
+        pending = background(agent.chat.completions.create, model="m", messages=messages)
+        [turn] = pull(trainer, 1)
+        trainer.reply(turn.id, f"step {turn.seq}")
+        reply = pending.result(timeout=WAIT_S).choices[0].message.model_dump(exclude_none=True)
+        messages += [reply, {"role": "user", "content": "go on"}]
+
+    with serving(args, tmp_path) as first, TrainerClient(url) as trainer:
+        first.wait_healthy(port)
+        episode = trainer.create_episode()
+        for who in (system, sub_agent, system):
+            converse(sdk_agent(episode), trainer, who)
+        kill_server(first)
+
+    with serving(args, tmp_path) as second, TrainerClient(url) as trainer:
+        second.wait_healthy(port)
+        for who in (system, sub_agent):  # each conversation picks up where it was
+            converse(sdk_agent(episode), trainer, who)
+        history["compacted"] = [{"role": "system", "content": system}, {"role": "user", "content": "a summary"}]
+        converse(sdk_agent(episode), trainer, "compacted")  # and a new one opens a new branch
+        turns = trainer.trajectory(episode.id).turns
+
+    assert [(t.seq, t.branch) for t in turns] == [(0, 0), (1, 1), (2, 0), (3, 0), (4, 1), (5, 2)]
+    ids = [t.id for t in turns]
+    assert [t.parent_id for t in turns] == [None, None, ids[0], ids[2], ids[1], None]
+
+
 @dataclass
 class SlowModel:
     """An upstream model (a fake: real ones are external and expensive) that keeps calls waiting until

@@ -373,6 +373,29 @@ class StoreContract:
 
         run(body())
 
+    def test_branch_heads_are_the_latest_turn_of_each_newest_branch(self, make_store: MakeStore) -> None:
+        async def body() -> None:
+            async with opened(make_store) as store:
+                episode, other = episode_value(), episode_value()
+                await settled(store.add_episode(episode))
+                await settled(store.add_episode(other))
+                assert await store.branch_heads(episode.id, 8) == []
+                branches = [0, 0, 1, 0, 2, 1, 3]  # seq by seq; whatever became of a turn, it heads its branch
+                statuses = [TurnStatus.ANSWERED] * 5 + [TurnStatus.ABANDONED, TurnStatus.PARKED]
+                turns = [
+                    turn_value(episode.id, seq, branch=branch, status=status)
+                    for seq, (branch, status) in enumerate(zip(branches, statuses, strict=True))
+                ]
+                for turn in turns:
+                    await settled(store.add_turn(turn))
+                await settled(store.add_turn(turn_value(other.id, 0, branch=0)))
+                heads = await store.branch_heads(episode.id, 8)
+                assert heads == [turns[3], turns[5], turns[4], turns[6]]  # by branch, each its latest turn
+                assert await store.branch_heads(episode.id, 2) == [turns[4], turns[6]]  # the newest branches
+                assert [(t.episode_id, t.seq) for t in await store.branch_heads(other.id, 8)] == [(other.id, 0)]
+
+        run(body())
+
     def test_turn_of_unknown_episode_is_refused(self, make_store: MakeStore) -> None:
         async def body() -> None:
             async with opened(make_store) as store:
