@@ -23,35 +23,40 @@ from proxy import __version__
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.http.agent import AgentRoutes
-from proxy.http.edge import error_body, redact, status_of
+from proxy.http.edge import asks_upgrade, error_body, redact, refuse_upgrade, status_of
 from proxy.http.fast import FastLane
 from proxy.http.gate import TrainerGate
 from proxy.http.trainer import trainer_routes
 from proxy.settings import Settings
 from proxy.storage.sql import SqlStore
 from proxy.tokens import TiktokenCounter
+from proxy.trainer_token import settle
 from proxy.upstream import LitellmUpstream
 
 log = logging.getLogger("trajproxy")
 
 
 class Trajproxy:
-    """The whole ASGI app, with the broker it serves."""
+    """The whole ASGI app, with the broker it serves and the settings it was built with (its trainer token too)."""
 
     def __init__(self, broker: Broker, api: FastAPI, settings: Settings) -> None:
         self.broker = broker
+        self.settings = settings
         self._agents = AgentRoutes(broker, settings)
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
         self._rest = TrainerGate(FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (agent_call := self._agents.route(scope)) is not None:
+        if scope["type"] == "websocket" or (scope["type"] == "http" and asks_upgrade(scope)):
+            await refuse_upgrade(scope, send)
+        elif scope["type"] == "http" and (agent_call := self._agents.route(scope)) is not None:
             await agent_call(scope, receive, send)
         else:
             await self._rest(scope, receive, send)
 
 
 def create_app(settings: Settings) -> Trajproxy:
+    settings, _ = settle(settings)  # the trainer API is never open unless the settings opt out
     store = SqlStore(settings.database_url)
     tokens = TiktokenCounter()
     broker = Broker(

@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--lease-s", type=float, help="seconds a pulled turn stays leased (default 60)")
     serve.add_argument("--keepalive-s", type=float, help="seconds between stream keep-alives (default 10)")
     serve.add_argument("--retry-grace-s", type=float, help="seconds a hung-up agent's turn waits for a retry (5)")
+    serve.add_argument(
+        "--restart-grace-s", type=float, help="seconds a turn taken back at start-up waits for its agent's retry (60)"
+    )
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 32 MiB)")
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")

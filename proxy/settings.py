@@ -15,7 +15,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     database_url: str = "sqlite:///./trajproxy.db"
-    trainer_token: SecretStr | None = None
+    trainer_token: SecretStr | None = None  # None: the token file's (see proxy/trainer_token.py)
+    trainer_token_file: str | None = None  # where a generated token is kept (default ~/.config/trajproxy/trainer-token)
+    no_trainer_token: bool = False  # an open trainer API, on loopback only: for a throwaway session
     turn_timeout_s: float = Field(default=300.0, gt=0)
     lease_s: float = Field(default=60.0, gt=0)
     keepalive_s: float = Field(default=10.0, gt=0)
@@ -50,10 +52,12 @@ class Settings(BaseSettings):
 
     def refusal(self) -> str | None:
         """Why these settings must not be served, or None if they are safe."""
-        if self.trainer_token is None and not self.loopback_only:
+        if self.no_trainer_token and self.trainer_token is not None:
+            return "--no-trainer-token and a trainer token (TRAJPROXY_TRAINER_TOKEN) were both given: choose one"
+        if self.no_trainer_token and not self.loopback_only:
             return (
                 f"refusing to listen on {self.host} without a trainer token: anyone who can reach it could "
-                "read and answer every episode. Set one with --trainer-token or TRAJPROXY_TRAINER_TOKEN "
-                "(e.g. TRAJPROXY_TRAINER_TOKEN=$(openssl rand -hex 32)), or bind 127.0.0.1."
+                "read and answer every episode. Drop --no-trainer-token (a token is then generated), set one with "
+                "--trainer-token or TRAJPROXY_TRAINER_TOKEN, or bind 127.0.0.1."
             )
         return None

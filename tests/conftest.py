@@ -27,6 +27,7 @@ from proxy.client import TrainerClient
 from proxy.serving import uvicorn_config
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
+from proxy.trainer_token import kept_token
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.tasks import Task, read_tasks
 
@@ -35,9 +36,12 @@ POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "settings(**overrides): trajproxy settings for the `server` fixture")
-    # The token file servers keep a generated trainer token in: one of the test run's own, never the user's.
-    os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"] = str(Path(tempfile.mkdtemp(prefix="tp-token")) / "trainer-token")
+    # The token file servers keep a generated trainer token in: one of the test run's own, never the user's, made
+    # now so that a client built before its `trajproxy serve` has started already finds the token.
+    token_file = Path(tempfile.mkdtemp(prefix="tp-token")) / "trainer-token"
+    os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"] = str(token_file)
     os.environ.pop("TRAJPROXY_TRAINER_TOKEN", None)
+    kept_token(token_file)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -8,6 +8,9 @@ import anthropic
 
 from proxy.client import TrainerClient
 from proxy.core.branches import Branches
+from proxy.dialects.anthropic import AnthropicDialect
+from proxy.dialects.chat import ChatDialect
+from proxy.dialects.responses import ResponsesDialect
 from tests.test_trainer_api import agent_for
 
 SYSTEM = {"role": "system", "content": "you are an agent"}
@@ -92,3 +95,64 @@ def test_claude_code_style_cache_markers_keep_one_branch(server: Any, trainer: T
     ]
     say(second)
     assert [t.branch for t in trainer.trajectory(episode.id).turns] == [0, 0]
+
+
+def grown(dialect: Any, first: dict[str, Any], second: dict[str, Any]) -> tuple[list[list[str]], list[Any]]:
+    """Two calls of one agent, parsed by `dialect` and placed as one episode's: the roles the trainer sees in
+    each, and where each call was placed (branch, parent)."""
+    branches = Branches()
+    calls = [dialect.parse(body).request for body in (first, second)]
+    places = []
+    for n, call in enumerate(calls):
+        place = branches.locate(call)
+        branches.grow(f"t{n}", place)
+        places.append((place.branch, place.parent_id))
+    return [[message["role"] for message in call["messages"]] for call in calls], places
+
+
+def test_anthropic_messages_keep_their_role_whatever_form_their_content_takes() -> None:
+    """Claude Code's mid-conversation system message: blocks on its first call, a string on the next."""
+    system_blocks = {"role": "system", "content": [{"type": "text", "text": "plan mode is off"}]}
+    first = {"model": "m", "system": "you are an agent", "messages": [user("fix it"), system_blocks]}
+    reply = {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "Bash", "input": {}}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "ok"}]}
+    as_string = {"role": "system", "content": "plan mode is off"}
+    second = {**first, "messages": [user("fix it"), as_string, reply, result]}
+    roles, places = grown(AnthropicDialect(), first, second)
+    assert roles == [["system", "user", "system"], ["system", "user", "system", "assistant", "tool"]]
+    assert places == [(0, None), (0, "t0")]
+    # the other way round (a string first, blocks later), and a user message that turns into blocks
+    blocks_user = {"role": "user", "content": [{"type": "text", "text": "fix it", "cache_control": {"type": "x"}}]}
+    later = {**first, "messages": [blocks_user, system_blocks, reply, result]}
+    roles, places = grown(AnthropicDialect(), {**first, "messages": [user("fix it"), as_string]}, later)
+    assert roles[1] == ["system", "user", "system", "assistant", "tool"]
+    assert places == [(0, None), (0, "t0")]
+
+
+def test_responses_items_keep_the_role_of_whoever_made_them() -> None:
+    """A freeform tool's call (the Codex CLI's apply_patch) is the assistant's, its output a tool result; message
+    content as a string or as parts reads the same."""
+    developer = {"role": "developer", "content": [{"type": "input_text", "text": "be brief"}]}
+    task = {"role": "user", "content": "fix it"}
+    first = {"model": "m", "input": [developer, task]}
+    patch = {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"}
+    output = {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done"}
+    said = {"role": "assistant", "content": [{"type": "output_text", "text": "patching"}]}
+    second = {"model": "m", "input": [{**developer, "content": "be brief"}, task, said, patch, output]}
+    roles, places = grown(ResponsesDialect(), first, second)
+    assert roles == [["developer", "user"], ["developer", "user", "assistant", "tool"]]
+    assert places == [(0, None), (0, "t0")]
+    request = ResponsesDialect().parse(second).request
+    assert request["messages"][2]["tool_calls"] == [
+        {"id": "c1", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin Patch"}}
+    ]
+    assert request["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "Done"}
+
+
+def test_chat_messages_in_string_or_parts_stay_one_branch() -> None:
+    first = {"model": "m", "messages": [SYSTEM, user("fix it")]}
+    parts = {"role": "system", "content": [{"type": "text", "text": "you are an agent"}]}
+    second = {"model": "m", "messages": [parts, user("fix it"), assistant("done?"), user("yes")]}
+    roles, places = grown(ChatDialect(), first, second)
+    assert roles[1] == ["system", "user", "assistant", "user"]
+    assert places == [(0, None), (0, "t0")]

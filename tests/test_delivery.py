@@ -173,10 +173,14 @@ def test_finishing_an_episode_fails_its_parked_calls_and_refuses_new_ones(
     assert closed.value.status == 409
 
 
+def as_trainer(server: Any) -> dict[str, str]:
+    return {"authorization": f"Bearer {server.token}"}
+
+
 def test_a_long_poll_whose_client_left_takes_no_turn(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
     with pytest.raises(httpx.ReadTimeout):  # a trainer long-polls, then dies
-        httpx.get(f"{server.url}/api/turns/next", params={"wait": 30}, timeout=0.5)
+        httpx.get(f"{server.url}/api/turns/next", params={"wait": 30}, headers=as_trainer(server), timeout=0.5)
     wait_until(lambda: httpx.get(f"{server.url}/health").json()["waiting_pollers"] == 0)  # the proxy noticed
     call = background(ask, episode)
     turn = trainer.next_turns(wait_s=5)[0]
@@ -282,7 +286,7 @@ def test_a_reply_with_non_finite_logprobs_is_refused_and_the_turn_stays_open(
     refused = httpx.post(
         f"{server.url}/api/turns/{turn.id}/reply",
         content=b'{"message": {"content": "x"}, "logprobs": [-0.5, -Infinity]}',
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **as_trainer(server)},
     )
     assert refused.status_code in (400, 422)
     assert trainer.turn(turn.id).status == "leased"

@@ -143,11 +143,12 @@ class Actors:
         self._running: list[subprocess.Popen[str]] = []
         self._reader = ThreadPoolExecutor(max_workers=8)
 
-    def start(self, *args: str) -> subprocess.Popen[str]:
+    def start(self, *args: str, token: str | None = None) -> subprocess.Popen[str]:
+        """Start an actor; a trainer actor sends `token` (else the test run's token file's)."""
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.actors", *args],
             cwd=ROOT,
-            env=clean_env(),
+            env=clean_env(**({"TRAJPROXY_TRAINER_TOKEN": token} if token else {})),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -518,7 +519,7 @@ def test_a_crashed_trainers_turns_are_redelivered_and_its_leases_refused(
     episodes = [trainer.create_episode() for _ in range(3)]
     calls = [background(ask, sdk_agent(e), f"question {i}") for i, e in enumerate(episodes)]
     wait_until(lambda: health(server.url)["ready_turns"] == 3)
-    crashed = actors.start("trainer", server.url, "--turns", "3", "--lease-s", "1")
+    crashed = actors.start("trainer", server.url, "--turns", "3", "--lease-s", "1", token=server.token)
     held = actors.said(crashed)["pulled"]
     assert [turn["deliveries"] for turn in held] == [1, 1, 1]
     actors.kill(crashed)
@@ -553,7 +554,7 @@ def test_a_frozen_trainers_late_replies_are_refused_and_the_live_trainers_stand(
     episodes = [trainer.create_episode() for _ in range(4)]
     calls = [background(ask, sdk_agent(e), f"question {i}") for i, e in enumerate(episodes)]
     wait_until(lambda: health(server.url)["ready_turns"] == 4)
-    frozen = actors.start("trainer", server.url, "--turns", "4", "--lease-s", "1")
+    frozen = actors.start("trainer", server.url, "--turns", "4", "--lease-s", "1", token=server.token)
     assert len(actors.said(frozen)["pulled"]) == 4
     frozen.send_signal(signal.SIGSTOP)  # a trainer stuck (a long GC pause, a swapped-out host) past its leases
 
@@ -582,7 +583,7 @@ def test_an_agent_killed_mid_stream_abandons_its_turn(
     make_server: Callable[..., LiveServer], actors: Actors, when: str, keepalive_s: float
 ) -> None:
     server = make_server(keepalive_s=keepalive_s, retry_grace_s=0.5)
-    with TrainerClient(server.url) as trainer:
+    with TrainerClient(server.url, server.token) as trainer:
         episode = trainer.create_episode()
         agent = actors.start("agent", server.url, episode.key, "streaming", "--stream")
         assert actors.said(agent) == {"calling": "streaming"}
@@ -609,7 +610,7 @@ def test_an_agent_killed_mid_stream_abandons_its_turn(
 def test_trainers_killed_mid_long_poll_take_no_turn_with_them(
     server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors
 ) -> None:
-    pollers = [actors.start("poller", server.url) for _ in range(3)]
+    pollers = [actors.start("poller", server.url, token=server.token) for _ in range(3)]
     for poller in pollers:
         assert actors.said(poller) == {"polling": True}
     wait_until(lambda: health(server.url)["waiting_pollers"] == 3)

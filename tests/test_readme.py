@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 README = Path(__file__).parent.parent / "README.md"
 
 
+@pytest.mark.settings(trainer_token=None)  # the token `trajproxy serve` makes and keeps, as a user's would be
 def test_the_quickstart_runs_as_written(server: Any) -> None:
     snippet = re.search(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
     assert snippet is not None, "the README lost its quickstart"

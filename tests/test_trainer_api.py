@@ -38,9 +38,16 @@ def ask(agent: openai.OpenAI, messages: list[dict[str, Any]] = HELLO, **kwargs: 
     return agent.chat.completions.create(model=MODEL, messages=messages, **kwargs)  # type: ignore[arg-type]
 
 
-def api(server: Any, method: str, path: str, token: str | None = None, **kwargs: Any) -> httpx.Response:
-    """A raw request to the proxy; `token` goes out as a bearer token."""
+AS_TRAINER = "<the server's trainer token>"
+
+
+def api(server: Any, method: str, path: str, token: str | None = AS_TRAINER, **kwargs: Any) -> httpx.Response:
+    """A raw request to the proxy; `token` goes out as a bearer token (by default the server's trainer token, on
+    /api routes; None sends none)."""
     headers = dict(kwargs.pop("headers", {}))
+    if token == AS_TRAINER:
+        secret = server.settings.trainer_token
+        token = secret.get_secret_value() if secret is not None and path.startswith("/api") else None
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
     return httpx.request(method, server.url + path, headers=headers, timeout=10, **kwargs)
@@ -63,7 +70,7 @@ def error_of(response: httpx.Response, status: int, kind: str | None = None) -> 
     return error
 
 
-def snapshot(server: Any, episode_id: str, token: str | None = None) -> dict[str, Any]:
+def snapshot(server: Any, episode_id: str, token: str | None = AS_TRAINER) -> dict[str, Any]:
     """The episode's whole recorded trajectory, as raw JSON, for before/after comparisons."""
     response = api(server, "GET", f"/api/episodes/{episode_id}/trajectory", token)
     assert response.status_code == 200, response.text
@@ -748,7 +755,8 @@ def test_unknown_routes_are_404_in_the_error_shape(server: Any, trainer: Trainer
         ("POST", "/api/episodes/x/y/z"),
         ("GET", "/v2/chat/completions"),
     ]:
-        error = error_of(api(server, method, path, token=episode.key), 404, "not_found_error")
+        token = AS_TRAINER if path.startswith("/api/") else episode.key  # each side's own credentials
+        error = error_of(api(server, method, path, token=token), 404, "not_found_error")
         assert path in error["message"], error
 
 
@@ -860,7 +868,7 @@ def test_the_trainer_token_is_checked_before_the_body_is_read(server: Any, train
     json_headers = {"content-type": "application/json"}
     for path in ("/api/episodes", f"/api/episodes/{episode.id}/rewards", f"/api/episodes/{episode.id}/finish"):
         for content in (b"{not json", b'{"value": NaN}', b"[]"):
-            response = api(server, "POST", path, content=content, headers=json_headers)
+            response = api(server, "POST", path, None, content=content, headers=json_headers)
             error_of(response, 401, "authentication_error")
     assert [e.id for e in trainer.episodes().episodes] == [episode.id]
 
