@@ -13,11 +13,13 @@ once and starve whatever else in the process uses it (an embedded trajproxy's re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -26,6 +28,8 @@ import docker
 import docker.errors
 
 from sandbox.containers import ExecResult, SandboxError, SandboxSpec
+from sandbox.gate import RELAYING
+from sandbox.run_identity import RunIdentity
 
 MANAGED = "trajproxy.managed"
 GATE_SOURCE = (Path(__file__).parent / "gate.py").read_text()
@@ -33,6 +37,7 @@ GATE_MOUNT = "/run/trajproxy"
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
 _EXEC_GRACE_S = 30.0
 _MAX_THREADS = 1024  # started only as needed; about one per running agent
+_GATE_LOG = docker.types.LogConfig(type="json-file", config={"max-size": "1m"})  # readable, whatever the default
 
 T = TypeVar("T")
 
@@ -42,12 +47,21 @@ async def _blocking(threads: ThreadPoolExecutor, call: Callable[..., T], *args: 
     return await asyncio.get_running_loop().run_in_executor(threads, partial(call, *args, **kwargs))
 
 
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What a prune did: the containers it removed, and those it left, each with why."""
+
+    removed: tuple[str, ...]
+    kept: Mapping[str, str]  # container id -> why it was left
+
+
 class DockerSandboxes:
     """Starts sandboxes whose only reachable address is trajproxy, served on a Unix socket.
 
     `socket_source` is where that socket's directory comes from: a host directory (trajproxy runs on
     the host) or a named volume (trajproxy runs in compose). `proxy_port` is the port agents use on
-    their loopback, so their base URL is http://127.0.0.1:<proxy_port>/v1.
+    their loopback, so their base URL is http://127.0.0.1:<proxy_port>/v1. Every container carries `labels`,
+    and the identity of `run` (by default this process), so that `prune` knows whose it is.
     """
 
     def __init__(
@@ -58,13 +72,18 @@ class DockerSandboxes:
         gate_image: str = "python:3.11-slim",
         proxy_port: int = 8000,
         labels: dict[str, str] | None = None,
+        run: RunIdentity | None = None,
+        gate_timeout_s: float = 60.0,
         client: Any = None,
     ) -> None:
         self._socket_source = socket_source
         self._socket_name = socket_name
         self._gate_image = gate_image
         self.proxy_port = proxy_port
-        self.labels = {MANAGED: "1", **(labels or {})}  # on every container; prune() removes what carries them
+        self._selector = {**(labels or {}), MANAGED: "1"}  # what prune() looks at
+        self.run = run or RunIdentity.current()
+        self.labels = {**self._selector, **self.run.labels()}  # on every container these sandboxes start
+        self._gate_timeout_s = gate_timeout_s
         self._client = client
         self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="trajproxy-docker")
 
@@ -74,10 +93,21 @@ class DockerSandboxes:
         return f"http://127.0.0.1:{self.proxy_port}"
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
-        return await _blocking(self._threads, self._start, spec)
+        """Start a sandbox; with `spec.proxy`, it is returned once its gate relays, so the agent's first call
+        is never refused. Cancelled midway, it removes what it had started before it gives way."""
+        starting = asyncio.ensure_future(_blocking(self._threads, self._start, spec))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The docker calls run on a thread that cancelling cannot stop: wait for them, then undo them.
+            with contextlib.suppress(SandboxError):
+                await (await starting).stop()
+            raise
 
-    async def prune(self) -> int:
-        """Remove every container these sandboxes' labels mark (all of trajproxy's, by default); returns how many."""
+    async def prune(self) -> Pruned:
+        """Remove the containers with these sandboxes' labels (every one of trajproxy's, by default) whose run is
+        gone: runs of this owner, on this host, whose process has exited. Those of a live run, another owner
+        or another host are left, and said why."""
         return await _blocking(self._threads, self._prune)
 
     def _docker(self) -> Any:
@@ -93,26 +123,37 @@ class DockerSandboxes:
         client = self._docker()
         for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
             _ensure_image(client, image)
-        labels = {**self.labels, **spec.labels}
+        made: list[Any] = []  # every container created, so that a start failing at any later step leaves none
+        try:
+            agent, gate = self._create(client, spec, made)
+        except BaseException:
+            _remove(*made)
+            raise
+        return DockerSandbox(agent, gate, spec.workdir, self._threads)
+
+    def _create(self, client: Any, spec: SandboxSpec, made: list[Any]) -> tuple[Any, Any]:
+        """The agent's container and its gate (None without `spec.proxy`), started, the gate relaying."""
+        labels = {**spec.labels, **self.labels}  # a spec's labels never hide whose the container is
         hardening: dict[str, Any] = {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "labels": labels}
         gate = None
         try:
             if spec.proxy:
-                gate = client.containers.run(
+                gate = client.containers.create(
                     self._gate_image,
                     ["python3", "-c", GATE_SOURCE, f"{GATE_MOUNT}/{self._socket_name}", str(self.proxy_port)],
-                    detach=True,
                     network_mode="none",
                     volumes={self._socket_source: {"bind": GATE_MOUNT, "mode": "rw"}},
                     mem_limit=64 * 1024**2,
                     pids_limit=32,
+                    log_config=_GATE_LOG,
                     **hardening,
                 )
+                made.append(gate)
+                gate.start()
             limits = spec.limits
-            agent = client.containers.run(
+            agent = client.containers.create(
                 spec.image,
                 ["sleep", "infinity"],
-                detach=True,
                 init=True,
                 network_mode=f"container:{gate.id}" if gate else "none",
                 environment=spec.env,
@@ -123,20 +164,34 @@ class DockerSandboxes:
                 pids_limit=limits.pids,
                 **hardening,
             )
+            made.append(agent)
+            try:
+                agent.start()
+            except docker.errors.APIError:
+                if gate is not None:  # a gate that died says why, rather than "cannot join its network"
+                    _raise_if_exited(gate)
+                raise
+            if gate is not None:  # it had a head start: the agent's container was made meanwhile
+                _await_relay(gate, self._gate_timeout_s)
         except docker.errors.ImageNotFound as e:
-            _remove(gate)
             raise SandboxError(f"image not found: {e.explanation}; build or pull it first") from e
         except docker.errors.DockerException as e:
-            _remove(gate)
             raise SandboxError(f"could not start a sandbox from {spec.image!r}: {e}") from e
-        return DockerSandbox(agent, gate, spec.workdir, self._threads)
+        return agent, gate
 
-    def _prune(self) -> int:
-        selector = [f"{name}={value}" for name, value in self.labels.items()]
-        containers = self._docker().containers.list(all=True, filters={"label": selector})
-        for container in containers:
-            _remove(container)
-        return len(containers)
+    def _prune(self) -> Pruned:
+        selector = [f"{name}={value}" for name, value in self._selector.items()]
+        removed: list[str] = []
+        kept: dict[str, str] = {}
+        for container in self._docker().containers.list(all=True, filters={"label": selector}):
+            made_by = RunIdentity.from_labels(container.labels)
+            why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(self.run)
+            if why is None:
+                _remove(container)
+                removed.append(container.id)
+            else:
+                kept[container.id] = why
+        return Pruned(tuple(removed), kept)
 
 
 class DockerSandbox:
@@ -195,8 +250,7 @@ class DockerSandbox:
             raise SandboxError(f"could not download {path} from sandbox {self.id[:12]}: {e}") from e
 
     async def stop(self) -> None:
-        await _blocking(self._threads, _remove, self._agent)
-        await _blocking(self._threads, _remove, self._gate)
+        await _blocking(self._threads, _remove, self._agent, self._gate)
 
 
 def _ensure_image(client: Any, image: str) -> None:
@@ -213,15 +267,40 @@ def _ensure_image(client: Any, image: str) -> None:
             ) from e
 
 
-def _remove(container: Any) -> None:
-    if container is None:
-        return
-    try:
-        container.remove(force=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as e:
-        if e.status_code != 409:  # 409: a removal is already under way
-            raise SandboxError(f"could not remove container {container.id[:12]}: {e}") from e
-    except docker.errors.DockerException as e:
-        raise SandboxError(f"could not remove container {container.id[:12]}: {e}") from e
+def _await_relay(gate: Any, timeout_s: float) -> None:
+    """Wait until the gate says it relays (a running container is not yet a listening relay: an agent's call
+    before that would be refused). Its logs are polled, a little less often as the wait goes on."""
+    deadline = time.monotonic() + timeout_s
+    pause_s = 0.01
+    while RELAYING.encode() not in gate.logs(stdout=True, stderr=False):
+        _raise_if_exited(gate)
+        if time.monotonic() > deadline:
+            raise SandboxError(f"the sandbox's gate was not relaying after {timeout_s:g} s; is the engine overloaded?")
+        time.sleep(pause_s)
+        pause_s = min(pause_s * 2, 0.2)
+
+
+def _raise_if_exited(gate: Any) -> None:
+    gate.reload()
+    if gate.status not in ("created", "running"):
+        said = gate.logs(stdout=True, stderr=True).decode("utf-8", "replace").strip()[-2000:]
+        raise SandboxError(f"the sandbox's gate exited ({gate.status}) before it relayed: {said}")
+
+
+def _remove(*containers: Any) -> None:
+    """Remove the containers (None: none there), each even if removing another failed."""
+    errors = []
+    for container in containers:
+        if container is None:
+            continue
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: a removal is already under way
+                errors.append(f"{container.id[:12]}: {e}")
+        except docker.errors.DockerException as e:
+            errors.append(f"{container.id[:12]}: {e}")
+    if errors:
+        raise SandboxError(f"could not remove container(s) {'; '.join(errors)}")

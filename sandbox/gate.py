@@ -2,11 +2,14 @@
 
 An agent container joins the gate's network namespace, so 127.0.0.1:<port> (this relay) is the only
 address it has: no internet, no host ports, no other sandbox. Standard library only; it runs as
-`python3 -c SOURCE SOCKET PORT` in any image with Python 3.
+`python3 -c SOURCE SOCKET PORT` in any image with Python 3. It prints RELAYING once it listens: until then an
+agent's call would be refused, so DockerSandboxes waits for that line before it lets the agent start.
 """
 
 import asyncio
 import sys
+
+RELAYING = "trajproxy gate: relaying"
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -23,7 +26,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 async def _relay(socket_path: str, client: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
     try:
         upstream, upstream_writer = await asyncio.open_unix_connection(socket_path)
-    except OSError:
+    except OSError as e:
+        print(f"trajproxy gate: cannot reach trajproxy at {socket_path}: {e}", file=sys.stderr, flush=True)
         client_writer.close()
         return
     await asyncio.gather(_pipe(client, upstream_writer), _pipe(upstream, client_writer))
@@ -31,6 +35,7 @@ async def _relay(socket_path: str, client: asyncio.StreamReader, client_writer: 
 
 async def main(socket_path: str, port: int) -> None:
     server = await asyncio.start_server(lambda reader, writer: _relay(socket_path, reader, writer), "127.0.0.1", port)
+    print(f"{RELAYING} 127.0.0.1:{port} to {socket_path}", flush=True)
     async with server:
         await server.serve_forever()
 

@@ -15,6 +15,7 @@ from sandbox.agents import AGENTS
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from sandbox.docker_sandbox import Pruned
     from sandbox.policies import Policy
     from sandbox.runner import Outcome, Progress, RunConfig
     from sandbox.tasks import Task, TaskError
@@ -24,6 +25,19 @@ def _console() -> Any:
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+def _labels_from(given: list[str]) -> dict[str, str]:
+    """The --label KEY=VALUE options as Docker labels; ValueError, saying which, for one that is not."""
+    labels = {}
+    for text in given:
+        key, equals, value = text.partition("=")
+        if not equals or not key or key != key.strip():
+            raise ValueError(f"--label {text!r}: expected KEY=VALUE")
+        if key.startswith("trajproxy."):
+            raise ValueError(f"--label {text!r}: keys starting with 'trajproxy.' are trajproxy's own")
+        labels[key] = value
+    return labels
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,8 +61,23 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--socket-source", help="with --proxy-url: the host folder or volume of its --socket-path")
     run.add_argument("--port", type=int, default=8000, help="the embedded trajproxy's port, for a trainer")
     run.add_argument("--database-url", default="sqlite:///./trajproxy.db", help="the embedded trajproxy's database")
+    run.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Docker label for every container of this run (repeatable)",
+    )
     sandbox = commands.add_parser("sandbox", help="manage sandboxes")
-    sandbox.add_argument("action", choices=["prune"], help="prune: remove every container trajproxy left behind")
+    sandbox.add_argument(
+        "action",
+        choices=["prune"],
+        help="prune: remove the containers of your trajproxy runs that are gone (a crash, a kill); "
+        "a live run's, another user's and another host's are left",
+    )
+    sandbox.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="only containers with this label (repeatable)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,9 +89,13 @@ def main(args: argparse.Namespace) -> int:
     from sandbox.tasks import TaskError, read_tasks
 
     console = _console()
+    try:
+        labels = _labels_from(args.label)
+    except ValueError as e:
+        console.print(f"trajproxy {args.command}: {e}", style="red", markup=False, soft_wrap=True)
+        return 2
     if args.command == "sandbox":
-        removed = asyncio.run(DockerSandboxes("unused").prune())
-        console.print(f"removed {removed} container(s)")
+        _report(console, asyncio.run(DockerSandboxes("unused", labels=labels).prune()))
         return 0
     try:
         policy = policy_from(args.policy)
@@ -80,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
         limits=Limits(cpus=args.cpus, memory_bytes=args.memory_mb * 1024**2, pids=args.pids),
     )
     try:
-        outcomes = asyncio.run(_run(args, parsed, policy, config))
+        outcomes = asyncio.run(_run(args, parsed, policy, config, labels))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: the unfinished episodes are recorded as cancelled")
         return 130
@@ -89,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, parsed: list[Task | TaskError], policy: Policy, config: RunConfig
+    args: argparse.Namespace, parsed: list[Task | TaskError], policy: Policy, config: RunConfig, labels: dict[str, str]
 ) -> list[Outcome]:
     from rich.live import Live
 
@@ -101,7 +134,7 @@ async def _run(
     console = _console()
     tasks = [task for task in parsed if isinstance(task, Task)]
     async with _proxy(args) as (url, token, socket_source):
-        sandboxes = DockerSandboxes(socket_source)
+        sandboxes = DockerSandboxes(socket_source, labels=labels)
         async with AsyncTrainerClient(url, token=token) as trainer:
             for error in (e for e in parsed if isinstance(e, TaskError)):
                 console.print(f"[red]skipped: {error}")
@@ -145,6 +178,17 @@ async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
                 progress.parked = int((await http.get("/health")).json()["open_turns"])
                 show(progress)
             await asyncio.sleep(1)
+
+
+def _report(console: Any, pruned: Pruned) -> None:
+    from collections import Counter
+
+    removed = ", ".join(container[:12] for container in pruned.removed)
+    said = f"removed {len(pruned.removed)} container(s) of runs that are gone" + (f": {removed}" if removed else "")
+    console.print(said, markup=False, soft_wrap=True)
+    if pruned.kept:
+        reasons = ", ".join(f"{count} {why}" for why, count in Counter(pruned.kept.values()).most_common())
+        console.print(f"left {len(pruned.kept)} container(s): {reasons}", markup=False, soft_wrap=True)
 
 
 def _status(progress: Progress) -> Table:

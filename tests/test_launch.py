@@ -1,22 +1,41 @@
-"""`trajproxy run` and `trajproxy sandbox prune` as a user runs them: a subprocess, real Docker, SQLite."""
+"""`trajproxy run` and `trajproxy sandbox prune` as a user runs them: a subprocess, real Docker, SQLite.
+
+The engine is shared (another test run, another user's `trajproxy run`): each run here carries a label of its
+own, and every check on containers looks at that label only."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLE
+from sandbox.docker_sandbox import MANAGED
+from sandbox.run_identity import RunIdentity
+from tests.conftest import EXAMPLE, SANDBOX_IMAGE
 
 TRAJPROXY = str(Path(sys.executable).parent / "trajproxy")
 RUN = [TRAJPROXY, "run", "--port", "0"]
+
+
+@pytest.fixture
+def label() -> Iterator[str]:
+    """A Docker label for this test's containers alone; whatever carries it is removed after the test."""
+    mark = f"trajproxy-test.launch={secrets.token_hex(6)}"
+    yield mark
+    subprocess.run(
+        f"docker ps -aq --filter label={mark} | xargs -r docker rm -f", shell=True, capture_output=True, timeout=60
+    )
 
 
 def into(database: Path) -> list[str]:
@@ -28,38 +47,38 @@ def episodes_in(database: Path) -> list[tuple[str, str]]:
         return sorted(db.execute("SELECT status, coalesce(reason, '') FROM episode").fetchall())
 
 
-def test_run_grades_the_good_lines_and_records_the_bad_ones(tmp_path: Path, task_image: str, engine: Any) -> None:
+def test_run_grades_the_good_lines_and_records_the_bad_ones(
+    tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
     tasks = tmp_path / "tasks.jsonl"
     good = (EXAMPLE / "tasks.jsonl").read_text().strip()
     tasks.write_text("\n".join([good, json.dumps({"prompt": "p", "metadata": {"image": "i"}}), "{oops", good]))
     database = tmp_path / "run.db"
     script = f"scripted:{EXAMPLE / 'solve.script.jsonl'}"
-    done = subprocess.run(
-        [*RUN, str(tasks), "--agent", "minimal", "--concurrency", "2", "--policy", script, *into(database)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = [*RUN, str(tasks), "--agent", "minimal", "--concurrency", "2", "--policy", script, "--label", label]
+    done = subprocess.run([*command, *into(database)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "needs metadata.eval_cmd" in done.stderr
     assert "not valid JSON" in done.stderr
     assert "2 task(s) run, 2 rejected, mean reward 1.000" in done.stderr
     recorded = episodes_in(database)
     assert [status for status, _ in recorded] == ["failed", "failed", "finished", "finished"]
-    assert not engine.containers.list(all=True, filters={"label": "trajproxy.managed=1"})
+    assert not engine.containers.list(all=True, filters={"label": label})
 
 
-def test_ctrl_c_cancels_the_run_and_removes_every_container(tmp_path: Path, task_image: str, engine: Any) -> None:
+def test_ctrl_c_cancels_the_run_and_removes_every_container(
+    tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
     database = tmp_path / "run.db"
     run = subprocess.Popen(
-        [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent-cmd", "sleep 300", *into(database)],
+        [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent-cmd", "sleep 300", "--label", label, *into(database)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         deadline = time.monotonic() + 60
-        while len(engine.containers.list(filters={"label": "trajproxy.managed=1"})) < 2:  # the agent and its gate
+        while len(engine.containers.list(filters={"label": label})) < 2:  # the agent and its gate
             assert time.monotonic() < deadline, "the run never started its sandbox"
             time.sleep(0.2)
         run.send_signal(signal.SIGINT)
@@ -69,16 +88,62 @@ def test_ctrl_c_cancels_the_run_and_removes_every_container(tmp_path: Path, task
     assert run.returncode == 130, stderr
     assert "interrupted" in stderr
     assert [status for status, _ in episodes_in(database)] == ["cancelled"]
-    assert not engine.containers.list(all=True, filters={"label": "trajproxy.managed=1"})
+    assert not engine.containers.list(all=True, filters={"label": label})
 
 
-def test_sandbox_prune_removes_what_a_crash_left(engine: Any) -> None:
-    left = engine.containers.run("python:3.11-slim", ["sleep", "300"], detach=True, labels={"trajproxy.managed": "1"})
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [("oops", "--label 'oops': expected KEY=VALUE"), ("trajproxy.run.pid=1", "are trajproxy's own")],
+)
+def test_a_malformed_label_is_a_one_line_error(given: str, said: str) -> None:
+    done = subprocess.run(
+        [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--label", given],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("trajproxy run: --label") and said in line, line
+
+
+def exited_run() -> RunIdentity:
+    """The identity of a run that crashed: a real process of this owner, started, then killed."""
+    process = subprocess.Popen(["sleep", "60"])
     try:
-        done = subprocess.run([TRAJPROXY, "sandbox", "prune"], capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert "removed 1 container(s)" in done.stderr
-        with pytest.raises(Exception, match=r"404|No such container"):
-            left.reload()
+        identity = RunIdentity.of_process(process.pid)
     finally:
-        subprocess.run(["docker", "rm", "-f", left.id], capture_output=True)
+        process.kill()
+        process.wait()
+    return identity
+
+
+def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine: Any, label: str) -> None:
+    """Pruning runs on an engine others use: it removes the containers of this owner's runs that are gone, never
+    a live run's (this test process plays one), another owner's or another host's."""
+    crashed = exited_run()
+    runs = {
+        "crashed": crashed,
+        "live": RunIdentity.current(),
+        "other owner": replace(crashed, owner=str(os.getuid() + 1)),
+        "other host": replace(crashed, host="elsewhere.example"),
+    }
+    key, _, value = label.partition("=")
+    made = {
+        name: engine.containers.run(
+            SANDBOX_IMAGE, ["sleep", "300"], detach=True, labels={MANAGED: "1", key: value, **run.labels()}
+        )
+        for name, run in runs.items()
+    }
+    done = subprocess.run([TRAJPROXY, "sandbox", "prune"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    removed, _, left = done.stderr.partition("\n")
+    assert removed.startswith("removed ") and made["crashed"].id[:12] in removed, done.stderr
+    assert f"of a live run (pid {os.getpid()})" in left, done.stderr
+    assert f"of another owner (uid {os.getuid() + 1})" in left, done.stderr
+    assert "made on another host (elsewhere.example)" in left, done.stderr
+    with pytest.raises(Exception, match=r"404|No such container"):
+        made["crashed"].reload()
+    for name in ("live", "other owner", "other host"):
+        made[name].reload()
+        assert made[name].status == "running", name

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -16,10 +19,12 @@ import pytest
 
 from proxy.client import TrainerClient
 from sandbox.containers import Limits, SandboxError, SandboxSpec
-from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.docker_sandbox import MANAGED, DockerSandboxes
+from sandbox.run_identity import RunIdentity
 from tests.conftest import mine
 
 IMAGE = "python:3.11-slim"
+TEST_LABEL = "trajproxy.test"  # the conftest `sandboxes` fixture's label for the test's own containers
 
 
 @pytest.fixture
@@ -141,7 +146,9 @@ def test_the_sandbox_reaches_nothing_but_the_proxy(
     gateway, port = host_listener
     probe = f"python3 -c '{CONNECT}'"
     # Control: an ordinary container on Docker's bridge does reach the host service.
-    ordinary = engine.containers.run(IMAGE, ["sh", "-c", f"{probe} {gateway} {port}"], remove=True)
+    ordinary = engine.containers.run(
+        IMAGE, ["sh", "-c", f"{probe} {gateway} {port}"], remove=True, labels=sandboxes.labels
+    )  # labelled as the test's own, so that the fixture removes it if the test stops early
     assert ordinary.decode().startswith("connected")
 
     async def scenario() -> None:
@@ -160,6 +167,106 @@ def test_the_sandbox_reaches_nothing_but_the_proxy(
             await box.stop()
 
     run(scenario())
+
+
+# A gate image whose python3 is a shell script: WRAPPER runs in its place (PYTHON in it: the real one).
+GATE_DOCKERFILE = """FROM python:3.11-slim
+ARG WRAPPER
+RUN at=$(command -v python3) && real=$(readlink -f "$at") && rm "$at" \\
+    && printf '#!/bin/sh\\n%s\\n' "$WRAPPER" | sed "s|PYTHON|$real|" >"$at" && chmod +x "$at"
+"""
+SLOW_START_S = 3
+
+
+def gate_image(engine: Any, name: str, wrapper: str) -> str:
+    tag = f"trajproxy-test/{name}-gate"
+    dockerfile = io.BytesIO(GATE_DOCKERFILE.encode())
+    engine.images.build(fileobj=dockerfile, tag=tag, buildargs={"WRAPPER": wrapper}, forcerm=True)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def slow_gate(engine: Any) -> str:
+    """A gate that takes seconds to start relaying, as one does on an engine under load."""
+    return gate_image(engine, "slow", f'sleep {SLOW_START_S}; exec PYTHON "$@"')
+
+
+def like(sandboxes: DockerSandboxes, socket_dir: str, **options: Any) -> DockerSandboxes:
+    """Other sandboxes with the test's labels, so the `sandboxes` fixture checks that they leave nothing."""
+    return DockerSandboxes(socket_dir, labels={TEST_LABEL: sandboxes.labels[TEST_LABEL]}, **options)
+
+
+def test_the_agents_first_call_finds_its_gate_relaying_however_slow_the_gate(
+    sandboxes: DockerSandboxes, socket_dir: str, slow_gate: str
+) -> None:
+    """An agent may call trajproxy the moment it starts: a sandbox is handed over only once its gate relays
+    (a running gate container is not yet a listening relay; before the fix, this call was refused)."""
+    slow = like(sandboxes, socket_dir, gate_image=slow_gate)
+
+    async def scenario() -> tuple[str, float]:
+        started = time.monotonic()
+        box = await slow.start(SandboxSpec(IMAGE))
+        took_s = time.monotonic() - started
+        try:
+            return (await box.exec(f"python3 -c '{CONNECT}' 127.0.0.1 {slow.proxy_port}", timeout_s=30)).output, took_s
+        finally:
+            await box.stop()
+
+    probe, took_s = run(scenario())
+    assert probe.startswith("connected"), probe
+    assert took_s >= SLOW_START_S  # it did wait for the gate
+
+
+@pytest.mark.timeout(120)
+def test_many_agents_started_at_once_never_have_their_first_call_refused(
+    sandboxes: DockerSandboxes, socket_dir: str
+) -> None:
+    """The same with real gates, many at once on a busy engine (before the fix, about 1 in 8 was refused)."""
+
+    async def one() -> str:
+        box = await sandboxes.start(SandboxSpec(IMAGE))
+        try:
+            return (await box.exec(f"python3 -c '{CONNECT}' 127.0.0.1 {sandboxes.proxy_port}", timeout_s=30)).output
+        finally:
+            await box.stop()
+
+    async def scenario() -> list[str]:
+        return list(await asyncio.gather(*(one() for _ in range(12))))
+
+    probes = run(scenario())
+    assert [probe for probe in probes if not probe.startswith("connected")] == []
+
+
+def test_a_gate_that_cannot_relay_is_a_clear_error_and_leaves_nothing(
+    sandboxes: DockerSandboxes, socket_dir: str, engine: Any, slow_gate: str
+) -> None:
+    broken = gate_image(engine, "broken", "echo no python here >&2; exit 3")
+    with pytest.raises(SandboxError, match=r"gate exited .*no python here"):
+        run(like(sandboxes, socket_dir, gate_image=broken).start(SandboxSpec(IMAGE)))
+    with pytest.raises(SandboxError, match=r"not relaying after 0\.5 s"):
+        run(like(sandboxes, socket_dir, gate_image=slow_gate, gate_timeout_s=0.5).start(SandboxSpec(IMAGE)))
+    assert not engine.containers.list(all=True, filters={"label": mine(sandboxes)})
+
+
+def test_a_start_cancelled_midway_leaves_nothing(
+    sandboxes: DockerSandboxes, socket_dir: str, engine: Any, slow_gate: str
+) -> None:
+    """Ctrl-C while a sandbox starts: the docker calls already under way finish on their thread, and what they
+    made is removed before the cancellation goes on."""
+    slow = like(sandboxes, socket_dir, gate_image=slow_gate)
+
+    async def scenario() -> None:
+        starting = asyncio.create_task(slow.start(SandboxSpec(IMAGE)))
+        deadline = time.monotonic() + 30
+        while len(engine.containers.list(filters={"label": mine(slow)})) < 2:  # the gate and the agent's box
+            assert time.monotonic() < deadline, "the sandbox never started"
+            await asyncio.sleep(0.1)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+
+    run(scenario())
+    assert not engine.containers.list(all=True, filters={"label": mine(slow)})
 
 
 # The limits as the kernel enforces them, from cgroup v2 or v1 files: memory bytes, pids, "quota period".
@@ -216,14 +323,75 @@ def test_a_missing_image_is_a_clear_error_and_leaves_nothing(sandboxes: DockerSa
     assert not engine.containers.list(all=True, filters={"label": mine(sandboxes)})
 
 
-def test_prune_removes_what_was_left_behind(sandboxes: DockerSandboxes, engine: Any) -> None:
-    async def scenario() -> int:
-        await sandboxes.start(SandboxSpec(IMAGE, proxy=True))  # forgotten: never stopped
-        await sandboxes.start(SandboxSpec(IMAGE, proxy=False))
-        return await sandboxes.prune()
+def exited_run() -> RunIdentity:
+    """The identity of a run whose process has exited (a crash): a real process, started and killed."""
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        identity = RunIdentity.of_process(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert identity.started, "no start time read from /proc"
+    return identity
 
-    assert run(scenario()) == 3  # two agents and one gate
-    assert not engine.containers.list(all=True, filters={"label": mine(sandboxes)})
+
+def test_a_run_is_alive_while_its_process_runs_and_never_after() -> None:
+    here = RunIdentity.current()
+    assert here.alive()
+    assert RunIdentity.from_labels(here.labels()) == here
+    assert RunIdentity.from_labels({MANAGED: "1"}) is None
+    gone = exited_run()
+    assert not gone.alive()
+    assert not replace(here, started=str(int(here.started) + 1)).alive()  # this pid, reused by another process
+    assert not replace(here, boot="an-earlier-boot").alive()  # the machine restarted since
+    assert gone.why_kept(here) is None
+    assert here.why_kept(here) == f"of a live run (pid {os.getpid()})"
+    assert replace(gone, owner="someone").why_kept(here) == "of another owner (uid someone)"
+    assert replace(gone, host="elsewhere").why_kept(here) == "made on another host (elsewhere)"
+
+
+def test_prune_removes_only_the_sandboxes_of_runs_that_are_gone(
+    sandboxes: DockerSandboxes, engine: Any, socket_dir: str
+) -> None:
+    """Other runs share the engine: a live run's sandboxes (this process's), another owner's and another host's
+    are left; those of a run of this owner on this host that has exited (or whose pid was reused) go."""
+    ours = {TEST_LABEL: sandboxes.labels[TEST_LABEL]}
+    gone = exited_run()
+    here = sandboxes.run
+    made_by = {
+        "crashed": gone,
+        "reused pid": replace(here, started=str(int(here.started) + 1)),
+        "other owner": replace(gone, owner=str(os.getuid() + 1)),
+        "other host": replace(gone, host="elsewhere"),
+    }
+    try:
+
+        async def scenario() -> dict[str, list[str]]:
+            await sandboxes.start(SandboxSpec(IMAGE, proxy=False))  # this live run's, forgotten for now
+            ids = {}
+            for name, run_by in made_by.items():
+                factory = DockerSandboxes(socket_dir, labels=ours, run=run_by)
+                await factory.start(SandboxSpec(IMAGE, proxy=name == "crashed"))  # with its gate: 2 containers
+                ids[name] = [c.id for c in engine.containers.list(filters={"label": mine(factory)})]
+            return ids
+
+        ids = run(scenario())
+        older = engine.containers.run(IMAGE, ["sleep", "300"], detach=True, labels={MANAGED: "1", **ours})
+        pruned = run(sandboxes.prune())
+        assert len(ids["crashed"]) == 2
+        assert sorted(pruned.removed) == sorted(ids["crashed"] + ids["reused pid"])
+        [live] = engine.containers.list(filters={"label": mine(sandboxes)})
+        assert pruned.kept == {
+            live.id: f"of a live run (pid {os.getpid()})",
+            ids["other owner"][0]: f"of another owner (uid {os.getuid() + 1})",
+            ids["other host"][0]: "made on another host (elsewhere)",
+            older.id: "with no run labels (made by an older trajproxy)",
+        }
+        left = {c.id for c in engine.containers.list(all=True, filters={"label": f"{TEST_LABEL}={ours[TEST_LABEL]}"})}
+        assert left == set(pruned.kept)
+    finally:
+        for container in engine.containers.list(all=True, filters={"label": f"{TEST_LABEL}={ours[TEST_LABEL]}"}):
+            container.remove(force=True)
 
 
 def test_the_sandbox_socket_serves_agents_but_never_the_trainer_api(proxied: Any, socket_dir: str) -> None:
