@@ -22,7 +22,7 @@ sys.exit(
             "--policy", "scripted:examples/tasks/calc/solve.script.jsonl",
             "--proxy-url", "http://trajproxy:8000",
             "--trainer-token", os.environ["TRAJPROXY_TRAINER_TOKEN"],
-            "--socket-source", "trajproxy-sockets",
+            "--socket-source", os.environ.get("TRAJPROXY_SOCKETS_VOLUME", "trajproxy-sockets"),
         ]
     )
 )  # fmt: skip

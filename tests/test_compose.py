@@ -28,7 +28,12 @@ def free_port() -> int:
 @pytest.fixture
 def compose(engine: Any) -> Iterator[tuple[list[str], str, dict[str, str]]]:
     port = free_port()
-    env = {**os.environ, "TRAJPROXY_PORT": str(port), "TRAJPROXY_TRAINER_TOKEN": TOKEN}
+    env = {
+        **os.environ,
+        "TRAJPROXY_PORT": str(port),
+        "TRAJPROXY_TRAINER_TOKEN": TOKEN,
+        "TRAJPROXY_SOCKETS_VOLUME": f"trajproxy-test-{port}-sockets",  # its own: another run may be up
+    }
     command = [
         "docker",
         "compose",

@@ -414,7 +414,7 @@ def test_an_episode_key_opens_no_trainer_route_over_the_sandbox_socket(
 ) -> None:
     """No trainer token at all: sandboxed agents, which reach trajproxy only through its socket, still cannot."""
     sock = f"{socket_dir}/proxy.sock"
-    server = make_server(socket_path=sock)
+    server = make_server(socket_path=sock, no_trainer_token=True)
     trainer = TrainerClient(server.url, server.token)
 
     def sandbox_side() -> httpx.Client:
