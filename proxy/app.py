@@ -1,8 +1,8 @@
 """The app factory: builds the adapters once, wires them into the broker and the routes.
 
 An agent's call goes straight to its handler (`AgentRoutes`). Anything else meets, in order: TrainerGate
-(the trainer API's token and body limit), FastLane (the trainer's batch pull and reply, as plain ASGI), and
-FastAPI (the rest of the trainer API, its schema and docs, and 404s).
+(the trainer API's token, query names and body limit), FastLane (the trainer's batch pull and reply, as plain
+ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from proxy.http.agent import AgentRoutes
 from proxy.http.edge import asks_upgrade, error_body, redact, refuse_upgrade, status_of
 from proxy.http.fast import FastLane
 from proxy.http.gate import TrainerGate
+from proxy.http.queries import DeclaredQueries
 from proxy.http.trainer import trainer_routes
 from proxy.settings import Settings
 from proxy.storage.sql import SqlStore
@@ -44,7 +45,12 @@ class Trajproxy:
         self.settings = settings
         self._agents = AgentRoutes(broker, settings)
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        self._rest = TrainerGate(FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes)
+        self._rest = TrainerGate(
+            FastLane(api, broker, settings),
+            token=token,
+            max_body_bytes=settings.max_body_bytes,
+            queries=DeclaredQueries(api.openapi),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket" or (scope["type"] == "http" and asks_upgrade(scope)):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 
 class _Strict(BaseModel):
@@ -60,10 +61,20 @@ def _storable(value: Any) -> Any:
     return value
 
 
+def _whole(value: Any) -> Any:
+    """JSON has one number type, and the schema's `integer` is any number without a fraction: 5.0 counts as 5."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Integers within bounds; the bounds come before the validator, or they leave the schema as `ge` and `le`.
+_WHOLE = BeforeValidator(_whole)
+TokenId = Annotated[int, Field(ge=_INT64[0], le=_INT64[1]), _WHOLE]
+TokenCount = Annotated[int, Field(ge=0, le=_INT32_MAX), _WHOLE]
+Limit = Annotated[int, Field(ge=1, le=_INT32_MAX), _WHOLE]
+HttpStatus = Annotated[int, Field(ge=400, le=599), _WHOLE]
 Text = Annotated[str, AfterValidator(_unicode)]
 Name = Annotated[str, AfterValidator(_no_nul)]
 Json = Annotated[dict[str, Any], AfterValidator(_storable)]
-TokenId = Annotated[int, Field(ge=_INT64[0], le=_INT64[1])]
 
 
 def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
@@ -79,8 +90,18 @@ def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
 ModelOptions = Annotated[Json, AfterValidator(_no_credentials)]
 
 
+def _given(of: str, **types: str) -> JsonDict:
+    """What a model validator checks, said in the schema: `of` ("oneOf": exactly one, "anyOf": at least one) the
+    fields is given as a value of its type, not left out or null."""
+    return {of: [{"required": [name], "properties": {name: {"type": kind}}} for name, kind in types.items()]}
+
+
 class RouteIn(_Strict):
     """Send the calls that match to `model` (a litellm name), answered without the trainer, not trainable."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra=_given("anyOf", when_model="string", when_system="string")
+    )
 
     model: Name = Field(min_length=1)
     when_model: Text | None = Field(default=None, min_length=1, description="a glob on the model the agent asks for")
@@ -103,8 +124,8 @@ class EpisodeCreate(_Strict):
     )
     policy_options: ModelOptions = Field(default_factory=dict)
     routes: list[RouteIn] = Field(default_factory=list, max_length=100)
-    max_turns: int | None = Field(default=None, ge=1, le=_INT32_MAX)
-    max_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
+    max_turns: Limit | None = None
+    max_tokens: Limit | None = None
     deadline_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="seconds from creation")
     on_budget: Literal["reject", "finish"] = "reject"
 
@@ -137,12 +158,12 @@ class Message(_Open):
 
 
 class UsageIn(_Strict):
-    prompt_tokens: int = Field(ge=0, le=_INT32_MAX)
-    completion_tokens: int = Field(ge=0, le=_INT32_MAX)
+    prompt_tokens: TokenCount
+    completion_tokens: TokenCount
 
 
 class AgentErrorIn(_Strict):
-    status: int = Field(ge=400, le=599)
+    status: HttpStatus
     message: Text
     type: Text = "server_error"
 
@@ -152,6 +173,10 @@ FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 class ReplyIn(_Strict):
     """The action: a message for the agent (or an error to give it), with optional training extras."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra=_given("oneOf", message="object", error="object")
+    )
 
     message: Message | None = None
     error: AgentErrorIn | None = None
@@ -229,6 +254,19 @@ class RewardIn(_Strict):
 
 
 # Responses
+
+
+class ErrorDetail(_Open):
+    message: str
+    type: str = Field(description="a stable, machine-readable kind: invalid_request_error, not_found_error, …")
+    param: str | None = None
+    code: str | None = None
+
+
+class ApiError(_Open):
+    """Every refusal and failure, in OpenAI's error shape."""
+
+    error: ErrorDetail
 
 
 class Route(_Open):

@@ -1,5 +1,5 @@
-"""TrainerGate: the trainer API's door; the token, the body size and its JSON nesting are checked before any route
-reads the body."""
+"""TrainerGate: the trainer API's door; the token, the query's names, the body size and its JSON nesting are checked
+before any route reads the body or waits."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from proxy.http.edge import (
     replay,
     status_of,
 )
+from proxy.http.queries import DeclaredQueries
 
 OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; no data
 
@@ -25,10 +26,11 @@ OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; n
 class TrainerGate:
     """Pure ASGI (no BaseHTTPMiddleware): requests outside /api pass straight through."""
 
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int, queries: DeclaredQueries) -> None:
         self._app = app
         self._token = token
         self._max_body_bytes = max_body_bytes
+        self._queries = queries
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
@@ -40,11 +42,15 @@ class TrainerGate:
             if server is None or server[1] is None:  # a Unix socket (no port): the sandboxes' door, agents only
                 raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
             self._check_token(scope)
+            unknown = self._queries.refusal(scope["method"], path, scope["query_string"])
+            if unknown is not None:
+                await _refuse(send, 422, BadRequest.kind, unknown)  # FastAPI's status for a query it cannot take
+                return
             body = await read_body(scope, receive, self._max_body_bytes)
             if too_deep(body):
                 raise BadRequest(TOO_DEEP)
         except TrajproxyError as e:
-            await _refuse(send, e)
+            await _refuse(send, status_of(e), e.kind, e.message)
             return
         await self._app(scope, replay(body, receive), send)
 
@@ -67,7 +73,7 @@ def too_deep(body: bytes) -> bool:
     return nested_too_deep(value)
 
 
-async def _refuse(send: Send, error: TrajproxyError) -> None:
+async def _refuse(send: Send, status: int, kind: str, message: str) -> None:
     headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": status_of(error), "headers": headers})
-    await send({"type": "http.response.body", "body": error_body(error.kind, error.message)})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": error_body(kind, message)})

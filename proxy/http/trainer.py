@@ -58,7 +58,10 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[
 
 
 def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
-    router = APIRouter(prefix="/api", tags=["trainer"])  # TrainerGate has checked the token and body size
+    refused = {"model": wire.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
+    failed = {"model": wire.ApiError, "description": "the database or a model answering for the trainer failed"}
+    # TrainerGate has checked the token, the query's names and the body size
+    router = APIRouter(prefix="/api", tags=["trainer"], responses={"4XX": refused, "5XX": failed})
     steps = Steps(broker)
 
     @router.post("/episodes", status_code=201, response_model=wire.EpisodeCreated)
