@@ -5,24 +5,28 @@ deep nesting, bytes that are not UTF-8 or not JSON, empty bodies and wrong conte
 Whatever comes in, the answer is a 4xx in the dialect's error shape, or a 2xx for a request that was valid;
 never a 5xx, never a hang (every request has a client timeout, every parked turn a trainer answering it); and
 afterwards the database is consistent: no turn for a refused request, seqs contiguous, every record readable.
+
+Every run here fuzzes on the same fixed seed, so a test fails only for a change in the code, never for a draw.
+`benchmarks/fuzz.py` runs these same tests longer on a seed of its own (TRAJPROXY_FUZZ_SEED, TRAJPROXY_FUZZ_EXAMPLES).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
 import pytest
 import schemathesis
 import sqlalchemy
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -44,9 +48,30 @@ TURN_STATUSES = {"parked", "leased", "answered", "abandoned", "expired", "failed
 FUZZ = settings(
     deadline=None,  # no timing assertions: a hang shows up as REQUEST_TIMEOUT_S passing
     database=None,
+    derandomize=True,  # the seed comes from each test's code: every run draws the same cases
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
+FUZZ_SEED = os.environ.get("TRAJPROXY_FUZZ_SEED")  # set by benchmarks/fuzz.py only
+FUZZ_EXAMPLES = os.environ.get("TRAJPROXY_FUZZ_EXAMPLES")
+T = TypeVar("T")
+
+
+def fuzzing(max_examples: int) -> Callable[[T], T]:
+    """A fuzz test's settings: `max_examples` cases on the fixed seed, or as many as benchmarks/fuzz.py asks
+    for on the seed it chose."""
+
+    def apply(test: T) -> T:
+        test = settings(FUZZ, max_examples=int(FUZZ_EXAMPLES or max_examples))(test)
+        return seed(int(FUZZ_SEED))(test) if FUZZ_SEED else test
+
+    return apply
+
+
+def as_trainer(server: Any) -> dict[str, str]:
+    """The headers a trainer sends: the server's trainer token, if it has one."""
+    token = server.settings.trainer_token
+    return {"authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
 
 
 # The trainer API against its OpenAPI schema.
@@ -132,26 +157,6 @@ def _real_ids(value: Any, records: Records, turn: str) -> Any:
     return replaced
 
 
-ONE_OF = {"message": {"content": "ok"}, "error": {"status": 400, "message": "refused by the trainer"}}
-
-
-def _one_of(body: Any, keep: str) -> Any:
-    """A reply with exactly one of message and error (the schema cannot say so; random bodies rarely have it)."""
-    if isinstance(body, list):
-        return [_one_of(item, keep) for item in body]
-    if not isinstance(body, dict):
-        return body
-    if "replies" in body:
-        return {**body, "replies": _one_of(body["replies"], keep)}
-    drop = "error" if keep == "message" else "message"
-    return {key: value for key, value in body.items() if key != drop} | {keep: body.get(keep, ONE_OF[keep])}
-
-
-REPLIES = {
-    "POST /api/turns/{turn_id}/reply",
-    "POST /api/episodes/{episode_id}/step",
-    "POST /api/turns/replies",
-}
 FORWARD = "POST /api/turns/{turn_id}/forward"
 
 
@@ -159,18 +164,16 @@ FORWARD = "POST /api/turns/{turn_id}/forward"
 def trainer_schema(server: Any, records: dict[str, Records], fake_model: Any) -> Any:
     schema = schemathesis.openapi.from_url(f"{server.url}/api/openapi.json")
 
-    def steer(case: Any, turn: str | None, keep: str | None, upstream: bool) -> Any:
-        """Point a case at real records, make replies well-formed, forward to a model that answers: each
-        sometimes, so generated cases reach past the first 404 or 422. Schemathesis re-checks whether the case
-        still fits the schema after these edits."""
+    def steer(case: Any, turn: str | None, upstream: bool) -> Any:
+        """Point a case at real records, forward to a model that answers: each sometimes, so generated cases
+        reach past the first 404. Schemathesis re-checks an edited case against the schema, but a failure's
+        report still names every mutation it made, even one an edit here undid."""
         label = case.operation.label
         mine = records[label]
         if turn is not None:
             case.path_parameters = _real_ids(case.path_parameters, mine, turn)
             case.query = _real_ids(case.query, mine, turn)
             case.body = _real_ids(case.body, mine, turn)
-        if keep is not None and label in REPLIES:
-            case.body = _one_of(case.body, keep)
         if upstream and label == FORWARD and isinstance(case.body, dict):
             case.body = {**case.body, "model": "openai/fake", "options": fake_model.options()}
         return case
@@ -182,7 +185,6 @@ def trainer_schema(server: Any, records: dict[str, Records], fake_model: Any) ->
             steer,
             st.just(case),
             st.sampled_from([None, mine.parked, mine.answered]),
-            st.sampled_from([None, "message", "error"]),
             st.booleans(),
         )
 
@@ -221,15 +223,15 @@ def test_the_trainer_api_answers_every_generated_request_without_a_server_error(
     for operation in operations:
         cases = st.one_of(operation.as_strategy(mode) for mode in GenerationMode)
 
-        @settings(FUZZ, max_examples=40)
+        @fuzzing(max_examples=40)
         @given(case=cases)
         def fuzz(case: Any) -> None:
             cut_long_polls(case)
-            case.call_and_validate(checks=CHECKS, timeout=REQUEST_TIMEOUT_S)
+            case.call_and_validate(headers=as_trainer(server), checks=CHECKS, timeout=REQUEST_TIMEOUT_S)
 
         try:
             fuzz()
-        except Exception as e:
+        except (Exception, BaseExceptionGroup) as e:  # schemathesis's FailureGroup is a BaseExceptionGroup
             failures[operation.label] = e
     assert not failures, "\n\n".join(f"{label}:\n{error}" for label, error in failures.items())
 
@@ -368,8 +370,9 @@ ENDPOINTS = [CHAT, MESSAGES, COUNT_TOKENS, RESPONSES]
 class Answerer:
     """A trainer on a thread of its own: replies to every turn as soon as it is parked, and notes any failure."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None) -> None:
         self._url = url
+        self._token = token
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.failures: list[str] = []
@@ -383,7 +386,7 @@ class Answerer:
         self._thread.join(timeout=REQUEST_TIMEOUT_S)
 
     def _run(self) -> None:
-        with TrainerClient(self._url) as trainer:
+        with TrainerClient(self._url, token=self._token) as trainer:
             while not self._stop.is_set():
                 try:
                     turns = trainer.next_turns(max=64, wait_s=0.2)
@@ -537,7 +540,9 @@ def check_recorded(endpoint: Endpoint, trajectory: wire.Trajectory, accepted: li
 
 @pytest.fixture
 def agent_fuzz(server: Any, trainer: TrainerClient) -> Iterator[tuple[AgentFuzz, Answerer]]:
-    with Answerer(server.url) as answerer, httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
+    token = server.settings.trainer_token
+    answerer = Answerer(server.url, token.get_secret_value() if token is not None else None)
+    with answerer, httpx.Client(timeout=REQUEST_TIMEOUT_S) as http:
         yield AgentFuzz(server, trainer, http), answerer
 
 
@@ -731,7 +736,7 @@ def test_any_json_value_gets_an_answer_or_a_4xx_in_the_dialects_shape(
     fuzz, answerer = agent_fuzz
     objects = st.dictionaries(fields_of(endpoint), JSON_VALUES, max_size=6)
 
-    @settings(FUZZ, max_examples=25)
+    @fuzzing(max_examples=25)
     @given(requests_for(st.one_of(JSON_VALUES, objects).map(encode)))
     def run(requests: list[Request]) -> None:
         fuzz.exchange(endpoint, requests)
@@ -747,7 +752,7 @@ def test_almost_valid_requests_with_wrong_types_get_an_answer_or_a_4xx(
 ) -> None:
     fuzz, answerer = agent_fuzz
 
-    @settings(FUZZ, max_examples=100)
+    @fuzzing(max_examples=100)
     @given(requests_for(almost_valid(endpoint)))
     def run(requests: list[Request]) -> None:
         fuzz.exchange(endpoint, requests)
@@ -763,7 +768,7 @@ def test_huge_strings_are_answered_below_the_body_limit_and_413_above(
 ) -> None:
     fuzz, answerer = agent_fuzz
 
-    @settings(FUZZ, max_examples=12)
+    @fuzzing(max_examples=12)
     @given(requests_for(huge(endpoint)))
     def run(requests: list[Request]) -> None:
         for request, response in fuzz.exchange(endpoint, requests):
@@ -779,7 +784,7 @@ def test_huge_strings_are_answered_below_the_body_limit_and_413_above(
 def test_deep_nesting_gets_an_answer_or_a_400(agent_fuzz: tuple[AgentFuzz, Answerer], endpoint: Endpoint) -> None:
     fuzz, answerer = agent_fuzz
 
-    @settings(FUZZ, max_examples=30)
+    @fuzzing(max_examples=30)
     @given(requests_for(deep(endpoint)))
     def run(requests: list[Request]) -> None:
         for request, response in fuzz.exchange(endpoint, requests):
@@ -795,7 +800,7 @@ def test_deep_nesting_gets_an_answer_or_a_400(agent_fuzz: tuple[AgentFuzz, Answe
 def test_bytes_that_are_not_a_json_object_are_400(agent_fuzz: tuple[AgentFuzz, Answerer], endpoint: Endpoint) -> None:
     fuzz, answerer = agent_fuzz
 
-    @settings(FUZZ, max_examples=30)
+    @fuzzing(max_examples=30)
     @given(requests_for(not_json(endpoint)))
     def run(requests: list[Request]) -> None:
         for _, response in fuzz.exchange(endpoint, requests):
@@ -898,7 +903,7 @@ def test_trainer_calls_fuzzing_found_are_422_and_change_nothing(
     response = httpx.post(
         server.url + path.format(episode=episode.id, turn=turn.id),
         content=raw,
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **as_trainer(server)},
     )
     assert response.status_code == 422, response.text
     assert hint in response.json()["error"]["message"], response.text
@@ -933,7 +938,7 @@ def test_other_methods_are_405_in_the_dialects_shape(server: Any, trainer: Train
 
 
 def test_an_offset_too_large_for_the_database_is_a_422(server: Any) -> None:
-    response = httpx.get(f"{server.url}/api/episodes", params={"offset": INT64_MAX + 1})
+    response = httpx.get(f"{server.url}/api/episodes", params={"offset": INT64_MAX + 1}, headers=as_trainer(server))
     assert response.status_code == 422, response.text
 
 
@@ -949,7 +954,7 @@ def test_an_id_holding_nul_is_unknown_on_every_route(server: Any, trainer: Train
         ("POST", "/api/turns/a%00b/forward", {"model": "m"}),
     ]
     for method, path, body in routes:
-        response = httpx.request(method, server.url + path, json=body)
+        response = httpx.request(method, server.url + path, json=body, headers=as_trainer(server))
         assert response.status_code == 404, (method, path, response.text)
 
 
