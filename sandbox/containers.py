@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +30,8 @@ class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
     labels: dict[str, str] = field(default_factory=dict)
     proxy: bool = True  # reach trajproxy (and nothing else); False: no network at all
+    mounts: dict[str, str] = field(default_factory=dict)  # host folder -> path in the container, read-only
+    arch: str | None = None  # the architecture the mounts' programs need (amd64); None: any
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +46,14 @@ class ExecResult:
 
 
 class Sandbox(Protocol):
-    """One running sandbox. Commands run through `sh -c` in the working directory."""
+    """One running sandbox. Commands run through `sh -c` in the working directory, as `user` ("": the image's)."""
 
     @property
     def id(self) -> str: ...
 
-    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult: ...
+    async def exec(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str] | None = None, user: str = ""
+    ) -> ExecResult: ...
 
     async def upload(self, path: str, content: bytes) -> None: ...
 

@@ -123,6 +123,8 @@ class DockerSandboxes:
         client = self._docker()
         for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
             _ensure_image(client, image)
+        if spec.arch is not None:
+            _check_arch(client, spec.image, spec.arch)
         made: list[Any] = []  # every container created, so that a start failing at any later step leaves none
         try:
             agent, gate = self._create(client, spec, made)
@@ -158,6 +160,7 @@ class DockerSandboxes:
                 network_mode=f"container:{gate.id}" if gate else "none",
                 environment=spec.env,
                 working_dir=spec.workdir,
+                volumes={host: {"bind": path, "mode": "ro"} for host, path in spec.mounts.items()},
                 mem_limit=limits.memory_bytes,
                 memswap_limit=limits.memory_bytes,
                 nano_cpus=int(limits.cpus * 1e9),
@@ -205,14 +208,22 @@ class DockerSandbox:
     def id(self) -> str:
         return str(self._agent.id)
 
-    async def exec(self, command: str, *, timeout_s: float, env: dict[str, str] | None = None) -> ExecResult:
-        """Run `command` with `sh -c`; past `timeout_s` it is killed and the result says it timed out."""
+    async def exec(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str] | None = None, user: str = ""
+    ) -> ExecResult:
+        """Run `command` with `sh -c` as `user` ("": the image's); past `timeout_s` it is killed and the result says
+        it timed out."""
         argv = ["timeout", "-k", "5", f"{timeout_s:g}", "sh", "-c", command]
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s + _EXEC_GRACE_S):
                 exit_code, output = await _blocking(
-                    self._threads, self._agent.exec_run, argv, workdir=self._workdir, environment=env or {}
+                    self._threads,
+                    self._agent.exec_run,
+                    argv,
+                    workdir=self._workdir,
+                    environment=dict(env or {}),
+                    user=user,
                 )
         except TimeoutError:
             return ExecResult(exit_code=-1, output="", timed_out=True)
@@ -267,6 +278,13 @@ def _ensure_image(client: Any, image: str) -> None:
             ) from e
 
 
+def _check_arch(client: Any, image: str, arch: str) -> None:
+    """An image whose machine the agent's programs were not built for is refused before anything starts."""
+    found = client.images.get(image).attrs.get("Architecture")
+    if found and found != arch:
+        raise SandboxError(f"the agent bundle is built for {arch}; image {image!r} is {found}: it cannot run there")
+
+
 def _await_relay(gate: Any, timeout_s: float) -> None:
     """Wait until the gate says it relays (a running container is not yet a listening relay: an agent's call
     before that would be refused). Its logs are polled, a little less often as the wait goes on."""
@@ -304,3 +322,28 @@ def _remove(*containers: Any) -> None:
             errors.append(f"{container.id[:12]}: {e}")
     if errors:
         raise SandboxError(f"could not remove container(s) {'; '.join(errors)}")
+
+
+def run_container(image: str, command: list[str], binds: Mapping[str, str], timeout_s: float) -> ExecResult:
+    """Run a one-off container to its end (a bundle build): `binds` maps host folders to its paths, read-write;
+    it reaches the network the engine gives it (a package registry). It is removed, whatever happens."""
+    try:
+        client = docker.from_env()
+        _ensure_image(client, image)
+        container = client.containers.run(
+            image,
+            command,
+            detach=True,
+            volumes={host: {"bind": path, "mode": "rw"} for host, path in binds.items()},
+            labels={MANAGED: "1", "trajproxy.role": "bundle-build"},
+        )
+    except docker.errors.DockerException as e:
+        raise SandboxError(f"could not start a build container from {image!r}: {e}") from e
+    try:
+        exit_code = int(container.wait(timeout=timeout_s)["StatusCode"])
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    except Exception as e:  # the wait timing out surfaces as a requests error
+        raise SandboxError(f"the build container did not finish within {timeout_s:g} s: {e}") from e
+    finally:
+        _remove(container)
+    return ExecResult(exit_code, output)

@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.agents import AGENTS
+from sandbox.manifests import PLACEHOLDERS
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from sandbox.docker_sandbox import Pruned
+    from sandbox.injection import InjectedAgent
     from sandbox.policies import Policy
     from sandbox.runner import Outcome, Progress, RunConfig
     from sandbox.tasks import Task, TaskError
@@ -40,13 +41,31 @@ def _labels_from(given: list[str]) -> dict[str, str]:
     return labels
 
 
+BUNDLES_HELP = "the bundles' folder (default: $TRAJPROXY_BUNDLES, else ~/.cache/trajproxy/bundles)"
+
+
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = commands.add_parser("run", help="run a JSONL file of tasks in sandboxes and grade them")
+    placeholders = "; ".join(f"{{{name}}}: {what}" for name, what in PLACEHOLDERS.items()).replace("%", "%%")
+    run = commands.add_parser(
+        "run",
+        help="run a JSONL file of tasks in sandboxes and grade them",
+        description="Run an agent on each task in its own container of the task's image, grade its diff in a "
+        "fresh container, record the reward. The agent's bundle is mounted read-only into the task's container "
+        f"(built on first use). Placeholders in a manifest: {placeholders}.",
+    )
     run.add_argument("tasks", help="JSONL, one task per line (prompt, label, metadata.image/workdir/eval_cmd)")
     run.add_argument("--image", help="run every task in this image instead of its metadata.image")
     agent = run.add_mutually_exclusive_group(required=True)
-    agent.add_argument("--agent", choices=sorted(AGENTS), help="a preset agent command")
-    agent.add_argument("--agent-cmd", help="the agent's command; {task_file} and {workdir} are filled in")
+    agent.add_argument(
+        "--agent",
+        help="a preset (minimal, codex, claude-code, mini-swe-agent) or a manifest file (./my-agent.toml), "
+        "injected into each task's own image",
+    )
+    agent.add_argument(
+        "--agent-cmd", help="instead, a command already in the task's image; {task_file} and {workdir} are filled in"
+    )
+    run.add_argument("--model", help="the model name the agent asks for (default: the manifest's, 'policy')")
+    run.add_argument("--bundles", help=BUNDLES_HELP)
     run.add_argument("--policy", default="trainer", help="trainer (default), scripted:FILE or model:NAME")
     run.add_argument("--concurrency", type=int, default=4)
     run.add_argument("--agent-timeout-s", type=float, default=1800.0)
@@ -68,6 +87,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="KEY=VALUE",
         help="a Docker label for every container of this run (repeatable)",
     )
+    agents = commands.add_parser("agents", help="build and list agent bundles")
+    agents.add_argument("action", choices=["build", "list"], help="build: build each agent's bundle; list: show them")
+    agents.add_argument("names", nargs="*", metavar="AGENT", help="presets or manifest files (build)")
+    agents.add_argument("--bundles", help=BUNDLES_HELP)
+    agents.add_argument("--force", action="store_true", help="build again even if the bundle is there")
     sandbox = commands.add_parser("sandbox", help="manage sandboxes")
     sandbox.add_argument(
         "action",
@@ -89,6 +113,8 @@ def main(args: argparse.Namespace) -> int:
     from sandbox.tasks import TaskError, read_tasks
 
     console = _console()
+    if args.command == "agents":
+        return _agents(console, args)
     try:
         labels = _labels_from(args.label)
     except ValueError as e:
@@ -106,8 +132,16 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[red]trajproxy run: no such file: {args.tasks}")
         return 2
     parsed = list(read_tasks(args.tasks, image=args.image))
+    injected = None
+    if args.agent:
+        try:
+            injected = _injected(console, args.agent, args.model, args.bundles)
+        except ValueError as e:
+            console.print(f"trajproxy run: {e}", style="red", markup=False, soft_wrap=True)
+            return 2
     config = RunConfig(
-        agent_cmd=args.agent_cmd or AGENTS[args.agent],
+        agent_cmd=args.agent_cmd or "",
+        agent=injected,
         agent_timeout_s=args.agent_timeout_s,
         grade_timeout_s=args.grade_timeout_s,
         limits=Limits(cpus=args.cpus, memory_bytes=args.memory_mb * 1024**2, pids=args.pids),
@@ -180,6 +214,57 @@ async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
             await asyncio.sleep(1)
 
 
+def _injected(console: Any, agent: str, model: str | None, root: str | None) -> InjectedAgent:
+    """The agent's manifest and its bundle, built now (with a progress display) if it is not built yet;
+    ValueError (ManifestError, BundleError) says in one line why it cannot be had."""
+    from sandbox.bundles import Bundles
+    from sandbox.injection import InjectedAgent
+    from sandbox.manifests import load
+
+    manifest = load(agent)
+    bundles = Bundles(Path(root) if root else None)
+    bundle = bundles.find(manifest)
+    if bundle is None:
+        with console.status(f"building {manifest.name} {manifest.version} (once)") as status:
+            bundle = bundles.build(manifest, on_step=lambda step: status.update(f"{manifest.name}: {step}"))
+        console.print(f"built {manifest.name} {manifest.version} ({bundle.digest[:12]}) in {bundle.built_s:g} s")
+    return InjectedAgent(manifest, bundle, model)
+
+
+def _agents(console: Any, args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from sandbox.bundles import BundleError, Bundles
+    from sandbox.containers import SandboxError
+    from sandbox.manifests import ManifestError, load
+
+    bundles = Bundles(Path(args.bundles) if args.bundles else None)
+    if args.action == "build":
+        if not args.names:
+            console.print("trajproxy agents build: name at least one agent", style="red")
+            return 2
+        for name in args.names:
+            try:
+                manifest = load(name)
+                if not args.force and (found := bundles.find(manifest)) is not None:
+                    console.print(f"{manifest.name} {manifest.version}: built already ({found.digest[:12]})")
+                    continue
+                with console.status(f"building {manifest.name}") as status:
+                    bundle = bundles.build(manifest, on_step=status.update)
+                console.print(f"{bundle.name} {bundle.version}: built {bundle.digest[:12]} in {bundle.built_s:g} s")
+            except (ManifestError, BundleError, SandboxError) as e:
+                console.print(f"trajproxy agents build: {e}", style="red", markup=False, soft_wrap=True)
+                return 1
+        return 0
+    table = Table("agent", "version", "digest", "size", "built in", title=str(bundles.root))
+    for bundle in bundles.all():
+        table.add_row(
+            bundle.name, bundle.version, bundle.digest, f"{bundle.size_bytes / 1e6:.0f} MB", f"{bundle.built_s:g} s"
+        )
+    console.print(table)
+    return 0
+
+
 def _report(console: Any, pruned: Pruned) -> None:
     from collections import Counter
 
@@ -216,6 +301,10 @@ def _summarise(console: Any, outcomes: list[Outcome], rejected: list[TaskError])
         reward = "-" if outcome.reward is None else f"{outcome.reward:g}"
         table.add_row(str(outcome.task.line), outcome.episode_id or "-", outcome.status, reward, outcome.reason)
     console.print(table)
+    for outcome in outcomes:
+        if outcome.status == "failed" and outcome.agent_output.strip():
+            console.print(f"line {outcome.task.line}: the agent's output ended with:", style="red")
+            console.print(outcome.agent_output[-1500:], markup=False, highlight=False, soft_wrap=True)
     rewards = [o.reward for o in outcomes if o.reward is not None]
     mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
     console.print(f"{len(outcomes)} task(s) run, {len(rejected)} rejected, mean reward {mean}")

@@ -17,21 +17,27 @@ from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
 from sandbox.containers import ExecResult, Limits, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.injection import InjectedAgent, setup_script
+from sandbox.manifests import TASK_FILE
 from sandbox.policies import Policy
 from sandbox.tasks import Task
 
 __all__ = ["AGENTS", "Outcome", "Progress", "RunConfig", "Runner"]
 
-TASK_FILE = "/tmp/trajproxy-task.md"
 DIFF_FILE = "/tmp/trajproxy.diff"
 CAPTURE_DIFF = "git add -A >/dev/null && git diff --cached --binary HEAD"
 _OUTPUT_KEPT = 4000
 _GIT_S = 120.0
+_SETUP_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    agent_cmd: str  # may use {task_file} (the task text, uploaded) and {workdir}
+    """How to run each task. The agent is `agent` (a manifest and its bundle, injected into the task's image), or
+    else `agent_cmd`, a command already in the image, which may use {task_file} (the task text) and {workdir}."""
+
+    agent_cmd: str = ""
+    agent: InjectedAgent | None = None
     agent_timeout_s: float = 1800.0
     grade_timeout_s: float = 600.0
     limits: Limits = field(default_factory=Limits)
@@ -46,6 +52,7 @@ class Outcome:
     reward: float | None
     reason: str
     diff: str = ""
+    agent_output: str = ""  # the tail of the agent's stdout and stderr
 
 
 @dataclass(slots=True)
@@ -98,7 +105,12 @@ class Runner:
     async def open(self, task: Task) -> wire.EpisodeCreated:
         """A new episode for the task, as `run` would create."""
         metadata = {**task.metadata, "label": task.label, "line": task.line}
-        return await self._trainer.create_episode(task=task.prompt, metadata=metadata, **self._config.episode)
+        options = dict(self._config.episode)
+        if (agent := self._config.agent) is not None:
+            metadata["agent"] = agent.record
+            if agent.routes:
+                options["routes"] = [*options.get("routes", []), *agent.routes]
+        return await self._trainer.create_episode(task=task.prompt, metadata=metadata, **options)
 
     async def run(self, task: Task, episode: wire.EpisodeCreated | None = None) -> Outcome:
         """Run one task to its end: an episode with a reward, finished, failed or cancelled.
@@ -129,14 +141,17 @@ class Runner:
             serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)
         reward, grade = await self._grade(task, episode_id, diff)
-        info = {"grader": grade, "agent_exit_code": agent.exit_code, "agent_output": _tail(agent.output)}
+        output = _tail(agent.output)
+        info = {"grader": grade, "agent_exit_code": agent.exit_code, "agent_output": output}
         await self._trainer.add_reward(episode_id, reward, "reward", source="grader", info=info)
         if agent.timed_out:
             why = f"the agent ran past its budget of {self._config.agent_timeout_s:g} s"
-            return Outcome(task, episode_id, "failed", reward, why, diff)
+            return Outcome(task, episode_id, "failed", reward, why, diff, output)
         if agent.exit_code != 0:
-            return Outcome(task, episode_id, "failed", reward, f"the agent exited with {agent.exit_code}", diff)
-        return Outcome(task, episode_id, "finished", reward, str(grade["verdict"]), diff)
+            said = _last_line(agent.output)
+            why = f"the agent exited with {agent.exit_code}" + (f": {said}" if said else "")
+            return Outcome(task, episode_id, "failed", reward, why, diff, output)
+        return Outcome(task, episode_id, "finished", reward, str(grade["verdict"]), diff, output)
 
     async def _work(self, task: Task, episode_id: str, key: str) -> tuple[ExecResult, str]:
         """Run the agent on the task in a sandbox that reaches trajproxy; returns its result and its diff."""
@@ -147,11 +162,20 @@ class Runner:
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_API_KEY": key,
         }
-        box = await self._sandboxes.start(self._spec(task, episode_id, env=env, proxy=True))
+        box = await self._sandboxes.start(self._spec(task, episode_id, env=env, proxy=True, agent=self._config.agent))
         try:
             await box.upload(TASK_FILE, task.prompt.encode())
-            command = self._config.agent_cmd.format(task_file=TASK_FILE, workdir=shlex.quote(task.workdir))
-            agent = await box.exec(command, timeout_s=self._config.agent_timeout_s)
+            if (injected := self._config.agent) is not None:
+                rendered = injected.render(base_url=base, key=key, task=task.prompt, workdir=task.workdir)
+                setup = await box.exec(setup_script(rendered), timeout_s=_SETUP_S, user=rendered.user)
+                if not setup.ok:
+                    why = f"could not write {injected.manifest.name}'s config files: {setup.output[-500:]}"
+                    raise SandboxError(why)
+                command, env, user = rendered.command, dict(rendered.env), rendered.user
+            else:
+                command = self._config.agent_cmd.format(task_file=TASK_FILE, workdir=shlex.quote(task.workdir))
+                env, user = {}, ""
+            agent = await box.exec(command, timeout_s=self._config.agent_timeout_s, env=env, user=user)
             diff = await box.exec(CAPTURE_DIFF, timeout_s=_GIT_S)
             if not diff.ok:
                 raise SandboxError(f"could not capture the agent's changes with git in {task.workdir}: {diff.output}")
@@ -181,7 +205,9 @@ class Runner:
             "output": _tail(result.output),
         }
 
-    def _spec(self, task: Task, episode_id: str, *, env: dict[str, str], proxy: bool) -> SandboxSpec:
+    def _spec(
+        self, task: Task, episode_id: str, *, env: dict[str, str], proxy: bool, agent: InjectedAgent | None = None
+    ) -> SandboxSpec:
         return SandboxSpec(
             task.image,
             workdir=task.workdir,
@@ -189,6 +215,8 @@ class Runner:
             limits=self._config.limits,
             labels={"trajproxy.episode": episode_id},
             proxy=proxy,
+            mounts=agent.mounts if agent else {},
+            arch=agent.bundle.arch if agent else None,
         )
 
     async def _close(self, outcome: Outcome) -> None:
@@ -210,6 +238,11 @@ class Runner:
         for name, change in changes.items():
             setattr(self.progress, name, getattr(self.progress, name) + change)
         self._on_change(self.progress)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def _tail(text: str) -> str:

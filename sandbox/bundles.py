@@ -1,0 +1,179 @@
+"""Agent bundles: each manifest built once into a self-contained folder, named by the digest of what went into it.
+
+A bundle is built from the manifest's pinned packages (npm on this host, PyPI and the carried runtime in a
+container of the build image) in a temporary folder beside the others, and renamed into place only once whole:
+a failed build leaves nothing behind. The same manifest always finds the bundle it built before.
+
+    bundles = Bundles()
+    bundle = bundles.ensure(load("codex"), on_step=print)   # built on first use
+    bundle.path                                             # mounted read-only at /opt/trajproxy/agent
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sandbox.manifests import Manifest
+
+BUILD_IMAGE = "python:3.11-slim"  # Debian's python3.11: the runtime and glibc that bundles carry
+RECIPE = "1"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+_SCRIPT = (Path(__file__).parent / "bundle_script.py").read_text()
+_NPM_TIMEOUT_S = 900.0
+_BUILD_TIMEOUT_S = 1800.0
+
+
+class BundleError(ValueError):
+    """A bundle could not be built or used; the message says why in one line (the registry's own, for a build)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    name: str
+    version: str
+    digest: str
+    size_bytes: int
+    arch: str  # Docker's name for the machine it runs on (amd64)
+    built_s: float  # how long the build took
+    path: Path
+
+
+def default_root() -> Path:
+    given = os.environ.get("TRAJPROXY_BUNDLES")
+    return Path(given) if given else Path.home() / ".cache" / "trajproxy" / "bundles"
+
+
+def digest(manifest: Manifest) -> str:
+    """What the bundle is made from: the pinned packages, the files (by content), the recipe and build image."""
+    install = manifest.install
+    files = {
+        name: hashlib.sha256((manifest.source.parent / source).read_bytes()).hexdigest()
+        for name, source in sorted(install.files.items())
+    }
+    made_of = {
+        "name": manifest.name,
+        "version": manifest.version,
+        "npm": install.npm,
+        "pypi": install.pypi,
+        "python": install.python,
+        "bin": dict(sorted(install.bin.items())),
+        "files": files,
+        "recipe": RECIPE,
+        "image": BUILD_IMAGE,
+    }
+    return hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class Bundles:
+    """The bundles in one host folder (default ~/.cache/trajproxy/bundles, or $TRAJPROXY_BUNDLES)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_root()
+
+    def find(self, manifest: Manifest) -> Bundle | None:
+        return self._read(self.root / digest(manifest))
+
+    def ensure(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
+        """The manifest's bundle, built now if it is not here yet."""
+        return self.find(manifest) or self.build(manifest, on_step)
+
+    def all(self) -> list[Bundle]:
+        found = (self._read(path) for path in sorted(self.root.glob("*")) if not path.name.startswith("."))
+        return sorted((b for b in found if b is not None), key=lambda b: (b.name, b.version))
+
+    def build(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
+        """Build the manifest's bundle (again, if it exists); BundleError with the registry's message if it fails."""
+        from sandbox.docker_sandbox import run_container
+
+        started = time.monotonic()
+        self.root.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=f".building-{manifest.name}-", dir=self.root))
+        try:
+            install = manifest.install
+            for name, source in install.files.items():
+                on_step(f"copying {name}")
+                (building / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(manifest.source.parent / source, building / name)
+            if install.npm:
+                on_step(f"npm install {' '.join(install.npm)}")
+                _npm(install.npm, building / "npm")
+            for name, target in install.bin.items():
+                if not (building / target).is_file():
+                    raise BundleError(f"{manifest.name}: install.bin {name!r}: {target} is not in the installed files")
+            on_step("carrying the runtime" + (f" and pip install {' '.join(install.pypi)}" if install.pypi else ""))
+            spec = {
+                "python": install.python,
+                "pypi": list(install.pypi),
+                "bin": dict(install.bin),
+                "owner": f"{os.getuid()}:{os.getgid()}",
+            }
+            done = run_container(
+                BUILD_IMAGE, ["python3", "-c", _SCRIPT, json.dumps(spec)], {str(building): "/bundle"}, _BUILD_TIMEOUT_S
+            )
+            if not done.ok:
+                said = _last_words(done.output) or f"the build exited {done.exit_code}"
+                raise BundleError(f"{manifest.name}: {said}")
+            bundle = Bundle(
+                name=manifest.name,
+                version=manifest.version,
+                digest=digest(manifest),
+                size_bytes=_size(building),
+                arch=_arch(),
+                built_s=round(time.monotonic() - started, 1),
+                path=self.root / digest(manifest),
+            )
+            record = {k: v for k, v in asdict(bundle).items() if k != "path"}
+            (building / "bundle.json").write_text(json.dumps(record, indent=2) + "\n")
+            building.chmod(0o755)
+            shutil.rmtree(bundle.path, ignore_errors=True)
+            building.rename(bundle.path)
+            on_step(f"built {manifest.name} {manifest.version} ({bundle.digest[:12]}) in {bundle.built_s:g} s")
+            return bundle
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+
+    def _read(self, path: Path) -> Bundle | None:
+        try:
+            record = json.loads((path / "bundle.json").read_text())
+            return Bundle(**record, path=path)
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def _npm(packages: tuple[str, ...], prefix: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise BundleError(f"npm is needed to build {' '.join(packages)}, and it is not on PATH")
+    prefix.mkdir(parents=True)
+    command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--ignore-scripts"]
+    command += ["--no-package-lock", "--loglevel=error", *packages]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_NPM_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise BundleError(f"npm install {' '.join(packages)} took over {_NPM_TIMEOUT_S:g} s") from e
+    if done.returncode != 0:
+        raise BundleError(f"npm install {' '.join(packages)}: {_last_words(done.stderr)}")
+
+
+def _last_words(output: str) -> str:
+    """The line of a tool's output that says what went wrong (npm's `npm error 404 …`, pip's `ERROR: …`)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    telling = [line for line in lines if "error" in line.lower() and "complete log" not in line.lower()]
+    return " ".join((telling or lines)[:2])[:500]
+
+
+def _size(folder: Path) -> int:
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _arch() -> str:
+    machine = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)

@@ -1,0 +1,216 @@
+"""Real agents injected into task images that were never built for them: each preset's bundle, mounted read-only
+into a task image with no Python and no Node (run as a non-root user) and into an older Debian (glibc 2.31), solves
+a task whose tests are a shell script, answered by a scripted policy in the agent's own dialect, reward 1.0.
+
+Bundles are built once per machine (~/.cache/trajproxy/bundles, or $TRAJPROXY_BUNDLES) and once per session here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.client import AsyncTrainerClient, TrainerClient
+from sandbox.bundles import Bundle, BundleError, Bundles
+from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.injection import InjectedAgent
+from sandbox.manifests import load
+from sandbox.runner import Outcome, RunConfig, Runner
+from sandbox.tasks import Task
+
+BARE = "trajproxy-test/bare-task"  # python:3.11-slim with Python and Node removed, a non-root user
+OLD = "trajproxy-test/old-task"  # debian:bullseye-slim
+OLD_BASE = "debian:bullseye-slim"
+TASK = "Create a file hello.txt in /repo containing hi (the tests are `sh test.sh`)."
+REPO_SETUP = """
+RUN mkdir -p /repo && cd /repo \\
+ && printf '#!/bin/sh\\ntest "$(cat hello.txt)" = hi\\n' > test.sh \\
+ && git init -q && git add -A \\
+ && git -c user.email=t@example.com -c user.name=t commit -qm "a task whose test fails" \\
+ && chown -R {user} /repo
+USER {user}
+WORKDIR /repo
+"""
+BARE_DOCKERFILE = f"""FROM python:3.11-slim
+RUN rm -rf /usr/bin/python3* /usr/lib/python3* /usr/local/lib/python3* /usr/local/bin/python* /usr/bin/node \\
+ && ! command -v python3 && ! command -v node
+{REPO_SETUP.format(user="1234:1234")}"""
+OLD_DOCKERFILE = f"FROM {OLD_BASE}\n{REPO_SETUP.format(user='root')}"
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/trajproxy.db"
+
+
+@pytest.fixture(scope="session")
+def bundles() -> Bundles:
+    return Bundles()
+
+
+@pytest.fixture(scope="session")
+def built(bundles: Bundles) -> Callable[[str], Bundle]:
+    """Each agent's bundle, built at most once a session (and reused across sessions from the bundles folder)."""
+    made: dict[str, Bundle] = {}
+
+    def get(name: str) -> Bundle:
+        if name not in made:
+            made[name] = bundles.ensure(load(name))
+        return made[name]
+
+    return get
+
+
+def _image(engine: Any, tag: str, dockerfile: str, tmp: Path) -> str:
+    (tmp / "Dockerfile").write_text(dockerfile)
+    engine.images.build(path=str(tmp), tag=tag, rm=True)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def bare_image(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _image(engine, BARE, BARE_DOCKERFILE, tmp_path_factory.mktemp("bare"))
+
+
+@pytest.fixture(scope="session")
+def old_image(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    try:
+        engine.images.get(OLD_BASE)
+    except Exception as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the {OLD_BASE} tests: {e} (.ci/run builds it with docker-up --bullseye)")
+        pytest.skip(f"{OLD_BASE} is not on this engine; ../shared/tools/docker-up --bullseye builds it")
+    return _image(engine, OLD, OLD_DOCKERFILE, tmp_path_factory.mktemp("old"))
+
+
+def bash_tool(tool: str, done: str | None = None, **extra: Any) -> Callable[[Any], dict[str, Any]]:
+    """Call `tool` to write hello.txt, then (with `done`) run the agent's own finishing command, then say done."""
+    commands = ["echo hi > hello.txt", *([done] if done else [])]
+
+    def policy(turn: Any) -> dict[str, Any]:
+        ran = sum(message["role"] == "tool" for message in turn.request["messages"])
+        if ran < len(commands):
+            arguments = {"command": commands[ran], **extra} if tool != "exec_command" else {"cmd": commands[ran]}
+            call = {"id": f"call_{turn.seq}", "function": {"name": tool, "arguments": arguments}}
+            return {"content": "On it.", "tool_calls": [call]}
+        return {"content": "Done: hello.txt holds hi."}
+
+    return policy
+
+
+def text_commands(turn: Any) -> dict[str, Any]:
+    said = sum(message["role"] == "assistant" for message in turn.request["messages"])
+    return {"content": ["```bash\necho hi > hello.txt\n```", "```bash\necho TASK_COMPLETE\n```"][min(said, 1)]}
+
+
+# Each preset's own dialect and tool: what a policy trained on it would answer.
+PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "minimal": ("chat", text_commands),
+    "codex": ("responses", bash_tool("exec_command")),
+    "claude-code": ("anthropic", bash_tool("Bash", description="Create hello.txt")),
+    "mini-swe-agent": ("chat", bash_tool("bash", done="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")),
+}
+
+
+class Scripted:
+    def __init__(self, answer: Callable[[Any], dict[str, Any]]) -> None:
+        self.answer = answer
+
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        while True:
+            for turn in await trainer.next_turns(episode=episode_id, max=8, wait_s=5):
+                await trainer.reply(turn.id, message=self.answer(turn), lease_id=turn.lease_id)
+
+
+def run_one(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image: str, policy: Any) -> Outcome:
+    task = Task(TASK, image, "/repo", "sh test.sh")
+
+    async def main() -> Outcome:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
+            runner = Runner(trainer, sandboxes, Scripted(policy), RunConfig(agent=agent, agent_timeout_s=180))
+            return await runner.run(task)
+
+    return asyncio.run(main())
+
+
+def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: str) -> None:
+    assert (outcome.status, outcome.reward) == ("finished", 1.0), f"{outcome.reason}\n{outcome.agent_output}"
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert recorded.episode.metadata["agent"] == agent.record
+    assert recorded.turns and {turn.dialect for turn in recorded.turns} == {dialect}
+    assert all(turn.status == "answered" for turn in recorded.turns)
+    assert recorded.rewards[0].value == 1.0
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_non_root_user(
+    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
+) -> None:
+    dialect, policy = PRESETS[name]
+    agent = InjectedAgent(load(name), built(name))
+    check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy), agent, dialect)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_each_preset_solves_a_task_on_an_older_debian(
+    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], old_image: str, name: str
+) -> None:
+    dialect, policy = PRESETS[name]
+    agent = InjectedAgent(load(name), built(name))
+    check_solved(proxied, run_one(proxied, sandboxes, agent, old_image, policy), agent, dialect)
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_from_a_manifest_file_alone(
+    proxied: Any, sandboxes: DockerSandboxes, bundles: Bundles, bare_image: str, tmp_path: Path
+) -> None:
+    """An agent of one's own, added with a manifest and a shell script beside it and no code in trajproxy: it reads
+    its templated config file, asks the policy once (on the Python its bundle carries; the image has none) and
+    runs the command it is given."""
+    (tmp_path / "agent.sh").write_text(
+        '#!/bin/sh\nset -e\n. "$HOME/agent.env"\ncd "$WORKDIR"\n'
+        '"$PY" -c "import json,os,urllib.request as u;'
+        "r=u.Request(os.environ['BASE']+'/chat/completions',json.dumps({'model':'m','messages':"
+        "[{'role':'user','content':open(os.environ['TASK_FILE']).read()}]}).encode(),"
+        "{'authorization':'Bearer '+os.environ['KEY'],'content-type':'application/json'});"
+        "print(json.load(u.urlopen(r))['choices'][0]['message']['content'])\" > /tmp/command.sh\n"
+        "sh /tmp/command.sh\n"
+    )
+    (tmp_path / "shell-agent.toml").write_text(
+        'name = "shell-agent"\nversion = "1.0"\ncommand = "sh {bundle}/agent.sh"\n'
+        '[env]\nHOME = "{home}"\n'
+        '[[files]]\npath = "{home}/agent.env"\ncontent = """\nexport BASE={openai_base_url} KEY={api_key}\n'
+        'export WORKDIR={workdir} TASK_FILE={task_file} PY={bundle}/bin/python3\n"""\n'
+        '[install]\npython = true\nfiles = { "agent.sh" = "agent.sh" }\n'
+    )
+    manifest = load(str(tmp_path / "shell-agent.toml"))
+    agent = InjectedAgent(manifest, bundles.ensure(manifest))
+    outcome = run_one(proxied, sandboxes, agent, bare_image, lambda turn: {"content": "echo hi > hello.txt"})
+    check_solved(proxied, outcome, agent, "chat")
+
+
+def test_a_failed_build_gives_the_registrys_message_and_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / "broken.toml").write_text(
+        'name = "broken"\nversion = "0"\ncommand = "x"\n[install]\nnpm = ["@openai/codex@0.0.0-no-such-version"]\n'
+    )
+    bundles = Bundles(tmp_path / "bundles")
+    with pytest.raises(BundleError, match=r"npm install @openai/codex@0\.0\.0-no-such-version: .*(ETARGET|notarget)"):
+        bundles.build(load(str(tmp_path / "broken.toml")))
+    assert list((tmp_path / "bundles").iterdir()) == []
+
+
+def test_an_image_the_bundle_cannot_run_in_is_refused_saying_why(
+    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str
+) -> None:
+    foreign = InjectedAgent(load("codex"), replace(built("codex"), arch="arm64"))
+    outcome = run_one(proxied, sandboxes, foreign, bare_image, text_commands)
+    assert outcome.status == "failed"
+    assert "the agent bundle is built for arm64" in outcome.reason
+    assert "amd64: it cannot run there" in outcome.reason
