@@ -134,7 +134,12 @@ class Bundles:
             (building / "bundle.json").write_text(json.dumps(record, indent=2) + "\n")
             building.chmod(0o755)
             shutil.rmtree(bundle.path, ignore_errors=True)
-            building.rename(bundle.path)
+            try:
+                building.rename(bundle.path)
+            except OSError:  # another build of the same manifest finished first: its bundle is this one
+                if (theirs := self._read(bundle.path)) is None:
+                    raise
+                return theirs
             on_step(f"built {manifest.name} {manifest.version} ({bundle.digest[:12]}) in {bundle.built_s:g} s")
             return bundle
         finally:

@@ -41,6 +41,16 @@ def _labels_from(given: list[str]) -> dict[str, str]:
     return labels
 
 
+class _WithDefaults(argparse.HelpFormatter):
+    """Help that shows each option's default, unless it has none or its help says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, [], False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 BUNDLES_HELP = "the bundles' folder (default: $TRAJPROXY_BUNDLES, else ~/.cache/trajproxy/bundles)"
 
 
@@ -52,6 +62,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Run an agent on each task in its own container of the task's image, grade its diff in a "
         "fresh container, record the reward. The agent's bundle is mounted read-only into the task's container "
         f"(built on first use). Placeholders in a manifest: {placeholders}.",
+        formatter_class=_WithDefaults,
     )
     run.add_argument("tasks", help="JSONL, one task per line (prompt, label, metadata.image/workdir/eval_cmd)")
     run.add_argument("--image", help="run every task in this image instead of its metadata.image")
@@ -67,12 +78,12 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--model", help="the model name the agent asks for (default: the manifest's, 'policy')")
     run.add_argument("--bundles", help=BUNDLES_HELP)
     run.add_argument("--policy", default="trainer", help="trainer (default), scripted:FILE or model:NAME")
-    run.add_argument("--concurrency", type=int, default=4)
-    run.add_argument("--agent-timeout-s", type=float, default=1800.0)
-    run.add_argument("--grade-timeout-s", type=float, default=600.0)
-    run.add_argument("--cpus", type=float, default=1.0)
-    run.add_argument("--memory-mb", type=int, default=2048)
-    run.add_argument("--pids", type=int, default=512)
+    run.add_argument("--concurrency", type=int, default=4, help="tasks run at once")
+    run.add_argument("--agent-timeout-s", type=float, default=1800.0, help="each agent's time limit")
+    run.add_argument("--grade-timeout-s", type=float, default=600.0, help="each grading's time limit")
+    run.add_argument("--cpus", type=float, default=1.0, help="CPUs per sandbox")
+    run.add_argument("--memory-mb", type=int, default=2048, help="memory per sandbox")
+    run.add_argument("--pids", type=int, default=512, help="processes per sandbox")
     run.add_argument("--proxy-url", help="a running trajproxy's URL (default: run one for this run)")
     run.add_argument(
         "--trainer-token", help="its trainer token (default: TRAJPROXY_TRAINER_TOKEN, or the token file it keeps)"

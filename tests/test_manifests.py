@@ -71,3 +71,21 @@ def test_an_unknown_agent_names_the_presets() -> None:
         load("codx")
     with pytest.raises(ManifestError, match=r"no manifest file \./nowhere\.toml"):
         load("./nowhere.toml")
+
+
+def test_trajproxy_run_refuses_a_bad_agent_in_one_line_before_anything_starts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    tasks = Path(__file__).parent.parent / "examples" / "tasks" / "calc" / "tasks.jsonl"
+    trajproxy = str(Path(sys.executable).parent / "trajproxy")
+    (tmp_path / "bad.toml").write_text('name = "bad"\nversion = "1"\ncommand = "go {tsk}"\n')
+    for agent, said in [("codx", "unknown agent 'codx'"), (str(tmp_path / "bad.toml"), "unknown placeholder {tsk}")]:
+        done = subprocess.run(
+            [trajproxy, "run", str(tasks), "--agent", agent, "--bundles", str(tmp_path / "b")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2
+        assert said in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,137 @@
+"""Agents injected from bundles: how long each preset's bundle takes to build (cold: a new bundles folder, with
+npm's and pip's download caches as they are; cached: found built), and how long an episode takes to start, from
+its sandbox's containers being created to the agent's first LLM call parked at trajproxy, per preset injected into
+a task image with no Python and no Node, against the minimal agent baked into its image (the example task).
+
+    python benchmarks/agents.py --episodes 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+
+# This folder's sandbox.py shadows the sandbox package: import the package with this folder off the path first.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
+sys.path.insert(0, str(HERE.parent))
+from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
+from proxy.embedded import embedded_proxy  # noqa: E402
+from sandbox.bundles import Bundles  # noqa: E402
+from sandbox.containers import SandboxSpec  # noqa: E402
+from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402
+from sandbox.injection import InjectedAgent  # noqa: E402
+from sandbox.manifests import load  # noqa: E402
+from sandbox.runner import AGENTS, RunConfig, Runner  # noqa: E402
+from sandbox.tasks import Task  # noqa: E402
+from tests.test_injection import BARE, BARE_DOCKERFILE, PRESETS, TASK, text_commands  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from harness import percentile  # noqa: E402
+
+BAKED_IMAGE = "trajproxy/example-calc"
+
+
+class TimedSandboxes(DockerSandboxes):
+    """Notes when each episode's sandbox start began (before its first container is created)."""
+
+    started: dict[str, float]
+
+    async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.proxy:
+            self.started[spec.labels["trajproxy.episode"]] = time.time()
+        return await super().start(spec)
+
+
+class FirstCall:
+    """Answers as the preset's scripted policy does, noting when each episode's first call was parked."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.parked: dict[str, float] = {}
+
+    async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
+        while True:
+            for turn in await trainer.next_turns(episode=episode_id, max=8, wait_s=10):
+                self.parked.setdefault(episode_id, turn.created_at)
+                try:
+                    await trainer.reply(turn.id, message=self.answer(turn), lease_id=turn.lease_id)
+                except TrajproxyAPIError as e:
+                    if e.status != 409:
+                        raise
+
+
+def build_times(names: list[str]) -> dict[str, dict[str, float]]:
+    times = {}
+    with tempfile.TemporaryDirectory(prefix="trajproxy-bench-bundles-") as root:
+        bundles = Bundles(Path(root))
+        for name in names:
+            manifest = load(name)
+            started = time.monotonic()
+            bundle = bundles.build(manifest)
+            cold = time.monotonic() - started
+            started = time.monotonic()
+            assert bundles.ensure(manifest) == bundle
+            times[name] = {"cold_s": cold, "cached_s": time.monotonic() - started, "size_mb": bundle.size_bytes / 1e6}
+            print(f"build {name}: {times[name]}", flush=True)
+    return times
+
+
+async def starts(config: RunConfig, task: Task, answer: Any, episodes: int, socket: str, url: str, token: Any) -> Any:
+    sandboxes = TimedSandboxes(socket, labels={"trajproxy.bench": secrets.token_hex(6)})
+    sandboxes.started = {}
+    policy = FirstCall(answer)
+    try:
+        async with AsyncTrainerClient(url, token=token) as trainer:
+            runner = Runner(trainer, sandboxes, policy, config)
+            outcomes = [await runner.run(task) for _ in range(episodes)]
+    finally:
+        await sandboxes.prune()
+    seconds = [policy.parked[e] - sandboxes.started[e] for e in policy.parked if e in sandboxes.started]
+    failed = [o.reason for o in outcomes if o.status != "finished"]
+    return {"p50_s": percentile(seconds, 50), "p95_s": percentile(seconds, 95), "n": len(seconds), "failed": failed}
+
+
+async def start_times(episodes: int) -> dict[str, Any]:
+    client = docker.from_env()
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "Dockerfile").write_text(BARE_DOCKERFILE)
+        client.images.build(path=folder, tag=BARE, rm=True)
+    bundles = Bundles()
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        async with embedded_proxy(f"sqlite:///{folder}/bench.db") as proxy:
+            args = (episodes, proxy.socket_folder, proxy.url, proxy.token)
+            baked = Task(TASK, BAKED_IMAGE, "/repo", "true")
+            results["minimal (baked)"] = await starts(RunConfig(AGENTS["minimal"]), baked, text_commands, *args)
+            print(f"start minimal (baked): {results['minimal (baked)']}", flush=True)
+            for name, (_, answer) in PRESETS.items():
+                agent = InjectedAgent(load(name), bundles.ensure(load(name)))
+                task = Task(TASK, BARE, "/repo", "sh test.sh")
+                results[name] = await starts(RunConfig(agent=agent), task, answer, *args)
+                print(f"start {name}: {results[name]}", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=10, help="episodes started per agent, one at a time")
+    parser.add_argument("--no-builds", action="store_true", help="skip the cold builds")
+    args = parser.parse_args()
+    result = {"starts": asyncio.run(start_times(args.episodes))}
+    if not args.no_builds:
+        result["builds"] = build_times(list(PRESETS))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
