@@ -18,7 +18,9 @@ sys.exit(
     subprocess.call(
         [
             "trajproxy", "run", "examples/tasks/calc/tasks.jsonl",
-            "--agent", "minimal",
+            # Baked into the example image: a bundle built here, inside a container, would sit where the host's
+            # engine cannot mount it from.
+            "--agent-cmd", "minimal-agent @{task_file} --workdir {workdir}",
             "--policy", "scripted:examples/tasks/calc/solve.script.jsonl",
             "--proxy-url", "http://trajproxy:8000",
             "--trainer-token", os.environ["TRAJPROXY_TRAINER_TOKEN"],
