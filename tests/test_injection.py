@@ -214,3 +214,17 @@ def test_an_image_the_bundle_cannot_run_in_is_refused_saying_why(
     assert outcome.status == "failed"
     assert "the agent bundle is built for arm64" in outcome.reason
     assert "amd64: it cannot run there" in outcome.reason
+
+
+def test_a_failing_agent_says_why_and_its_output_is_kept_with_the_episode(
+    proxied: Any, sandboxes: DockerSandboxes, bundles: Bundles, bare_image: str, tmp_path: Path
+) -> None:
+    (tmp_path / "typo.toml").write_text('name = "typo"\nversion = "1"\ncommand = "{bundle}/bin/pyhton3 -V"\n')
+    manifest = load(str(tmp_path / "typo.toml"))
+    agent = InjectedAgent(manifest, bundles.ensure(manifest))
+    outcome = run_one(proxied, sandboxes, agent, bare_image, text_commands)
+    assert outcome.status == "failed"
+    assert outcome.reason == "the agent exited with 127: sh: 1: /opt/trajproxy/agent/bin/pyhton3: not found"
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert "pyhton3: not found" in recorded.rewards[0].info["agent_output"]
+    assert recorded.episode.reason == outcome.reason
