@@ -7,7 +7,6 @@ names an agent.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,15 +52,12 @@ class InjectedAgent:
         )
 
 
-def setup_script(rendered: Rendered) -> str:
-    """A shell script, run as the agent's user, that makes its HOME and writes its config files (owned by it)."""
+def launch_script(rendered: Rendered) -> str:
+    """The agent's command, after a subshell that makes its HOME and writes its config files (owned by the agent's
+    user, private to it): one exec, not two, as every round trip to the engine delays the agent's first call."""
     lines = ["set -e", "umask 077", f"mkdir -p {shlex.quote(HOME)}"]
     for file in rendered.files:
         folder = file.path.rsplit("/", 1)[0] or "/"
         lines.append(f"mkdir -p {shlex.quote(folder)}")
         lines.append(f"printf '%s' {shlex.quote(file.content)} > {shlex.quote(file.path)}")
-    return "\n".join(lines)
-
-
-def metadata_with(metadata: Mapping[str, Any], agent: InjectedAgent | None) -> dict[str, Any]:
-    return {**metadata, "agent": agent.record} if agent else dict(metadata)
+    return "(\n" + "\n".join(lines) + "\n) || exit 1\n" + rendered.command

@@ -72,6 +72,11 @@ class Manifest:
     routes: tuple[Mapping[str, str], ...] = ()
     install: Install = field(default_factory=Install)
 
+    def uses(self, placeholder: str) -> bool:
+        """Whether the command, env or files name the placeholder (what an episode need not prepare, if not)."""
+        texts = [self.command, *self.env.values(), *(f.path + f.content for f in self.files)]
+        return any(match.group(1) == placeholder for text in texts for match in _PLACEHOLDER.finditer(text))
+
     def render(self, values: Mapping[str, str]) -> Rendered:
         """The command, env and files of one episode, its placeholders filled in from `values`."""
         return Rendered(

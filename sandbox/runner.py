@@ -17,7 +17,7 @@ from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
 from sandbox.containers import ExecResult, Limits, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.injection import InjectedAgent, setup_script
+from sandbox.injection import InjectedAgent, launch_script
 from sandbox.manifests import TASK_FILE
 from sandbox.policies import Policy
 from sandbox.tasks import Task
@@ -28,7 +28,6 @@ DIFF_FILE = "/tmp/trajproxy.diff"
 CAPTURE_DIFF = "git add -A >/dev/null && git diff --cached --binary HEAD"
 _OUTPUT_KEPT = 4000
 _GIT_S = 120.0
-_SETUP_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +163,12 @@ class Runner:
         }
         box = await self._sandboxes.start(self._spec(task, episode_id, env=env, proxy=True, agent=self._config.agent))
         try:
-            await box.upload(TASK_FILE, task.prompt.encode())
-            if (injected := self._config.agent) is not None:
+            injected = self._config.agent
+            if injected is None or injected.manifest.uses("task_file"):
+                await box.upload(TASK_FILE, task.prompt.encode())
+            if injected is not None:
                 rendered = injected.render(base_url=base, key=key, task=task.prompt, workdir=task.workdir)
-                setup = await box.exec(setup_script(rendered), timeout_s=_SETUP_S, user=rendered.user)
-                if not setup.ok:
-                    why = f"could not write {injected.manifest.name}'s config files: {setup.output[-500:]}"
-                    raise SandboxError(why)
-                command, env, user = rendered.command, dict(rendered.env), rendered.user
+                command, env, user = launch_script(rendered), dict(rendered.env), rendered.user
             else:
                 command = self._config.agent_cmd.format(task_file=TASK_FILE, workdir=shlex.quote(task.workdir))
                 env, user = {}, ""
