@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -170,7 +171,7 @@ def _npm(packages: tuple[str, ...], prefix: Path) -> None:
 
 def _last_words(output: str) -> str:
     """The line of a tool's output that says what went wrong (npm's `npm error 404 …`, pip's `ERROR: …`)."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    lines = [re.sub(r" \(from versions: [^)]*\)", "", line.strip()) for line in output.splitlines() if line.strip()]
     telling = [line for line in lines if "error" in line.lower() and "complete log" not in line.lower()]
     return " ".join((telling or lines)[:2])[:500]
 

@@ -69,7 +69,7 @@ class Manifest:
     user: str = ""  # "" runs as the image's own user
     env: Mapping[str, str] = field(default_factory=dict)
     files: tuple[AgentFile, ...] = ()
-    routes: tuple[Mapping[str, str], ...] = ()
+    routes: tuple[Mapping[str, Any], ...] = ()  # side calls to answer by a fixed model (the API's `routes`)
     install: Install = field(default_factory=Install)
 
     def uses(self, placeholder: str) -> bool:
@@ -146,7 +146,9 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
         if not isinstance(item, dict) or not isinstance(item.get("path"), str) or "content" not in item:
             raise fail(f"files[{number}]: needs a 'path' and a 'content'")
         files.append(AgentFile(item["path"], str(item["content"])))
-    routes = tuple(_strings(r, "routes", fail) for r in data.get("routes", []))
+    routes = data.get("routes", [])
+    if not isinstance(routes, list) or not all(isinstance(route, dict) for route in routes):
+        raise fail("routes: expected [[routes]] tables (model, when_model or when_system, options)")
     for where, text in (
         [("command", data["command"])]
         + [(f"env.{k}", v) for k, v in env.items()]
@@ -163,7 +165,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
         user=str(data.get("user", "")),
         env=env,
         files=tuple(files),
-        routes=routes,
+        routes=tuple(routes),
         install=_install(data.get("install", {}), fail),
     )
     for name, target in manifest.install.files.items():

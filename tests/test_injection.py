@@ -230,3 +230,25 @@ def test_a_failing_agent_says_why_and_its_output_is_kept_with_the_episode(
     recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
     assert "pyhton3: not found" in recorded.rewards[0].info["agent_output"]
     assert recorded.episode.reason == outcome.reason
+
+
+def test_a_manifests_routes_and_its_agent_are_on_every_episode_it_runs(
+    proxied: Any, sandboxes: DockerSandboxes, tmp_path: Path
+) -> None:
+    (tmp_path / "routed.toml").write_text(
+        'name = "routed"\nversion = "2"\ncommand = "x"\n'
+        '[[routes]]\nmodel = "openai/gpt-4o-mini"\nwhen_model = "*-haiku*"\n'
+    )
+    manifest = load(str(tmp_path / "routed.toml"))
+    bundle = Bundle("routed", "2", "d" * 24, 0, "amd64", 0.0, tmp_path)
+    agent = InjectedAgent(manifest, bundle)
+
+    async def main() -> Any:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
+            runner = Runner(trainer, sandboxes, Scripted(text_commands), RunConfig(agent=agent))
+            created = await runner.open(Task(TASK, BARE, "/repo", "true"))
+            return await trainer.episode(created.id)
+
+    episode = asyncio.run(main())
+    assert [(r.model, r.when_model) for r in episode.routes] == [("openai/gpt-4o-mini", "*-haiku*")]
+    assert episode.metadata["agent"] == {"name": "routed", "version": "2", "bundle": "d" * 24}
