@@ -22,8 +22,11 @@ PYTHON = "python3.11"
 LAUNCHER = """#!/bin/sh
 # {name}, through the bundle's own loader and libraries: independent of the image's libc.
 B="${{0%/bin/*}}"
-exec "$B/lib/{loader}" --library-path "$B/lib" --argv0 "$0" "$B/{target}" "$@"
+exec "$B/lib/{loader}" --library-path "$B/lib" --argv0 "$0" "$B/{target}"{options} "$@"
 """
+# Isolated: the task's PYTHONPATH, PYTHONHOME and working directory (a repository named like one of the agent's
+# packages: requests, click, attrs) must never shadow the agent's own packages.
+PYTHON_OPTIONS = " -I"
 
 
 def shared_libraries(path: Path) -> list[Path]:
@@ -46,10 +49,10 @@ def carry(libraries: set[Path]) -> None:
             shutil.copy2(library.resolve(), target)
 
 
-def launcher(name: str, target: str) -> None:
+def launcher(name: str, target: str, options: str = "") -> None:
     path = B / "bin" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(LAUNCHER.format(name=name, loader=LOADER, target=target))
+    path.write_text(LAUNCHER.format(name=name, loader=LOADER, target=target, options=options))
     path.chmod(0o755)
 
 
@@ -73,7 +76,7 @@ def main(spec: dict[str, Any]) -> None:
         libraries.update(shared_libraries(B / "libexec" / PYTHON))
         for extension in (B / "lib").rglob("*.so*"):
             libraries.update(p for p in shared_libraries(extension) if not p.is_relative_to(B))
-        launcher("python3", f"libexec/{PYTHON}")
+        launcher("python3", f"libexec/{PYTHON}", PYTHON_OPTIONS)
         subprocess.run([sys.executable, "-m", "compileall", "-q", "-j0", str(B / "lib")], capture_output=True)
     for name, target in spec["bin"].items():
         needed = shared_libraries(B / target)

@@ -26,7 +26,7 @@ from pathlib import Path
 from sandbox.manifests import Manifest
 
 BUILD_IMAGE = "python:3.11-slim"  # Debian's python3.11: the runtime and glibc that bundles carry
-RECIPE = "1"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+RECIPE = "2"  # bump when the way bundles are made changes, so old ones are not taken for new ones
 _SCRIPT = (Path(__file__).parent / "bundle_script.py").read_text()
 _NPM_TIMEOUT_S = 900.0
 _BUILD_TIMEOUT_S = 1800.0

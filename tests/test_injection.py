@@ -28,9 +28,13 @@ BARE = "trajproxy-test/bare-task"  # python:3.11-slim with Python and Node remov
 OLD = "trajproxy-test/old-task"  # debian:bullseye-slim
 OLD_BASE = "debian:bullseye-slim"
 TASK = "Create a file hello.txt in /repo containing hi (the tests are `sh test.sh`)."
+# The task's own modules, on its PYTHONPATH and in the working directory, named like the Python agents' packages:
+# an agent that let them shadow its own would die on import.
 REPO_SETUP = """
+ENV PYTHONPATH=/repo
 RUN mkdir -p /repo && cd /repo \\
  && printf '#!/bin/sh\\ntest "$(cat hello.txt)" = hi\\n' > test.sh \\
+ && for m in openai litellm minisweagent; do echo 'raise SystemExit("the task shadowed the agent")' > $m.py; done \\
  && git init -q && git add -A \\
  && git -c user.email=t@example.com -c user.name=t commit -qm "a task whose test fails" \\
  && chown -R {user} /repo
