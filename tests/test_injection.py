@@ -65,7 +65,12 @@ def built(bundles: Bundles) -> Callable[[str], Bundle]:
 
     def get(name: str) -> Bundle:
         if name not in made:
-            made[name] = bundles.ensure(load(name))
+            try:
+                made[name] = bundles.ensure(load(name))
+            except BundleError as e:
+                if "npm is needed" not in str(e) or os.environ.get("CI"):
+                    raise
+                pytest.skip(f"{e} (bash .ci/run installs it)")
         return made[name]
 
     return get
