@@ -66,6 +66,7 @@ def test_run_grades_the_good_lines_and_records_the_bad_ones(
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
+@pytest.mark.timeout(200)  # a start, then a Ctrl-C that waits on Docker: slow on a busy shared engine
 def test_ctrl_c_cancels_the_run_and_removes_every_container(
     tmp_path: Path, task_image: str, engine: Any, label: str
 ) -> None:

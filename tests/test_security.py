@@ -438,6 +438,7 @@ def test_an_episode_key_opens_no_trainer_route_over_the_sandbox_socket(
     assert_untouched_then_served(trainer, server.url, before, [(a, turn_a, answer_a), (b, turn_b, answer_b)])
 
 
+@pytest.mark.settings(no_trainer_token=True)  # raw snapshots of the trainer API; its door is tested above
 def test_calls_land_only_in_the_keys_episode_in_every_dialect(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
@@ -658,7 +659,7 @@ def post(base: str, path: str, body: bytes, headers: dict[str, str], framing: st
     return request(base, "POST", path, content=content, headers={"content-type": "application/json", **headers})
 
 
-@pytest.mark.settings(max_body_bytes=LIMIT)
+@pytest.mark.settings(max_body_bytes=LIMIT, no_trainer_token=True)  # the trainer API's limits, not its door
 def test_bodies_over_the_limit_are_413_on_every_route_however_framed(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
@@ -720,6 +721,7 @@ def deep_trainer_bodies(episode_id: str, turn_id: str, value: str) -> list[tuple
     ]
 
 
+@pytest.mark.settings(no_trainer_token=True)  # the trainer API's limits, not its door (tested above)
 def test_deeply_nested_json_is_refused_clearly_on_trainer_routes(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
