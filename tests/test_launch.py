@@ -66,26 +66,34 @@ def test_run_grades_the_good_lines_and_records_the_bad_ones(
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
-@pytest.mark.timeout(200)  # a start, then a Ctrl-C that waits on Docker: slow on a busy shared engine
+@pytest.mark.timeout(240)  # a start, then a Ctrl-C that waits on Docker: slow on a busy shared engine
 def test_ctrl_c_cancels_the_run_and_removes_every_container(
     tmp_path: Path, task_image: str, engine: Any, label: str
 ) -> None:
     database = tmp_path / "run.db"
-    run = subprocess.Popen(
-        [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent-cmd", "sleep 300", "--label", label, *into(database)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    stderr_file = tmp_path / "run.stderr"
+    with stderr_file.open("w") as stderr_sink:
+        run = subprocess.Popen(
+            [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent-cmd", "sleep 300", "--label", label, *into(database)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_sink,  # a file, never a pipe nobody reads while the test waits (it could fill and block)
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        )
     try:
         deadline = time.monotonic() + 60
         while len(engine.containers.list(filters={"label": label})) < 2:  # the agent and its gate
             assert time.monotonic() < deadline, "the run never started its sandbox"
             time.sleep(0.2)
         run.send_signal(signal.SIGINT)
-        _, stderr = run.communicate(timeout=60)
+        try:
+            run.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            run.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to its stderr
+            run.wait(timeout=10)
+            pytest.fail(f"the run did not stop within 120 s of Ctrl-C:\n{stderr_file.read_text()[-6000:]}")
     finally:
         run.kill()
+    stderr = stderr_file.read_text()
     assert run.returncode == 130, stderr
     assert "interrupted" in stderr
     assert [status for status, _ in episodes_in(database)] == ["cancelled"]
