@@ -66,6 +66,10 @@ def test_run_grades_the_good_lines_and_records_the_bad_ones(
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.timeout(240)  # a start, then a Ctrl-C that waits on Docker: slow on a busy shared engine
 def test_ctrl_c_cancels_the_run_and_removes_every_container(
     tmp_path: Path, task_image: str, engine: Any, label: str
@@ -78,6 +82,9 @@ def test_ctrl_c_cancels_the_run_and_removes_every_container(
             stdout=subprocess.DEVNULL,
             stderr=stderr_sink,  # a file, never a pipe nobody reads while the test waits (it could fill and block)
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            # As run from a terminal: a test run started in the background (as CI may be) has SIGINT ignored, and
+            # its children would inherit that and never hear the Ctrl-C this test sends.
+            preexec_fn=_ctrl_c_as_at_a_terminal,
         )
     try:
         deadline = time.monotonic() + 60
