@@ -94,13 +94,20 @@ class TimedContainers:
     def __init__(self, containers: Any, watch: Stopwatch) -> None:
         self._containers, self._watch = containers, watch
 
-    def run(self, image: str, command: list[str], **options: Any) -> Any:
+    def create(self, image: str, command: list[str], **options: Any) -> Any:
         episode = options.get("labels", {}).get(EPISODE_LABEL)
         role = "gate" if command[:2] == ["python3", "-c"] else "agent"
         self._watch.mark(episode, f"{role} create")
-        container = self._containers.run(image, command, **options)
-        self._watch.mark(episode, f"{role} started")
-        return container if role == "gate" else TimedContainer(container, episode, self._watch)
+        container = self._containers.create(image, command, **options)
+        started, watch = container.start, self._watch
+
+        def start(*args: Any, **kwargs: Any) -> Any:
+            result = started(*args, **kwargs)
+            watch.mark(episode, f"{role} started")
+            return result
+
+        container.start = start
+        return container if role == "gate" else TimedContainer(container, episode, watch)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._containers, name)
