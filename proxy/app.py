@@ -42,11 +42,13 @@ log = logging.getLogger("trajproxy")
 
 
 class Trajproxy:
-    """The whole ASGI app, with the broker it serves and the settings it was built with (its trainer token too)."""
+    """The whole ASGI app, with the broker it serves, the settings it was built with (its trainer token too) and
+    the metrics it exposes (which a program serving it in-process also feeds: sandboxes started and failed)."""
 
-    def __init__(self, broker: Broker, api: FastAPI, settings: Settings) -> None:
+    def __init__(self, broker: Broker, api: FastAPI, settings: Settings, metrics: PrometheusMetrics) -> None:
         self.broker = broker
         self.settings = settings
+        self.metrics = metrics
         self._agents = AgentRoutes(broker, settings)
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
         self._rest = TrainerGate(
@@ -124,7 +126,7 @@ def create_app(settings: Settings) -> Trajproxy:
     app.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    return Trajproxy(broker, app, settings)
+    return Trajproxy(broker, app, settings, metrics)
 
 
 def error_response(status: int, kind: str, message: str) -> Response:

@@ -11,9 +11,12 @@ import contextlib
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.metrics import PrometheusMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +24,7 @@ class EmbeddedProxy:
     url: str  # for trainers, and agents on this machine
     socket_folder: str  # holds proxy.sock, the Unix socket sandboxes' gates relay to
     token: str | None  # the trainer token its /api requires (None only if the settings opted out)
+    metrics: PrometheusMetrics  # what its /metrics shows; the program feeds the sandbox counters
 
 
 class CannotListen(RuntimeError):
@@ -45,7 +49,8 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
             sockets = listen(config)
         except OSError as e:
             raise CannotListen(f"cannot listen on port {port} ({e})") from e
-        server = _embedded_server(uvicorn_config(create_app(config), log_level="warning", timeout_graceful_shutdown=2))
+        app = create_app(config)
+        server = _embedded_server(uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=2))
         serving = asyncio.create_task(server.serve(sockets=sockets))
         while not server.started:
             if serving.done():
@@ -54,7 +59,7 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
             await asyncio.sleep(0.02)
         try:
             token = config.trainer_token.get_secret_value() if config.trainer_token else None
-            yield EmbeddedProxy(f"http://127.0.0.1:{sockets[0].getsockname()[1]}", folder, token)
+            yield EmbeddedProxy(f"http://127.0.0.1:{sockets[0].getsockname()[1]}", folder, token, app.metrics)
         finally:
             server.should_exit = True
             await serving

@@ -67,3 +67,11 @@ class Sandbox(Protocol):
 
 class SandboxFactory(Protocol):
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
+
+
+class SandboxCounter(Protocol):
+    """Told of each sandbox started and each that failed to start (the metrics of a trajproxy in this process)."""
+
+    def sandbox_started(self) -> None: ...
+
+    def sandbox_failed(self) -> None: ...

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 
-from sandbox.containers import ExecResult, SandboxError, SandboxSpec
+from sandbox.containers import ExecResult, SandboxCounter, SandboxError, SandboxSpec
 from sandbox.gate import RELAYING
 from sandbox.images import MANAGED, build_image, ensure_image
 from sandbox.run_identity import RunIdentity
@@ -76,6 +76,7 @@ class DockerSandboxes:
         run: RunIdentity | None = None,
         gate_timeout_s: float = 60.0,
         client: Any = None,
+        counter: SandboxCounter | None = None,
     ) -> None:
         self._socket_source = socket_source
         self._socket_name = socket_name
@@ -86,6 +87,7 @@ class DockerSandboxes:
         self.labels = {**self._selector, **self.run.labels()}  # on every container these sandboxes start
         self._gate_timeout_s = gate_timeout_s
         self._client = client
+        self._counter = counter
         self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="trajproxy-docker")
         self._builds: dict[str, asyncio.Lock] = {}
 
@@ -99,12 +101,19 @@ class DockerSandboxes:
         is never refused. Cancelled midway, it removes what it had started before it gives way."""
         starting = asyncio.ensure_future(_blocking(self._threads, self._start, spec))
         try:
-            return await asyncio.shield(starting)
+            box = await asyncio.shield(starting)
+        except SandboxError:
+            if self._counter is not None:
+                self._counter.sandbox_failed()
+            raise
         except asyncio.CancelledError:
             # The docker calls run on a thread that cancelling cannot stop: wait for them, then undo them.
             with contextlib.suppress(SandboxError):
                 await (await starting).stop()
             raise
+        if self._counter is not None:
+            self._counter.sandbox_started()
+        return box
 
     async def build(self, context: Path, tag: str, timeout_s: float) -> bool:
         """Build image `tag` from the folder `context` unless it is there; True when built now. Tasks that share

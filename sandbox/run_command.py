@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import signal
 
     from proxy.wire import EpisodeCreated
+    from sandbox.containers import SandboxCounter
     from sandbox.injection import InjectedAgent
     from sandbox.policies import Policy
     from sandbox.runner import Outcome, Progress, RunConfig
@@ -142,8 +143,8 @@ async def _run(
     console = _console()
     tasks = [task for task in parsed if isinstance(task, Task)]
     rejected = [e for e in parsed if isinstance(e, TaskError)]
-    async with _proxy(args) as (url, token, socket_source):
-        sandboxes = DockerSandboxes(socket_source, labels=labels)
+    async with _proxy(args) as (url, token, socket_source, counter):
+        sandboxes = DockerSandboxes(socket_source, labels=labels, counter=counter)  # counted when served here
         async with AsyncTrainerClient(url, token=token) as trainer:
             forks: list[EpisodeCreated] = []
             if args.fork is not None:  # the forked episode's task, n times, each in a fork
@@ -243,19 +244,20 @@ async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> t
 
 
 @contextlib.asynccontextmanager
-async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None, str]]:
-    """A running trajproxy's URL, trainer token and socket source: the one given, or one started here."""
+async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None, str, SandboxCounter | None]]:
+    """A running trajproxy's URL, trainer token, socket source and (when it runs here) its sandbox counter: the
+    one given, or one started here."""
     if args.proxy_url:
         if not args.socket_source:
             raise SystemExit("trajproxy run: --proxy-url needs --socket-source (the folder or volume of its socket)")
-        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source
+        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, None
         return
     from proxy.core.errors import StorageError
     from proxy.embedded import CannotListen, embedded_proxy
 
     try:
         async with embedded_proxy(args.database_url, args.port) as proxy:
-            yield proxy.url, proxy.token, proxy.socket_folder
+            yield proxy.url, proxy.token, proxy.socket_folder, proxy.metrics
     except CannotListen as e:
         raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
     except StorageError as e:

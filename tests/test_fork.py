@@ -8,11 +8,13 @@ very state it was in."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -167,3 +169,31 @@ def test_a_forks_replayed_turns_are_marked_in_both_export_shapes(
     assert mine["completion_ids"] == theirs["completion_ids"] == [10, 4, 11, 5, 12, 6, 13]
     assert theirs["loss_mask"] == [1, 0, 1, 0, 1, 0, 1]
     assert mine["loss_mask"] == [0, 0, 0, 0, 1, 0, 1]  # the replayed replies are the parent's, not the fork's
+
+
+def test_the_page_shows_an_episodes_forks_as_a_tree(
+    trainer: TrainerClient, background: Callable[..., Future[Any]], parent: Any, server: Any
+) -> None:
+    kept, diverging = trainer.fork(parent.id, 2, n=2)
+    running = background(agent, kept)
+    answer(trainer, kept.id, ["x", "y"])
+    assert running.result(timeout=30) == ["one", "two", "x", "y"]
+    trainer.add_reward(kept.id, 0.5)
+    running = background(agent, diverging, "count to five")
+    answer(trainer, diverging.id, ["a", "b", "c", "d"])
+    running.result(timeout=30)
+    [grandchild] = trainer.fork(kept.id, 3)
+    with httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {server.token}"}, timeout=30) as page:
+        shown = page.get(f"/ui/episodes/{parent.id}")
+        tree = re.search(r'<ul class="tree" id="fork-tree">(.*)</ul>\s*</section>', shown.text, re.S)
+        assert shown.status_code == 200 and tree, shown.text[-3000:]
+        # kept, with its own fork nested under it, then the one whose replay stopped at its first call
+        order = [tree.group(1).find(part) for part in (kept.id, "<ul>", grandchild.id, diverging.id)]
+        assert -1 not in order and order == sorted(order), tree.group(1)
+        assert "at turn 2 · 4 turns · reward 0.5" in tree.group(1)
+        assert f"replay stopped at call 0: call 0 differs from episode {parent.id}&#39;s" in tree.group(1)
+        below = page.get(f"/ui/episodes/{grandchild.id}").text
+        assert f'href="/ui/episodes/{kept.id}#turn-3">{kept.id}</a>' in below and "at turn 3" in below
+        assert 'id="fork-tree"' not in below  # nothing was forked from it
+        alone = page.get(f"/ui/episodes/{trainer.create_episode(task='alone').id}").text
+        assert 'id="forks"' not in alone

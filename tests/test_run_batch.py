@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from proxy.client import TrainerClient
@@ -87,7 +88,12 @@ def test_keep_serving_leaves_the_record_readable_until_the_run_is_stopped(
 ) -> None:
     stderr_file = tmp_path / "run.stderr"
     script = f"scripted:{EXAMPLE / 'solve.script.jsonl'}"
-    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", script, "--keep-serving"]
+    [example] = (EXAMPLE / "tasks.jsonl").read_text().splitlines()
+    missing = json.loads(example)
+    missing["metadata"]["image"] = MISSING_IMAGE
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(f"{example}\n{json.dumps(missing)}\n")  # one that runs, one whose sandbox cannot start
+    command = [*RUN, str(tasks), "--agent", "minimal", "--policy", script, "--keep-serving"]
     run = started([*command, "--label", label, *into(tmp_path / "run.db")], stderr_file)
     try:
         wait_for(lambda: "serving what this run recorded at" in stderr_file.read_text(), "the run to serve", 120)
@@ -95,9 +101,13 @@ def test_keep_serving_leaves_the_record_readable_until_the_run_is_stopped(
         url = re.search(r"serving what this run recorded at (\S+)", said)
         assert url is not None, said
         with TrainerClient(url.group(1)) as trainer:
-            [episode] = trainer.episodes().episodes
+            [episode] = [found for found in trainer.episodes().episodes if found.status == "finished"]
             rewards = trainer.trajectory(episode.id).rewards
-        assert episode.status == "finished"
+        metrics = httpx.get(f"{url.group(1)}/metrics", timeout=10).text  # the run's sandboxes, counted in-process
+        assert "\ntrajproxy_sandbox_starts_total 2.0\n" in metrics, (
+            metrics
+        )  # the agent's, the fresh one it is graded in
+        assert "\ntrajproxy_sandbox_failures_total 1.0\n" in metrics, metrics
         assert [(reward.name, reward.value) for reward in rewards] == [("reward", 1.0)]
         assert episode.id in said.partition("serving what")[0]  # the table came first
         assert run.poll() is None
@@ -105,5 +115,5 @@ def test_keep_serving_leaves_the_record_readable_until_the_run_is_stopped(
         returncode = ended(run, stderr_file)
     finally:
         run.kill()
-    assert returncode == 0, stderr_file.read_text()  # the run's own status: every task ran
+    assert returncode == 1, stderr_file.read_text()  # the run's own status: a task could not run
     assert not engine.containers.list(all=True, filters={"label": label})

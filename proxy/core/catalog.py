@@ -4,6 +4,7 @@ costs what the first does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,4 +43,8 @@ class Catalog(Protocol):
 
     async def episode_counts(self) -> dict[EpisodeStatus, int]:
         """How many episodes there are in each status (statuses with none are left out)."""
+        ...
+
+    async def forks_of(self, parent_ids: Sequence[str]) -> list[EpisodeSummary]:
+        """The episodes forked from any of these (their metadata's `fork.parent`), oldest first."""
         ...

@@ -25,11 +25,14 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnClause
 from sqlmodel import SQLModel
 
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
@@ -222,19 +225,26 @@ class SqlStore:
             created = episodes.c.created_at
             stmt = stmt.where(or_(created < at, and_(created == at, episodes.c.id < last_id)))
         stmt = stmt.order_by(episodes.c.created_at.desc(), episodes.c.id.desc()).limit(query.limit)
+        return await self._read(lambda conn: self._summarised(conn, stmt))
 
-        def page(conn: Connection) -> list[EpisodeSummary]:
-            found = [episode_from(row) for row in conn.execute(stmt)]
-            ids = [episode.id for episode in found]
-            counted = select(turns.c.episode_id, func.count()).where(turns.c.episode_id.in_(ids))
-            summed = select(rewards.c.episode_id, func.sum(rewards.c.value)).where(
-                rewards.c.episode_id.in_(ids), rewards.c.turn_id.is_(None)
-            )
-            counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).tuples().all())
-            sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).tuples().all())
-            return [EpisodeSummary(e, int(counts.get(e.id, 0)), sums.get(e.id)) for e in found]
+    async def forks_of(self, parent_ids: Sequence[str]) -> list[EpisodeSummary]:
+        dialect = "sqlite" if self.url.startswith("sqlite") else "postgresql"
+        parent: ColumnClause[str] = literal_column(_FORK_PARENT[dialect])  # inlined: the expression index serves it
+        stmt = select(episodes).where(parent.in_(list(parent_ids))).order_by(episodes.c.created_at, episodes.c.id)
+        return await self._read(lambda conn: self._summarised(conn, stmt))
 
-        return await self._read(page)
+    @staticmethod
+    def _summarised(conn: Connection, stmt: Executable) -> list[EpisodeSummary]:
+        """The episodes `stmt` selects, each with its count of turns and its return."""
+        found = [episode_from(row) for row in conn.execute(stmt)]
+        ids = [episode.id for episode in found]
+        counted = select(turns.c.episode_id, func.count()).where(turns.c.episode_id.in_(ids))
+        summed = select(rewards.c.episode_id, func.sum(rewards.c.value)).where(
+            rewards.c.episode_id.in_(ids), rewards.c.turn_id.is_(None)
+        )
+        counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).tuples().all())
+        sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).tuples().all())
+        return [EpisodeSummary(e, int(counts.get(e.id, 0)), sums.get(e.id)) for e in found]
 
     async def episode_counts(self) -> dict[EpisodeStatus, int]:
         stmt = select(episodes.c.status, func.count()).group_by(episodes.c.status)
@@ -288,6 +298,11 @@ class SqlStore:
                 for table in SQLModel.metadata.sorted_tables:
                     for index in table.indexes:
                         index.create(conn, checkfirst=True)
+                dialect = "sqlite" if sqlite else "postgresql"
+                fork_parent = (
+                    f"CREATE INDEX IF NOT EXISTS ix_episode_fork_parent ON episode (({_FORK_PARENT[dialect]}))"
+                )
+                conn.execute(text(fork_parent))
         except SQLAlchemyError as e:
             where = engine.url if engine is not None else self.url.split("@")[-1]
             if engine is not None:
@@ -311,6 +326,10 @@ class SqlStore:
             return await asyncio.to_thread(run)
         except SQLAlchemyError as e:
             raise StorageError(f"database read failed: {e}") from e
+
+
+# A fork's parent episode (metadata's fork.parent) as SQL text, spelled the same in the index and the query.
+_FORK_PARENT = {"sqlite": "metadata ->> '$.fork.parent'", "postgresql": "metadata -> 'fork' ->> 'parent'"}
 
 
 def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:

@@ -15,6 +15,7 @@ from proxy.core.values import Turn
 from proxy.http.trainer import json_response
 from proxy.http.ui import views
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
+from proxy.http.ui.lineage import lineage
 from proxy.http.ui.pages import Pages
 from proxy.http.views import turn_view
 
@@ -60,6 +61,7 @@ def page_routes(pages: Pages) -> APIRouter:
             return pages.missing(request, f"There is no episode {episode_id!r}.")
         output, diff = views.left_behind(rewards)
         tree = views.branches(turns)
+        forks = await lineage(pages.catalog, found)
         return pages.render(
             request,
             "episode.html",
@@ -73,6 +75,7 @@ def page_routes(pages: Pages) -> APIRouter:
             output=output,
             diff=diff,
             refused=refused,
+            lineage=forks,
         )
 
     @router.get("/queue")
