@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
@@ -19,6 +20,8 @@ from proxy.core.values import Episode, ModelRoute, Reply, TurnStatus
 
 log = logging.getLogger("trajproxy")
 
+REPLAYS_KEPT = 4096  # forks replaying at once whose parent's calls are kept in memory
+
 
 class Forks:
     def __init__(
@@ -29,7 +32,9 @@ class Forks:
         self._store = store
         self._answers = answers
         self._now = clock
-        self._replays: dict[str, Replay] = {}  # fork episode id -> its replay, while it replays
+        # fork episode id -> its replay, while it replays; bounded, for forks that end mid-replay leave theirs
+        # behind (one dropped early is read again from the store at its fork's next call)
+        self._replays: OrderedDict[str, Replay] = OrderedDict()
 
     async def make(
         self,
@@ -62,9 +67,13 @@ class Forks:
             self._replays.pop(live.episode.id, None)
             return None
         if (known := self._replays.get(live.episode.id)) is not None:
+            self._replays.move_to_end(live.episode.id)
             return known
         recorded = replayable(plan.parent, await self._store.turns(plan.parent), plan.at_turn)
-        return self._replays.setdefault(live.episode.id, Replay(plan, recorded))
+        replay = self._replays.setdefault(live.episode.id, Replay(plan, recorded))
+        while len(self._replays) > REPLAYS_KEPT:
+            self._replays.popitem(last=False)
+        return replay
 
     async def take(self, live: LiveEpisode, replay: Replay, slot: Slot) -> bool:
         """Answer a fork's call from its replay; True when the call is settled here (replayed, or failed on a
