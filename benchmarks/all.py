@@ -2,10 +2,11 @@
 
     python benchmarks/all.py [--repeats 3] [--database-url postgresql+psycopg://...] [--quick]
 
-Turns, overhead, capacity, storage, sandbox start, task formats, forks and the web page, in that order, with the
-settings their own scripts default to (--quick: the short smoke settings, once each). With --database-url, turns and
-storage run on that Postgres too (a scratch schema per run). The sandbox benchmark is left out, with a note, if no
-Docker engine answers. Each figure is the median of its runs; errors are summed over them.
+Turns, overhead, capacity, storage, sandbox start, task formats, forks, the web page and replicas behind HAProxy, in
+that order, with the settings their own scripts default to (--quick: the short smoke settings, once each). With
+--database-url, turns and storage run on that Postgres too (a scratch schema per run), and so do the replicas (a
+database per run; without it, or without HAProxy, they are left out with a note). The sandbox benchmark is left
+out, with a note, if no Docker engine answers. Each figure is the median of its runs; errors are summed over them.
 """
 
 from __future__ import annotations
@@ -237,6 +238,35 @@ def script(name: str, title: str) -> Callable[[argparse.Namespace], list[Result]
     return run
 
 
+def run_replicas(args: argparse.Namespace) -> list[Result]:
+    """Replicas behind HAProxy on the Postgres of --database-url (`replicas.py`); with --quick, the replica soak's
+    smoke too (`soak_replicas.py --quick`; the full soak is a run of its own, as soak.py's is)."""
+    import subprocess
+
+    from replica_set import NoBalancer, haproxy
+
+    try:
+        haproxy()
+    except NoBalancer as e:
+        print(f"\n### Replicas behind a load balancer\n\nnot run: {e}")
+        return []
+    if not args.database_url:
+        print("\n### Replicas behind a load balancer\n\nnot run: replicas share a Postgres; pass --database-url")
+        return []
+    quick = ["--quick"] if args.quick else []
+    rows = []
+    for name, wanted in (("replicas.py", True), ("soak_replicas.py", args.quick)):
+        if not wanted:
+            continue
+        command = [sys.executable, str(HERE / name), "--database-url", args.database_url, *quick]
+        done = subprocess.run(command, text=True, capture_output=True)
+        print(f"\n### Replicas behind a load balancer (`{name}`)\n\n{done.stdout}", end="", flush=True)
+        if done.returncode != 0:
+            print(f"\nfailed:\n{done.stderr[-3000:]}")
+        rows.append({"failed": int(done.returncode != 0)})
+    return rows
+
+
 def backends(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     return [("SQLite", None)] + ([("Postgres", args.database_url)] if args.database_url else [])
 
@@ -250,6 +280,7 @@ BENCHMARKS = {
     "task-formats": script("task_formats.py", "Task formats"),
     "fork": script("fork.py", "Forks"),
     "ui": script("ui.py", "The web page"),
+    "replicas": run_replicas,
 }
 
 

@@ -32,6 +32,11 @@ def pin_load() -> None:
     os.sched_setaffinity(0, {LOAD_CORE})
 
 
+def unpin() -> None:
+    """Let this process (and what it starts) run on every core again, whoever pinned it (all.py pins itself)."""
+    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds a process (all its threads) has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -58,14 +63,16 @@ def start_pinned(
     open_files: int | None = None,
     wrapper: Sequence[str] = (),
     timeout_s: float = 30.0,
+    pinned: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Start a server on the server core (under `wrapper`, e.g. a profiler, if given) with at least
-    `open_files` file descriptors, and wait until `health_url` answers 200."""
+    """Start a server on the server core (on any core if not `pinned`; under `wrapper`, e.g. a profiler, if given)
+    with at least `open_files` file descriptors, and wait until `health_url` answers 200."""
     preexec: Callable[[], object] | None = None
     if open_files is not None:
         preexec = lambda: raise_open_files(open_files)  # noqa: E731 (runs in the child, before exec)
-    pinned = [*wrapper, "taskset", "-c", str(SERVER_CORE), *command]
-    server = subprocess.Popen(pinned, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec)
+    on_core = ["taskset", "-c", str(SERVER_CORE)] if pinned else []
+    started = [*wrapper, *on_core, *command]
+    server = subprocess.Popen(started, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -88,8 +95,10 @@ def start_server(
     *,
     flags: Sequence[str] = (),
     open_files: int | None = None,
+    pinned: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """`trajproxy serve` on the server core, with a long lease (no redelivery while a benchmark runs)."""
+    """`trajproxy serve` on the server core (any core if not `pinned`), with a long lease (no redelivery while a
+    benchmark runs)."""
     command = [str(BIN / "trajproxy"), "serve", "--port", str(port), "--database-url", database_url]
     # Loopback, a throwaway database, load clients that speak raw HTTP: the trainer token is left out (its check is
     # one constant-time compare per trainer request; the tests prove it guards every route).
@@ -97,7 +106,8 @@ def start_server(
     spy: list[str] = []
     if profile:  # py-spy samples the server (and its writer thread) into a flame graph
         spy = [str(BIN / "py-spy"), "record", "--threads", "--rate", "250", "--format", "raw", "-o", profile, "--"]
-    return start_pinned(command, f"http://{HOST}:{port}/health", open_files=open_files, wrapper=spy)
+    health = f"http://{HOST}:{port}/health"
+    return start_pinned(command, health, open_files=open_files, wrapper=spy, pinned=pinned)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -127,5 +137,38 @@ def fresh_database(url: str | None) -> Iterator[str]:
         finally:
             with admin.begin() as conn:
                 conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+    finally:
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def own_database(url: str) -> Iterator[str]:
+    """A database of its own on the Postgres server at `url` (not a schema: replicas LISTEN and NOTIFY per
+    database), dropped afterwards. Made by the URL's role where it may create databases; else, on this machine's
+    server and as root, by the postgres superuser (as .ci/postgres makes the test database), owned by that role."""
+    from sqlalchemy.engine import make_url
+
+    from proxy.storage.sql import engine_url
+
+    given = make_url(engine_url(url))
+    name = f"bench_{secrets.token_hex(6)}"
+    admin = sqlalchemy.create_engine(given, isolation_level="AUTOCOMMIT")
+
+    def run(statement: str) -> None:
+        try:
+            with admin.connect() as conn:
+                conn.execute(sqlalchemy.text(statement))
+        except sqlalchemy.exc.ProgrammingError as e:
+            if "permission denied" not in str(e) or os.geteuid() != 0:
+                raise
+            as_postgres = ["runuser", "-u", "postgres", "--", "psql", "-q", "-p", str(given.port or 5432)]
+            subprocess.run([*as_postgres, "-v", "ON_ERROR_STOP=1", "-c", statement], check=True, cwd="/")
+
+    try:
+        run(f'CREATE DATABASE {name} OWNER "{given.username}"')
+        try:
+            yield make_url(url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            run(f"DROP DATABASE {name} WITH (FORCE)")
     finally:
         admin.dispose()

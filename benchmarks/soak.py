@@ -24,8 +24,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -124,24 +126,38 @@ async def call(soak: Soak, rng: random.Random, line: Line, key: str, record: Cal
 
 
 async def agent(soak: Soak, n: int, api: httpx.AsyncClient) -> None:
-    """Episodes of 20 to 60 calls each, until the soak stops."""
-    rng = random.Random(n)
     line = Line(soak.port)
-    episodes = 0
+
+    async def post(path: str, body: dict[str, str]) -> dict[str, Any]:
+        return dict((await api.post(path, json=body)).json())
+
     try:
-        while not soak.stopping:
-            created = (await api.post("/api/episodes", json={"task": f"agent {n}"})).json()
-            episodes += 1
-            for i in range(rng.randint(20, 60)):
-                if soak.stopping:
-                    break
-                record = Call(created["id"], f"agent {n} episode {episodes} call {i}")
-                soak.calls.append(record)
-                await call(soak, rng, line, created["key"], record)
-                await asyncio.sleep(rng.uniform(0, 2 * soak.think_s))
-            await api.post(f"/api/episodes/{created['id']}/finish", json={"status": "finished"})
+        await episodes(soak, n, post, lambda rng, key, record: call(soak, rng, line, key, record))
     finally:
         line.close()
+
+
+async def episodes(
+    soak: Any,
+    n: int,
+    post: Callable[[str, dict[str, str]], Awaitable[dict[str, Any]]],
+    call_once: Callable[[random.Random, str, Call], Awaitable[None]],
+) -> None:
+    """Agent n's episodes of 20 to 60 calls each (`call_once` makes a call; `post` calls the trainer API), until
+    the soak (anything with `stopping`, `calls` and `think_s`) stops."""
+    rng = random.Random(n)
+    made = 0
+    while not soak.stopping:
+        created = await post("/api/episodes", {"task": f"agent {n}"})
+        made += 1
+        for i in range(rng.randint(20, 60)):
+            if soak.stopping:
+                break
+            record = Call(created["id"], f"agent {n} episode {made} call {i}")
+            soak.calls.append(record)
+            await call_once(rng, created["key"], record)
+            await asyncio.sleep(rng.uniform(0, 2 * soak.think_s))
+        await post(f"/api/episodes/{created['id']}/finish", {"status": "finished"})
 
 
 # The trainer, a process of its own

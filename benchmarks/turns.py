@@ -93,12 +93,21 @@ async def trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
     replies.close()
 
 
-async def measure(port: int, agents: int, seconds: float, warmup_s: float, one_exchange: bool = False) -> Run:
-    async with httpx.AsyncClient(base_url=f"http://{HOST}:{port}") as http:
+async def measure(
+    port: int,
+    agents: int,
+    seconds: float,
+    warmup_s: float,
+    one_exchange: bool = False,
+    trainer_port: int | None = None,
+) -> Run:
+    """Agents call on `port`; the trainer pulls and answers on `trainer_port` (default: the same)."""
+    trainer_port = trainer_port or port
+    async with httpx.AsyncClient(base_url=f"http://{HOST}:{trainer_port}") as http:
         keys = [(await http.post("/api/episodes", json={"task": "bench"})).json()["key"] for _ in range(agents)]
     run = Run(agents, seconds, one_exchange=one_exchange)
     done = asyncio.Event()
-    serving = asyncio.create_task(trainer(port, run, done))
+    serving = asyncio.create_task(trainer(trainer_port, run, done))
     working = [asyncio.create_task(agent(port, key, run)) for key in keys]
     await asyncio.sleep(warmup_s)
     run.measuring = True

@@ -22,7 +22,7 @@ sys.exit(
             # engine cannot mount it from.
             "--agent-cmd", "minimal-agent @{task_file} --workdir {workdir}",
             "--policy", "scripted:examples/tasks/calc/solve.script.jsonl",
-            "--proxy-url", "http://trajproxy:8000",
+            "--proxy-url", os.environ.get("TRAJPROXY_URL", "http://trajproxy:8000"),  # the scale profile's balancer too
             "--trainer-token", os.environ["TRAJPROXY_TRAINER_TOKEN"],
             "--socket-source", os.environ.get("TRAJPROXY_SOCKETS_VOLUME", "trajproxy-sockets"),
         ]

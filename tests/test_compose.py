@@ -25,6 +25,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def healthy(url: str, timeout_s: float) -> None:
+    """Wait until `url`/health answers 200 (the service in compose is up)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never became healthy"
+        time.sleep(1)
+
+
 @pytest.fixture
 def compose(engine: Any) -> Iterator[tuple[list[str], str, dict[str, str]]]:
     port = free_port()
@@ -62,15 +75,7 @@ def test_compose_up_serves_trajproxy_on_postgres_and_the_demo_earns_a_reward(
         [*command, "up", "--detach", "--build", "trajproxy"], env=env, capture_output=True, text=True, timeout=1200
     )
     assert up.returncode == 0, up.stderr[-3000:]
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "trajproxy in compose never became healthy"
-        time.sleep(1)
+    healthy(url, 120)
 
     assert httpx.get(f"{url}/api/episodes").status_code == 401  # the trainer token is in force
     trainer = TrainerClient(url, token=TOKEN)
