@@ -58,6 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    serve.add_argument(
+        "--shared",
+        action="store_true",
+        default=None,
+        help="serve as one of several replicas sharing one Postgres database, behind a load balancer",
+    )
+    serve.add_argument(
+        "--replica-dead-s", type=float, help="seconds of silence after which a replica's turns are taken over (10)"
+    )
     export = commands.add_parser(
         "export",
         help="write recorded conversations as JSONL training data",
@@ -111,7 +120,7 @@ def serve(settings: Settings) -> None:
     if (refusal := settings.refusal()) is not None:
         sys.exit(f"trajproxy: {refusal}")
     try:
-        check_free(settings.database_url)
+        check_free(settings.database_url, shared=settings.shared)
     except StorageError as e:
         sys.exit(f"trajproxy: {e}")
     try:

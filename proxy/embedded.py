@@ -41,7 +41,7 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
     from proxy.storage.sole import check_free
     from proxy.trainer_token import settle
 
-    check_free(database_url)
+    check_free(database_url, shared=bool(settings.get("shared")))
     with tempfile.TemporaryDirectory(prefix="trajproxy-") as folder:
         config = Settings(port=port, database_url=database_url, socket_path=f"{folder}/proxy.sock", **settings)
         config, _ = settle(config)

@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     public_url: str | None = None
     socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    shared: bool = False  # one of several replicas sharing a Postgres database (behind a load balancer)
+    replica_dead_s: float = Field(default=10.0, gt=0)  # a replica silent this long is dead: its turns are taken over
 
     @field_validator("trainer_token", mode="before")
     @classmethod
@@ -54,6 +56,11 @@ class Settings(BaseSettings):
         """Why these settings must not be served, or None if they are safe."""
         if self.no_trainer_token and self.trainer_token is not None:
             return "--no-trainer-token and a trainer token (TRAJPROXY_TRAINER_TOKEN) were both given: choose one"
+        if self.shared and not self.database_url.startswith(("postgresql", "postgres:")):
+            return (
+                "--shared needs Postgres (--database-url postgresql://...): replicas share one Postgres database; "
+                "a SQLite database is served by one process"
+            )
         if self.no_trainer_token and not self.loopback_only:
             return (
                 f"refusing to listen on {self.host} without a trainer token: anyone who can reach it could "
