@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import __version__
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
+from proxy.core.keys import new_id
 from proxy.http.agent import AgentRoutes
 from proxy.http.docs import add_docs
 from proxy.http.edge import asks_upgrade, error_body, redact, refuse_upgrade, status_of
@@ -33,6 +34,7 @@ from proxy.http.trainer import trainer_routes
 from proxy.http.ui import add_ui
 from proxy.metrics import PrometheusMetrics
 from proxy.settings import Settings
+from proxy.storage.shared import PostgresQueue
 from proxy.storage.sql import SqlStore
 from proxy.tokens import TiktokenCounter
 from proxy.trainer_token import settle
@@ -70,7 +72,9 @@ class Trajproxy:
 def create_app(settings: Settings) -> Trajproxy:
     settings, _ = settle(settings)  # the trainer API is never open unless the settings opt out
     metrics = PrometheusMetrics()
-    store = SqlStore(settings.database_url, on_commit=metrics.committed)
+    replica = new_id("rp") if settings.shared else None  # one of several replicas sharing a Postgres database
+    store = SqlStore(settings.database_url, on_commit=metrics.committed, replica=replica)
+    shared = PostgresQueue(store, dead_after_s=settings.replica_dead_s) if settings.shared else None
     tokens = TiktokenCounter()
     broker = Broker(
         store,
@@ -81,6 +85,7 @@ def create_app(settings: Settings) -> Trajproxy:
         retry_grace_s=settings.retry_grace_s,
         restart_grace_s=settings.restart_grace_s,
         observer=metrics,
+        shared=shared,
     )
 
     @asynccontextmanager
@@ -93,6 +98,7 @@ def create_app(settings: Settings) -> Trajproxy:
         finally:
             warm.cancel()
             await broker.drain()
+            await broker.stop()
             await store.close()
 
     app = FastAPI(
@@ -117,6 +123,8 @@ def create_app(settings: Settings) -> Trajproxy:
             "waiting_pollers": broker.waiting_pollers,
             "paused": broker.paused,
         }
+        if replica is not None:
+            status["replica"] = replica
         return Response(orjson.dumps(status), media_type="application/json")
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)

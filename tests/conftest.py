@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -54,12 +55,19 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]
         if os.environ.get("CI"):
             pytest.fail("CI must run the Postgres tests: .ci/run sets TRAJPROXY_TEST_POSTGRES_URL")
         pytest.skip("no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)")
+    with fresh_schema(POSTGRES_URL) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fresh_schema(server_url: str) -> Iterator[str]:
+    """A database URL whose tables live in a new, empty schema on the Postgres server, dropped afterwards."""
     schema = f"test_{secrets.token_hex(6)}"
-    admin = sqlalchemy.create_engine(engine_url(POSTGRES_URL))
+    admin = sqlalchemy.create_engine(engine_url(server_url))
     with admin.begin() as conn:
         conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
     try:
-        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+        yield f"{server_url}?options=-csearch_path%3D{schema}"
     finally:
         with admin.begin() as conn:
             conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))

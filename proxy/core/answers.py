@@ -149,7 +149,7 @@ class Answers:
             await asyncio.shield(pending)
         turn = await self._ledger.turn(turn_id)
         if turn.status is TurnStatus.ANSWERED:
-            if turn.reply is not None and _same_reply(turn.reply, reply):
+            if turn.reply is not None and same_reply(turn.reply, reply):
                 return turn
             raise Conflict(f"turn {turn_id} already has a different reply; replies cannot be changed")
         if turn.status.open:
@@ -175,7 +175,7 @@ class Answers:
         return await asyncio.to_thread(count) if size > _COUNT_OFF_LOOP_BYTES else count()
 
 
-def _same_reply(recorded: Reply, offered: Reply) -> bool:
+def same_reply(recorded: Reply, offered: Reply) -> bool:
     if offered.usage is None:
         recorded = replace(recorded, usage=None)
     return recorded == offered

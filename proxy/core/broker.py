@@ -5,7 +5,8 @@ committed before its agent receives it; what the broker holds in memory about an
 branches, its status) changes only once the store has accepted the change. Cleanup of an open turn (answer,
 timeout, agent gone, episode finished) always goes through the ledger's `close`, which settles the turn in
 the parking lot exactly once. A restart loses no turn: `recover` takes back the open turns the store holds,
-for their agents' retries to claim.
+for their agents' retries to claim. Given a shared queue (replicas sharing one database), the queue is the
+database's: pulls and answers go there (`shared_turns`), and `Replicas` keeps this replica in step with the others.
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ from proxy.core.errors import (
 )
 from proxy.core.forks import Forks
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
-from proxy.core.ledger import Ledger, failure
+from proxy.core.ledger import Ledger
 from proxy.core.observer import Observer
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.pause import Pause
-from proxy.core.ports import Store, TokenCounter, Upstream
+from proxy.core.ports import SharedQueue, Store, TokenCounter, Upstream
 from proxy.core.pulls import Pulls
+from proxy.core.recording import Recorder
 from proxy.core.recovery import adopt, left_open
+from proxy.core.replicas import Replicas
 from proxy.core.retries import retried
 from proxy.core.rewards import Rewards
+from proxy.core.shared_turns import Bell, SharedAnswers, SharedPulls
 from proxy.core.values import (
     Budget,
     Episode,
@@ -69,6 +73,7 @@ class Broker:
         restart_grace_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         observer: Observer | None = None,  # told of each change of state (metrics)
+        shared: SharedQueue | None = None,  # the queue of replicas sharing one database (shared mode)
     ) -> None:
         self._store = store
         self._tokens = tokens
@@ -77,12 +82,17 @@ class Broker:
         self._lot = ParkingLot(on_lease_expired=self._lease_expired)
         self._ledger = Ledger(self._lot, store, clock, observer)
         self._episodes = LiveEpisodes(store)
-        self._answers = Answers(
-            self._lot, self._ledger, store, tokens, upstream, self._episodes, clock, lease_s=lease_s
-        )
+        self._bell = bell = Bell()
+        answering = (self._lot, self._ledger, store, tokens, upstream, self._episodes, clock)
+        pulling = (self._lot, self._ledger, store, self._episodes, self.episode, clock)
+        self._answers: Answers = Answers(*answering, lease_s=lease_s)
+        self._pulls: Pulls = Pulls(*pulling, lease_s=lease_s)
+        if shared is not None:
+            self._answers = SharedAnswers(*answering, lease_s=lease_s, queue=shared)
+            self._pulls = SharedPulls(*pulling, lease_s=lease_s, queue=shared, bell=bell)
         self._forks = Forks(self._lot, self._ledger, store, self._answers, clock)
         self._rewards = Rewards(store, self._ledger, self.episode, clock)
-        self._pulls = Pulls(self._lot, self._ledger, store, self._episodes, self.episode, clock, lease_s=lease_s)
+        self._recorder = Recorder(store, self._episodes, clock, self._over_budget, shared)
         self._deadlines = Deadlines(
             self._lot,
             self._ledger,
@@ -92,6 +102,11 @@ class Broker:
             restart_grace_s=restart_grace_s,
         )
         self._pause = Pause(self._lot)
+        self._shared = shared
+        self._replicas = None
+        if shared is not None:
+            parts = (self._episodes, self._answers, self._deadlines, self._pause, bell, clock)
+            self._replicas = Replicas(shared, self._lot, self._ledger, store, *parts, lease_s=lease_s)
 
     @property
     def open_turns(self) -> int:
@@ -107,7 +122,7 @@ class Broker:
 
     @property
     def waiting_pollers(self) -> int:
-        return self._lot.poller_count
+        return self._lot.poller_count + self._bell.waiting
 
     def queue(self, limit: int) -> list[Turn]:
         """Up to `limit` open turns (parked or leased) as they stand now, oldest first."""
@@ -118,11 +133,15 @@ class Broker:
         return self._pause.mode
 
     def pause(self, mode: str, retry_after_s: float) -> None:
-        """Stop handing out new agent calls (for a weight update): see `Pause`."""
+        """Stop handing out new agent calls (for a weight update): see `Pause`. Every replica pauses."""
         self._pause.start(mode, retry_after_s)
+        if self._replicas is not None:
+            self._replicas.pause(mode, retry_after_s)
 
     def resume(self) -> int:
-        """Release the calls held while paused; returns how many go to the queue."""
+        """Release the calls held while paused; returns how many go to the queue (from this replica)."""
+        if self._replicas is not None:
+            self._replicas.pause(None, 0.0)
         return self._pause.lift()
 
     async def drain(self) -> None:
@@ -138,7 +157,11 @@ class Broker:
         than the retry grace: an SDK deep in its backoff comes back late), or it is recorded abandoned. A leased
         one keeps its lease (renewed), so the reply its trainer sends still lands; answered before the retry
         comes, it is replayed to the retry. A turn a model answers goes to it again.
+
+        A replica sharing the database takes back only what no live replica holds (see `Replicas`).
         """
+        if self._replicas is not None:
+            return await self._replicas.start()
         left = await left_open(self._store, self._episodes, self._now())
         for slot, answerer in adopt(left, self._lot, self._lease_s):
             self._deadlines.after_restart(slot)
@@ -149,6 +172,11 @@ class Broker:
         if left.episodes:
             log.info("took back %d open turns of %d episodes from the store", len(left.waiting), left.episodes)
         return len(left.waiting)
+
+    async def stop(self) -> None:
+        """Leave the replicas sharing the database (the others take over what this one holds); call at the end."""
+        if self._replicas is not None:
+            await self._replicas.stop()
 
     # Episodes
 
@@ -233,6 +261,8 @@ class Broker:
             raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
         self._lot.wake(episode_id)  # a trainer stepping through this episode learns it has ended
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
+        if self._shared is not None:  # its open turns on every replica
+            await self._shared.episode_closed(episode_id, why, self._now())
         slots = self._lot.of_episode(episode_id)
         closed = [turn for slot in slots if (turn := self._ledger.close(slot, TurnStatus.FAILED, why))]
         try:
@@ -255,17 +285,20 @@ class Broker:
         live = await self._episodes.load(episode_id)
         if live is None:
             raise closed_error(await self.episode(episode_id))
-        if retry and (same := await retried(self._lot, self._store, live, wire)) is not None:
+        if retry and (same := await self._retried(live, wire)) is not None:
             return same
         # A fork's first calls are answered from its parent's (the check costs nothing for other episodes).
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
         self._pause.refuse_if_rejecting()
         live.restore_arguments(request)
         route = live.route(request)
+        held_for = "model" if route or live.episode.policy else "pause" if self._pause.mode == "hold" else None
         recorded = asyncio.get_running_loop().create_future()
         live.recording[recorded] = wire
         try:
-            turn = await self._record(live, dialect, request, wire, stream=stream, trainable=route is None)
+            turn = await self._recorder.record(
+                live, dialect, request, wire, stream=stream, trainable=route is None, held_for=held_for
+            )
         finally:  # a retry of this call that came meanwhile finds the turn in the lot once it resumes
             del live.recording[recorded]
             recorded.set_result(None)
@@ -285,48 +318,12 @@ class Broker:
             self._pause.hold_if_holding(slot)
         return slot
 
-    async def _record(
-        self, live: LiveEpisode, dialect: str, request: JsonObject, wire: bytes, *, stream: bool, trainable: bool
-    ) -> Turn:
-        """Write the call as its episode's next turn. An episode's calls are written one at a time, and the
-        episode takes a turn's seq and branch only once the store has the turn: a failed write leaves no gap
-        in its seqs and no branch head behind."""
-        async with live.writing_turn:
-            if live.episode.status.closed:  # finished while this call waited for the one before it
-                raise closed_error(live.episode)
-            now = self._now()
-            if (over := live.episode.budget.exceeded(live.next_seq, live.tokens, now)) is not None:
-                await self._over_budget(live, over)
-            model = request.get("model")
-            place = live.branches.locate(request)
-            turn = Turn(
-                id=new_id("tu"),
-                episode_id=live.episode.id,
-                seq=live.next_seq,
-                dialect=dialect,
-                request=request,
-                wire=wire,
-                stream=stream,
-                status=TurnStatus.PARKED,
-                created_at=now,
-                model=model if isinstance(model, str) else None,
-                trainable=trainable,
-                branch=place.branch,
-                parent_id=place.parent_id,
-            )
-
-            def took(written: asyncio.Future[None]) -> None:
-                if failure(written) is None:
-                    live.took(turn, place)
-
-            # Taken when the write settles, not when this call resumes: a call cancelled meanwhile whose turn was
-            # recorded still takes its seq, or the next call's turn would collide with it.
-            written = asyncio.ensure_future(self._store.add_turn(turn))
-            written.add_done_callback(took)
-            if live.episode.status is EpisodeStatus.PENDING:
-                await self._episodes.start(live, written, now)
-            await asyncio.shield(written)
-        return turn
+    async def _retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+        """The turn an SDK retry belongs to (see `retried`); with replicas, wherever its first attempt landed."""
+        same = await retried(self._lot, self._store, live, wire)
+        if same is None and self._replicas is not None:
+            same = await self._replicas.attach(live, wire)
+        return same
 
     async def _over_budget(self, live: LiveEpisode, why: str) -> None:
         """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""

@@ -109,6 +109,21 @@ class LiveEpisodes:
             return None
         return self._open.get(episode_id) or self.add(episode, tally, heads)
 
+    async def refresh(self, live: LiveEpisode) -> None:
+        """Read an open episode again: another replica sharing the store has recorded turns of it (shared mode)."""
+        episode_id = live.episode.id
+        episode, tally, heads = await asyncio.gather(
+            self._store.episode(episode_id),
+            self._store.tally(episode_id),
+            self._store.branch_heads(episode_id, HEADS_KEPT),
+        )
+        live.next_seq, live.tokens = tally.next_seq, tally.tokens
+        live.branches = Branches.resume(tally.next_branch, heads)
+        if episode is not None:
+            live.episode = episode
+            if episode.status.closed:
+                self.bury(episode)
+
     def add(self, episode: Episode, tally: Tally, heads: Iterable[Turn] = ()) -> LiveEpisode:
         live = LiveEpisode(episode, tally.next_seq, tally.tokens, Branches.resume(tally.next_branch, heads))
         self._open[episode.id] = live

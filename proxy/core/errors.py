@@ -14,6 +14,7 @@ TrajproxyError
 ├── TurnTimeout         nobody answered the turn within its timeout
 ├── NoTurnYet           the agent made no call within the time a trainer would wait
 ├── StorageError        the database could not record a change
+│   └── Stale           another replica recorded first (shared mode): reload, then try again
 └── UpstreamError       a model answering in the trainer's place failed
 """
 
@@ -81,6 +82,10 @@ class TurnTimeout(TrajproxyError):
 
 
 class StorageError(TrajproxyError):
+    kind = "storage_error"
+
+
+class Stale(StorageError):
     kind = "storage_error"
 
 

@@ -81,7 +81,7 @@ class ParkingLot:
         slot = Slot(turn, asyncio.get_running_loop().create_future(), exchanges=0, withdrawn=True)
         self._slots[turn.id] = slot
         if turn.status is TurnStatus.LEASED:
-            slot.turn = replace(turn, lease_id=_lease_id(turn.id, turn.deliveries))
+            slot.turn = replace(turn, lease_id=lease_of(turn.id, turn.deliveries))
             self.renew(slot, lease_s)
         return slot
 
@@ -116,7 +116,7 @@ class ParkingLot:
             slot.turn,
             status=TurnStatus.LEASED,
             deliveries=deliveries,
-            lease_id=_lease_id(slot.turn.id, deliveries),
+            lease_id=lease_of(slot.turn.id, deliveries),
             leased_at=now,
         )
         loop = asyncio.get_running_loop()
@@ -215,6 +215,6 @@ class ParkingLot:
             slot.lease_timer = None
 
 
-def _lease_id(turn_id: str, deliveries: int) -> str:
+def lease_of(turn_id: str, deliveries: int) -> str:
     """A lease names its turn and its delivery, so a store's record of a leased turn tells its lease."""
     return f"{turn_id}.{deliveries}"

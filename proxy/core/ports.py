@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reply, Reward, Tally, Turn
@@ -73,3 +73,64 @@ class Upstream(Protocol):
     async def complete(self, model: str, request: JsonObject, options: JsonObject) -> Reply:
         """Answer the chat request with `model`; raise UpstreamError if the model fails."""
         ...
+
+
+class SharedQueue(Protocol):
+    """The open turns of replicas sharing one database (shared mode): there, not in any one replica's memory, a turn
+    is parked, leased, answered and handed over, and replicas tell each other what changed (notices).
+
+    Notices, each a kind and a payload: `parked` (an episode id, or "*": turns became pullable), `answered` (a turn
+    id), `closed` (an episode id), `paused` (the pause changed), and "" (notices may have been missed).
+    """
+
+    replica: str  # this replica's id
+    heartbeat_s: float  # how often it says it is alive
+
+    async def start(self, on_notice: Callable[[str, str], None]) -> None:
+        """Register this replica and hear notices from now on."""
+        ...
+
+    async def stop(self) -> None:
+        """Leave: what this replica holds goes to the others."""
+        ...
+
+    def add_turn(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
+        """Record a new turn held by this replica, pullable unless `held_for` says why not ("pause", "model")."""
+        ...
+
+    async def lease(
+        self, episode_id: str | None, max_turns: int, lease_s: float, now: float
+    ) -> tuple[list[Turn], float | None]:
+        """Lease up to `max_turns` pullable turns (parked, or their lease run out), oldest first; no two callers
+        anywhere get the same turn. With none: in how many seconds the first running lease runs out, if one runs."""
+        ...
+
+    def release(self, turns: Sequence[Turn]) -> Awaitable[None]:
+        """Give back leased turns whose poller left before receiving them (each only under the lease it had)."""
+        ...
+
+    async def answer(self, answered: Sequence[tuple[Turn, int | None]]) -> set[str]:
+        """Record answered turns, each only if still open (and still under the delivery its reply's lease names);
+        returns the ids recorded. Their holders hear of it."""
+        ...
+
+    async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]: ...
+
+    async def attach(self, episode_id: str, wire: bytes) -> Turn | None:
+        """The open turn of the episode with this wire body (an SDK retry's), now held by this replica."""
+        ...
+
+    async def beat(self) -> list[tuple[Turn, str | None]]:
+        """Say this replica is alive; take over the open turns of replicas that are not (each turn by one
+        replica), with why each is out of the queue."""
+        ...
+
+    async def episode_closed(self, episode_id: str, why: str, now: float) -> None:
+        """Fail the closed episode's open turns, whichever replica holds them; the holders hear of it."""
+        ...
+
+    async def set_pause(self, mode: str | None, retry_after_s: float) -> None:
+        """Pause every replica (`mode`), or resume (None): turns held by the pause become pullable."""
+        ...
+
+    async def pause_state(self) -> tuple[str, float] | None: ...

@@ -1,5 +1,6 @@
 """SqlStore: the Store port over SQLite (default, WAL) or Postgres. Writes are group-committed by one writer
-thread (`proxy.storage.writer`); reads run on a thread of their own connection pool.
+thread (`proxy.storage.writer`); reads run on a thread of their own connection pool. Given a replica id, it is one
+of several replicas sharing a Postgres database (`proxy.storage.shared` holds their queue).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ from proxy.core.errors import StorageError
 from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
 from proxy.storage.sole import SoleServer
 from proxy.storage.tables import (
+    TURN_SETTLED,
     TURN_STATE,
     EpisodeRow,
     RewardRow,
     TurnRow,
+    add_missing_columns,
     dumps,
     episode_from,
     episode_row,
@@ -80,6 +83,21 @@ _SAVE_EPISODE = _updater(episodes, [column.name for column in episodes.columns])
 _ADD_TURN = insert(turns)
 _SAVE_TURN = _updater(turns, TURN_STATE)
 _ADD_REWARD = insert(rewards)
+_SCHEMA_LOCK = text("SELECT pg_advisory_xact_lock(1953653099, hashtext(current_schema()))")  # "traj" + 1
+# Shared mode: a replica settles only the open turns it holds (another may have answered one, or taken it over);
+# leases are the database's, not its own; and no replica's stale copy of an episode reopens a closed one.
+_OPEN = [TurnStatus.PARKED.value, TurnStatus.LEASED.value]
+_CLOSED = [status.value for status in EpisodeStatus if status.closed]
+_SAVE_TURN_SHARED = (
+    update(turns)
+    .where(turns.c.id == bindparam("s_id"), turns.c.status.in_(_OPEN), turns.c.replica == bindparam("s_me"))
+    .values({column: bindparam(f"s_{column}") for column in TURN_SETTLED})
+)
+_SAVE_EPISODE_SHARED = (
+    update(episodes)
+    .where(episodes.c.id == bindparam("s_id"), episodes.c.status.not_in(_CLOSED))
+    .values({column.name: bindparam(f"s_{column.name}") for column in episodes.columns if column.name != "id"})
+)
 
 
 def engine_url(url: str) -> str:
@@ -91,14 +109,19 @@ def engine_url(url: str) -> str:
 
 
 class SqlStore:
-    def __init__(self, url: str, on_commit: Callable[[int, float], None] | None = None) -> None:
+    def __init__(
+        self, url: str, on_commit: Callable[[int, float], None] | None = None, *, replica: str | None = None
+    ) -> None:
         self.url = engine_url(url)
+        self.replica = replica  # this replica's id, when it is one of several sharing a Postgres database
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
         self._engine: Engine | None = None
         self._writer: Writer | None = None
-        self._sole = SoleServer(self.url)
+        self._sole = SoleServer(self.url, shared=replica is not None)
 
     async def open(self) -> None:
+        if self.replica is not None and self.url.startswith("sqlite"):
+            raise StorageError("--shared needs Postgres: one process serves a SQLite database (drop --shared)")
         self._sole.acquire()
         try:
             self._engine = await asyncio.to_thread(self._connect)
@@ -128,7 +151,8 @@ class SqlStore:
         return self._write((_ADD_EPISODE, [episode_row(episode)]))
 
     def save_episode(self, episode: Episode) -> Awaitable[None]:
-        return self._write((_SAVE_EPISODE, [_bound(episode_row(episode))]))
+        statement = _SAVE_EPISODE if self.replica is None else _SAVE_EPISODE_SHARED
+        return self._write((statement, [_bound(episode_row(episode))]))
 
     def add_turn(self, turn: Turn) -> Awaitable[None]:
         return self._write((_ADD_TURN, [turn_row(turn)]))
@@ -136,6 +160,9 @@ class SqlStore:
     def save_turns(self, batch: Sequence[Turn]) -> Awaitable[None]:
         if not batch:
             return _done()
+        if self.replica is not None:
+            rows = [{**_bound(turn_state(turn)), "s_me": self.replica} for turn in batch]
+            return self._write((_SAVE_TURN_SHARED, rows))
         return self._write((_SAVE_TURN, [_bound(turn_state(turn)) for turn in batch]))
 
     def add_reward(self, reward: Reward) -> Awaitable[None]:
@@ -293,8 +320,11 @@ class SqlStore:
             )
             if sqlite:
                 event.listen(engine, "connect", _tune_sqlite)
-            SQLModel.metadata.create_all(engine)
-            with engine.begin() as conn:  # indexes added since a database was made (create_all skips its tables)
+            with engine.begin() as conn:  # the schema, made by one process at a time (replicas start at once)
+                if not sqlite:
+                    conn.execute(_SCHEMA_LOCK)
+                SQLModel.metadata.create_all(conn)
+                add_missing_columns(conn)  # columns and indexes added since a database was made
                 for table in SQLModel.metadata.sorted_tables:
                     for index in table.indexes:
                         index.create(conn, checkfirst=True)
@@ -313,6 +343,8 @@ class SqlStore:
     def _write(self, op: Op) -> asyncio.Future[None]:
         assert self._writer is not None, "SqlStore.open() was not awaited"
         return self._writer.write(op)
+
+    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.shared`)
 
     async def _read(self, query: Callable[[Connection], Any]) -> list[Any]:
         engine = self._engine

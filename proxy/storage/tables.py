@@ -1,4 +1,5 @@
-"""The sqlmodel tables `episode`, `turn` and `reward`, and their mapping to and from domain values."""
+"""The sqlmodel tables `episode`, `turn` and `reward` (and `replica`, `control` for replicas sharing Postgres), and
+their mapping to and from domain values."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Column, Index, LargeBinary, UniqueConstraint
+from sqlalchemy import JSON, Column, Connection, Index, LargeBinary, UniqueConstraint, inspect, text
 from sqlmodel import Field, SQLModel
 
 from proxy.core.values import (
@@ -56,7 +57,11 @@ class EpisodeRow(SQLModel, table=True):
 
 class TurnRow(SQLModel, table=True):
     __tablename__ = "turn"
-    __table_args__ = (UniqueConstraint("episode_id", "seq"), Index("ix_turn_status", "status"))
+    __table_args__ = (
+        UniqueConstraint("episode_id", "seq"),
+        Index("ix_turn_status", "status"),
+        Index("ix_turn_episode_wire", "episode_id", "wire_hash"),  # an SDK retry finds its turn (shared mode)
+    )
 
     id: str = Field(primary_key=True)
     episode_id: str = Field(foreign_key="episode.id")
@@ -82,6 +87,32 @@ class TurnRow(SQLModel, table=True):
     answered_at: float | None = None
     ended_at: float | None = None
     reason: str | None = None
+    # Shared mode only (replicas on one Postgres; NULL otherwise): the replica holding the agent's connection, when
+    # the lease runs out (the database's clock), why a parked turn is out of the queue ("pause": held until resume;
+    # "model": a model answers it), and the hash of its wire body, for SDK retries landing on another replica.
+    replica: str | None = None
+    lease_expires_at: float | None = None
+    held_for: str | None = None
+    wire_hash: str | None = None
+
+
+class ReplicaRow(SQLModel, table=True):
+    """A replica serving in shared mode, and when it last said it was alive (the database's clock)."""
+
+    __tablename__ = "replica"
+
+    id: str = Field(primary_key=True)
+    started_at: float
+    heartbeat_at: float
+
+
+class ControlRow(SQLModel, table=True):
+    """State every replica obeys (shared mode): `pause` holds the trainer's pause while it lasts."""
+
+    __tablename__ = "control"
+
+    name: str = Field(primary_key=True)
+    value: JsonObject = Field(sa_column=Column(Json, nullable=False))
 
 
 class RewardRow(SQLModel, table=True):
@@ -174,6 +205,9 @@ TURN_STATE = (
     "prompt_tokens",
     "completion_tokens",
 )
+
+# What settling a turn writes where replicas share the database: not its deliveries, which the shared queue keeps.
+TURN_SETTLED = tuple(column for column in TURN_STATE if column not in ("id", "deliveries", "leased_at"))
 
 
 def turn_row(turn: Turn) -> dict[str, Any]:
@@ -274,3 +308,17 @@ def _route_json(route: ModelRoute) -> JsonObject:
 
 def dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+def add_missing_columns(conn: Connection) -> None:
+    """Add the columns a database made by an earlier version lacks (create_all skips tables that exist); new
+    columns are nullable, so rows written before read as before."""
+    postgres = conn.dialect.name == "postgresql"
+    found = inspect(conn)
+    for table in SQLModel.metadata.sorted_tables:
+        present = {column["name"] for column in found.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present:
+                kind = column.type.compile(conn.dialect)
+                maybe = "IF NOT EXISTS " if postgres else ""  # replicas starting at once add it once
+                conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {maybe}{column.name} {kind}"))

@@ -16,9 +16,10 @@ from itertools import groupby
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Executable
 
-from proxy.core.errors import StorageError
+from proxy.core.errors import Stale, StorageError
 
 log = logging.getLogger("trajproxy.storage")
 
@@ -80,6 +81,8 @@ class Writer:
                     conn.execute(statement, rows)
             return [None] * len(ops)
         except Exception as e:  # the driver's own errors (e.g. encoding) are not all SQLAlchemy's
+            if len(ops) == 1 and isinstance(e, IntegrityError):  # a key another replica took first: theirs stands
+                return [Stale(f"the database already holds this record: {type(e.orig).__name__}")]
             if len(ops) == 1:
                 log.exception("database write failed")
                 return [StorageError(f"the database could not record this change: {type(e).__name__}")]

@@ -1,0 +1,110 @@
+"""Recording an agent's call as its episode's next turn: one at a time per episode, and the episode takes the
+turn's seq and branch only once the store has the turn, so a failed write leaves no gap in its seqs and no branch
+head behind. Where replicas share the database (shared mode) another replica may have recorded the episode's next
+turn first: the write is refused as stale, the episode is read again, and the call recorded after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
+from proxy.core.errors import Stale
+from proxy.core.keys import new_id
+from proxy.core.ledger import failure
+from proxy.core.ports import SharedQueue, Store
+from proxy.core.values import EpisodeStatus, JsonObject, Turn, TurnStatus
+
+_STALE_TRIES = 8  # an episode whose agent calls through many replicas at once may be read again this often
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """An agent's call, as it is to be recorded."""
+
+    dialect: str
+    request: JsonObject
+    wire: bytes
+    stream: bool
+    trainable: bool
+    held_for: str | None
+
+
+class Recorder:
+    def __init__(
+        self,
+        store: Store,
+        episodes: LiveEpisodes,
+        clock: Callable[[], float],
+        over_budget: Callable[[LiveEpisode, str], Awaitable[None]],
+        shared: SharedQueue | None,
+    ) -> None:
+        self._store = store
+        self._episodes = episodes
+        self._now = clock
+        self._over_budget = over_budget  # refuses the call (or finishes the episode): it raises
+        self._shared = shared
+
+    async def record(
+        self,
+        live: LiveEpisode,
+        dialect: str,
+        request: JsonObject,
+        wire: bytes,
+        *,
+        stream: bool,
+        trainable: bool,
+        held_for: str | None = None,  # shared mode: why the turn is out of the queue ("pause", "model")
+    ) -> Turn:
+        """Write the call as its episode's next turn."""
+        call = _Call(dialect, request, wire, stream, trainable, held_for)
+        async with live.writing_turn:
+            for tries_left in range(_STALE_TRIES, 0, -1):
+                try:
+                    return await self._write(live, call)
+                except Stale:
+                    if self._shared is None or tries_left == 1:
+                        raise
+                    await self._episodes.refresh(live)
+        raise AssertionError("unreachable")
+
+    async def _write(self, live: LiveEpisode, call: _Call) -> Turn:
+        request = call.request
+        if live.episode.status.closed:  # finished while this call waited for the one before it
+            raise closed_error(live.episode)
+        now = self._now()
+        if (over := live.episode.budget.exceeded(live.next_seq, live.tokens, now)) is not None:
+            await self._over_budget(live, over)
+        model = request.get("model")
+        place = live.branches.locate(request)
+        turn = Turn(
+            id=new_id("tu"),
+            episode_id=live.episode.id,
+            seq=live.next_seq,
+            dialect=call.dialect,
+            request=request,
+            wire=call.wire,
+            stream=call.stream,
+            status=TurnStatus.PARKED,
+            created_at=now,
+            model=model if isinstance(model, str) else None,
+            trainable=call.trainable,
+            branch=place.branch,
+            parent_id=place.parent_id,
+        )
+
+        def took(written: asyncio.Future[None]) -> None:
+            if failure(written) is None:
+                live.took(turn, place)
+
+        # Taken when the write settles, not when this call resumes: a call cancelled meanwhile whose turn was
+        # recorded still takes its seq, or the next call's turn would collide with it.
+        adding = self._store.add_turn(turn) if self._shared is None else self._shared.add_turn(turn, call.held_for)
+        written = asyncio.ensure_future(adding)
+        written.add_done_callback(took)
+        if live.episode.status is EpisodeStatus.PENDING:
+            await self._episodes.start(live, written, now)
+        await asyncio.shield(written)
+        return turn

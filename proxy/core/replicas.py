@@ -1,0 +1,186 @@
+"""Replicas sharing one database (shared mode): this replica's part in the fleet.
+
+It says it is alive every `heartbeat_s`; when another stops saying so (killed, or cut off), one live replica takes
+over its open turns: they stay pullable and answerable, their agents' SDK retries (through the load balancer, to
+any replica) attach to them, and one whose agent never comes back is abandoned after the restart grace, as after a
+restart. It hears what the others did: turns parked (waiting pulls wake), a turn of its own answered (its agent gets
+the reply the database holds), an episode closed (its agents hear so), the pause changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from proxy.core.answers import Answers
+from proxy.core.deadlines import Deadlines
+from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
+from proxy.core.errors import StorageError, TurnClosed
+from proxy.core.ledger import Ledger
+from proxy.core.parking import ParkingLot, Slot
+from proxy.core.pause import Pause
+from proxy.core.ports import SharedQueue, Store
+from proxy.core.shared_turns import Bell, settle_answered
+from proxy.core.values import Turn, TurnStatus
+
+log = logging.getLogger("trajproxy")
+
+
+class Replicas:
+    def __init__(
+        self,
+        queue: SharedQueue,
+        lot: ParkingLot,
+        ledger: Ledger,
+        store: Store,
+        episodes: LiveEpisodes,
+        answers: Answers,
+        deadlines: Deadlines,
+        pause: Pause,
+        bell: Bell,
+        clock: Callable[[], float],
+        *,
+        lease_s: float,
+    ) -> None:
+        self._queue = queue
+        self._lot = lot
+        self._ledger = ledger
+        self._store = store
+        self._episodes = episodes
+        self._answers = answers
+        self._deadlines = deadlines
+        self._pause = pause
+        self._bell = bell
+        self._now = clock
+        self._lease_s = lease_s
+        self._beating: asyncio.Task[None] | None = None
+        self._pausing: asyncio.Future[None] | None = None
+
+    async def start(self) -> int:
+        """Join: hear the others, obey the pause, take over what dead replicas left. Returns how many turns."""
+        await self._queue.start(self._heard)
+        await self._obey_pause()
+        taken = await self._take_over()
+        self._beating = asyncio.create_task(self._beat(), name="trajproxy-heartbeat")
+        return taken
+
+    async def stop(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        await self._queue.stop()
+
+    async def attach(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+        """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked: this
+        replica holds it from now on, and the retry waits on it."""
+        turn = await self._queue.attach(live.episode.id, wire)
+        if turn is None:
+            return None
+        slot = self._lot.get(turn.id) or self._lot.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
+        slot.exchanges += 1
+        if slot.grace_timer is not None:
+            slot.grace_timer.cancel()
+            slot.grace_timer = None
+        self._lot.restore(slot)
+        return slot
+
+    def pause(self, mode: str | None, retry_after_s: float) -> None:
+        """Tell every replica of a pause (or of its end, None), in the order asked."""
+        self._pausing = self._ledger.submit(self._set_pause(self._pausing, mode, retry_after_s))
+
+    async def _set_pause(self, before: asyncio.Future[None] | None, mode: str | None, retry_after_s: float) -> None:
+        if before is not None:
+            await asyncio.wait([before])
+        await self._queue.set_pause(mode, retry_after_s)
+
+    # What the others did
+
+    def _heard(self, kind: str, payload: str) -> None:
+        if kind == "parked":
+            self._bell.ring(payload)
+        elif kind == "answered" and self._lot.get(payload) is not None:
+            self._ledger.submit(self._settle([payload]))
+        elif kind == "closed":
+            self._ledger.submit(self._closed(payload))
+        elif kind == "paused":
+            self._ledger.submit(self._obey_pause())
+        elif kind == "":  # notices may have been lost: look again at all this replica waits on
+            self._bell.ring("*")
+            self._ledger.submit(self._settle([turn.id for turn in self._lot.turns(len(self._lot))]))
+
+    async def _settle(self, turn_ids: list[str]) -> None:
+        """Hand over what the database holds for turns this replica's agents wait on and others have settled."""
+        for turn in (await self._queue.turns(turn_ids)).values():
+            slot = self._lot.get(turn.id)
+            if slot is None or turn.status.open:
+                continue
+            if turn.status is TurnStatus.ANSWERED and turn.reply is not None:
+                settle_answered(self._lot.settle, slot, turn)
+                if (live := self._episodes.get(turn.episode_id)) is not None:
+                    live.account(turn, turn.reply)
+            elif self._lot.settle(turn.id) is not None:
+                slot.turn = turn
+                slot.fail(TurnClosed(f"turn {turn.id} is {turn.status} ({turn.reason})"))
+            self._ledger.remember(slot.turn)
+
+    async def _closed(self, episode_id: str) -> None:
+        """Another replica closed an episode (its open turns are failed already): its agents here hear so."""
+        episode = await self._store.episode(episode_id)
+        if episode is None or not episode.status.closed:
+            return
+        if (live := self._episodes.get(episode_id)) is not None:
+            live.episode = episode  # its calls in flight here see it closed
+        self._episodes.bury(episode)
+        self._bell.ring(episode_id)  # a trainer stepping through it learns it has ended
+        error = closed_error(episode)
+        for slot in self._lot.of_episode(episode_id):
+            if self._lot.settle(slot.turn.id) is not None:
+                slot.turn = replace(slot.turn, status=TurnStatus.FAILED, reason=error.message, ended_at=self._now())
+                self._ledger.remember(slot.turn)
+                slot.fail(error)
+
+    async def _obey_pause(self) -> None:
+        state = await self._queue.pause_state()
+        if state is not None:
+            self._pause.start(*state)
+        elif self._pause.mode is not None:
+            self._pause.lift()
+
+    # Liveness
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self._queue.heartbeat_s)
+            try:
+                await self._take_over()
+            except StorageError as e:
+                log.warning("heartbeat failed: %s", e.message)
+
+    async def _take_over(self) -> int:
+        """Say this replica is alive, and take over the open turns of replicas that are not."""
+        taken = await self._queue.beat()
+        failed: list[Turn] = []
+        for turn, held_for in taken:
+            if self._lot.get(turn.id) is not None:  # its own, taken back (it was thought dead for a while)
+                continue
+            live = await self._episodes.load(turn.episode_id)
+            if live is None:
+                failed.append(replace(turn, status=TurnStatus.FAILED, ended_at=self._now(), reason="episode closed"))
+                continue
+            # Its agent is not connected here: it waits for the agent's retry, pullable all the while (its lease,
+            # if it has one, stands: leases are the database's).
+            slot = self._lot.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
+            self._deadlines.after_restart(slot)
+            answerer = live.route(turn.request) or live.episode.policy
+            if held_for == "model" and answerer is not None:  # a model answers it: it goes to the model again
+                self._lot.hold(slot, self._now())
+                self._ledger.submit(self._answers.from_model(slot, answerer))
+        if failed:
+            await self._store.save_turns(failed)
+        if taken:
+            log.info("took over %d open turns of replicas that stopped", len(taken))
+        return len(taken)

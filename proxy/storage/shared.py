@@ -1,0 +1,234 @@
+"""The shared queue on Postgres (shared mode): replicas lease turns with row locks (`FOR UPDATE SKIP LOCKED`), so no
+two trainers anywhere get the same turn; leases run on the database's clock; replicas say they are alive in the
+`replica` table and take over the open turns of those that stopped saying so; and they tell each other what changed
+with NOTIFY, heard by each replica's `Listener`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, bindparam, insert, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from proxy.core.errors import StorageError
+from proxy.core.values import Turn, TurnStatus
+from proxy.storage.listen import Listener
+from proxy.storage.sole import driver_url
+from proxy.storage.sql import SqlStore, turns
+from proxy.storage.tables import TURN_SETTLED, turn_from, turn_row, turn_state
+
+log = logging.getLogger("trajproxy.storage")
+
+T = TypeVar("T")
+
+KINDS = ("parked", "answered", "closed", "paused")
+_CHANNEL = "trajproxy_{}"
+_NOW = "extract(epoch from clock_timestamp())"  # the database's clock: replicas' clocks may disagree
+_OPEN = (TurnStatus.PARKED.value, TurnStatus.LEASED.value)
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+_ADD_TURN = insert(turns)  # a statement of its own: its rows carry the shared columns, so are never batched with others
+_PULLABLE = f"""held_for IS NULL
+    AND (status = 'parked' OR (status = 'leased' AND lease_expires_at < {_NOW}))"""
+_LEASE = """UPDATE turn SET status = 'leased', deliveries = deliveries + 1, leased_at = :now,
+    lease_expires_at = {now} + :lease_s
+WHERE id IN (SELECT id FROM turn WHERE {pullable} {episode} ORDER BY created_at LIMIT :n FOR UPDATE SKIP LOCKED)
+RETURNING *"""
+_LEASE_ANY = text(_LEASE.format(now=_NOW, pullable=_PULLABLE, episode=""))
+_LEASE_EPISODE = text(_LEASE.format(now=_NOW, pullable=_PULLABLE, episode="AND episode_id = :episode_id"))
+_LEASE_ENDS = "SELECT min(lease_expires_at) - {now} FROM turn WHERE status = 'leased' AND held_for IS NULL {episode}"
+_LEASE_ENDS_ANY = text(_LEASE_ENDS.format(now=_NOW, episode=""))
+_LEASE_ENDS_EPISODE = text(_LEASE_ENDS.format(now=_NOW, episode="AND episode_id = :episode_id"))
+_RELEASE = text(
+    "UPDATE turn SET status = 'parked', lease_expires_at = NULL "
+    "WHERE id = :id AND status = 'leased' AND deliveries = :deliveries"
+)
+_ANSWER = (
+    update(turns)
+    .where(turns.c.id == bindparam("s_id"), turns.c.status.in_(_OPEN))
+    .values({column: bindparam(f"s_{column}") for column in TURN_SETTLED} | {"lease_expires_at": None})
+    .returning(turns.c.id)
+)
+_ANSWER_UNDER_LEASE = _ANSWER.where(turns.c.deliveries == bindparam("delivery"))
+_ATTACH = text(
+    """UPDATE turn SET replica = :me WHERE id = (
+    SELECT id FROM turn WHERE episode_id = :episode_id AND wire_hash = :wire_hash AND status IN ('parked', 'leased')
+    ORDER BY seq DESC LIMIT 1 FOR UPDATE)
+RETURNING *"""
+)
+_BEAT = text(
+    f"""INSERT INTO replica (id, started_at, heartbeat_at) VALUES (:me, {_NOW}, {_NOW})
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at"""
+)
+_BURY = text(f"DELETE FROM replica WHERE heartbeat_at < {_NOW} - :dead_after_s AND id <> :me")
+_TAKE_OVER = text(
+    """UPDATE turn SET replica = :me WHERE id IN (
+    SELECT t.id FROM turn t WHERE t.status IN ('parked', 'leased')
+        AND NOT EXISTS (SELECT 1 FROM replica r WHERE r.id = t.replica)
+    FOR UPDATE SKIP LOCKED)
+RETURNING *"""
+)
+_LEAVE = text("DELETE FROM replica WHERE id = :me")
+_FAIL_OPEN = text(
+    "UPDATE turn SET status = 'failed', reason = :why, ended_at = :now, lease_expires_at = NULL "
+    "WHERE episode_id = :episode_id AND status IN ('parked', 'leased')"
+)
+_PAUSE = text(
+    "INSERT INTO control (name, value) VALUES ('pause', CAST(:value AS json)) "
+    "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
+)
+_RESUME = text("DELETE FROM control WHERE name = 'pause'")
+_UNHOLD = text("UPDATE turn SET held_for = NULL WHERE held_for = 'pause' AND status IN ('parked', 'leased')")
+_PAUSE_STATE = text("SELECT value FROM control WHERE name = 'pause'")
+
+
+def wire_hash(wire: bytes) -> str:
+    return hashlib.sha256(wire).hexdigest()
+
+
+class PostgresQueue:
+    """The `SharedQueue` port on the Postgres database an `SqlStore` (with a replica id) serves."""
+
+    def __init__(self, store: SqlStore, *, dead_after_s: float) -> None:
+        assert store.replica is not None, "a shared queue needs a store opened as a replica"
+        self.replica: str = store.replica
+        self.heartbeat_s = min(2.0, dead_after_s / 5)
+        self._store = store
+        self._dead_after_s = dead_after_s
+        self._listener: Listener | None = None
+
+    async def start(self, on_notice: Callable[[str, str], None]) -> None:
+        def heard(channel: str, payload: str) -> None:
+            on_notice(channel.removeprefix("trajproxy_"), payload)
+
+        self._listener = Listener(driver_url(self._store.url), [_CHANNEL.format(kind) for kind in KINDS], heard)
+        try:
+            await self._listener.start()
+        except Exception as e:
+            raise StorageError(f"cannot listen to the other replicas: {e}") from e
+        await self._transaction(lambda conn: conn.execute(_BEAT, {"me": self.replica}))
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
+        try:  # the others take over its open turns at once, not after the silence that means death
+            await self._transaction(lambda conn: conn.execute(_LEAVE, {"me": self.replica}))
+        except StorageError as e:
+            log.warning("could not record this replica leaving: %s", e)
+
+    def add_turn(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
+        row = {**turn_row(turn), "replica": self.replica, "wire_hash": wire_hash(turn.wire), "held_for": held_for}
+        written = self._store.write((_ADD_TURN, [row]))
+        if held_for is None:  # committed with the turn or after it, so a woken poller finds it
+            _quietly(self._store.write((_NOTIFY, [_notice("parked", turn.episode_id)])))
+        return written
+
+    async def lease(
+        self, episode_id: str | None, max_turns: int, lease_s: float, now: float
+    ) -> tuple[list[Turn], float | None]:
+        params: dict[str, Any] = {"now": now, "lease_s": lease_s, "n": max_turns}
+        if episode_id is not None:
+            params["episode_id"] = episode_id
+
+        def run(conn: Connection) -> tuple[list[Any], float | None]:
+            rows = list(conn.execute(_LEASE_ANY if episode_id is None else _LEASE_EPISODE, params))
+            if rows:
+                return rows, None
+            ends = conn.execute(_LEASE_ENDS_ANY if episode_id is None else _LEASE_ENDS_EPISODE, params).scalar()
+            return rows, None if ends is None else max(0.0, float(ends))
+
+        rows, ends_in_s = await self._transaction(run)
+        return sorted((turn_from(row) for row in rows), key=lambda turn: (turn.created_at, turn.id)), ends_in_s
+
+    def release(self, leased: Sequence[Turn]) -> Awaitable[None]:
+        def run(conn: Connection) -> None:
+            for turn in leased:
+                if conn.execute(_RELEASE, {"id": turn.id, "deliveries": turn.deliveries}).rowcount:
+                    conn.execute(_NOTIFY, _notice("parked", turn.episode_id))
+
+        return self._transaction(run)
+
+    async def answer(self, answered: Sequence[tuple[Turn, int | None]]) -> set[str]:
+        def run(conn: Connection) -> set[str]:
+            recorded = set()
+            for turn, delivery in answered:
+                row = {f"s_{key}": value for key, value in turn_state(turn).items()}
+                stmt = _ANSWER if delivery is None else _ANSWER_UNDER_LEASE
+                if conn.execute(stmt, row if delivery is None else {**row, "delivery": delivery}).first():
+                    recorded.add(turn.id)
+                    conn.execute(_NOTIFY, _notice("answered", turn.id))
+            return recorded
+
+        return await self._transaction(run)
+
+    async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]:
+        stmt = select(turns).where(turns.c.id.in_([turn_id for turn_id in turn_ids if "\x00" not in turn_id]))
+        rows = await self._transaction(lambda conn: list(conn.execute(stmt)))
+        return {row.id: turn_from(row) for row in rows}
+
+    async def attach(self, episode_id: str, wire: bytes) -> Turn | None:
+        params = {"me": self.replica, "episode_id": episode_id, "wire_hash": wire_hash(wire)}
+        rows = await self._transaction(lambda conn: list(conn.execute(_ATTACH, params)))
+        return turn_from(rows[0]) if rows else None
+
+    async def beat(self) -> list[tuple[Turn, str | None]]:
+        def run(conn: Connection) -> list[Any]:
+            conn.execute(_BEAT, {"me": self.replica})
+            conn.execute(_BURY, {"me": self.replica, "dead_after_s": self._dead_after_s})
+            return list(conn.execute(_TAKE_OVER, {"me": self.replica}))
+
+        return [(turn_from(row), row.held_for) for row in await self._transaction(run)]
+
+    async def episode_closed(self, episode_id: str, why: str, now: float) -> None:
+        def run(conn: Connection) -> None:
+            conn.execute(_FAIL_OPEN, {"episode_id": episode_id, "why": why, "now": now})
+            conn.execute(_NOTIFY, _notice("closed", episode_id))
+
+        await self._transaction(run)
+
+    async def set_pause(self, mode: str | None, retry_after_s: float) -> None:
+        def run(conn: Connection) -> None:
+            if mode is None:
+                conn.execute(_RESUME)
+                if conn.execute(_UNHOLD).rowcount:
+                    conn.execute(_NOTIFY, _notice("parked", "*"))
+            else:
+                conn.execute(_PAUSE, {"value": json.dumps({"mode": mode, "retry_after_s": retry_after_s})})
+            conn.execute(_NOTIFY, _notice("paused", ""))
+
+        await self._transaction(run)
+
+    async def pause_state(self) -> tuple[str, float] | None:
+        rows = await self._transaction(lambda conn: list(conn.execute(_PAUSE_STATE)))
+        if not rows:
+            return None
+        value = rows[0].value if isinstance(rows[0].value, dict) else json.loads(rows[0].value)
+        return str(value["mode"]), float(value["retry_after_s"])
+
+    async def _transaction(self, work: Callable[[Connection], T]) -> T:
+        engine = self._store.engine
+
+        def run() -> T:
+            with engine.begin() as conn:
+                return work(conn)
+
+        try:
+            return await asyncio.to_thread(run)
+        except SQLAlchemyError as e:
+            raise StorageError(f"the shared queue's database call failed: {type(e).__name__}") from e
+
+
+def _notice(kind: str, payload: str) -> dict[str, str]:
+    return {"channel": _CHANNEL.format(kind), "payload": payload}
+
+
+def _quietly(write: asyncio.Future[None]) -> None:
+    """A write nobody waits on whose failure costs nothing (a notice: pollers look again anyway)."""
+    write.add_done_callback(lambda done: done.cancelled() or done.exception())
