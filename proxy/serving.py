@@ -2,9 +2,9 @@
 the log filter that keeps episode keys out of every line uvicorn writes.
 
 Agents may carry their episode key in the URL (`/e/<key>/v1`), so no path may reach a log line whole. The access
-log is off; WebSocket upgrades never reach uvicorn's WebSocket code (`ws="none"`), which would log each handshake
-with its path: the app itself refuses them at once with 426, and clients that probe a WebSocket transport (the
-Codex CLI) fall back to plain HTTP.
+log is off, and the handshake lines uvicorn's WebSocket code writes (with the path) go through KeyRedactor.
+WebSocket serves one route, the trainer's stream (`/api/turns/stream`); the app answers an upgrade anywhere else
+at once with 426, so clients that probe a WebSocket transport (the Codex CLI) fall back to plain HTTP.
 """
 
 from __future__ import annotations
@@ -22,19 +22,36 @@ if TYPE_CHECKING:
 # SYN retries, a second or more each. The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 16384
 
+# A server's WebSocket settings, in one place for every server that fronts the app (uvicorn's names). The
+# websockets library's sans-I/O protocol lets the app refuse a handshake with an HTTP status of its own (426, 401).
+WEBSOCKET: dict[str, Any] = {
+    "ws": "websockets-sansio",
+    "ws_max_size": 32 * 2**20,  # a batch of replies with token ids and logprobs: the default body limit
+    "ws_ping_interval": 20.0,  # a dead trainer's socket is closed, and its leased turns go back, within ~40 s
+    "ws_ping_timeout": 20.0,
+}
+
 _KEY_IN_PATH = re.compile(r"/e/[^/\s\"']+")
 # What uvicorn says of each upgrade request it leaves to the app (which answers it): noise, and with ws="none"
 # its advice to install a WebSocket library is wrong for us.
 _UPGRADE_NOISE = ("Unsupported upgrade request.", "No supported WebSocket library detected")
+# The websockets library, at debug level, writes each handshake header as a line of its own: these carry secrets.
+_HEADER_LINES = ("< %s: %s", "> %s: %s")
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key", "cookie", "proxy-authorization"})
 
 
 class KeyRedactor(logging.Filter):
-    """Rewrites `/e/<key>` in a record to `/e/<key>` literally, and drops uvicorn's notes on upgrade requests."""
+    """Rewrites `/e/<key>` in a record to `/e/<key>` literally, hides the values of headers that carry secrets, and
+    drops uvicorn's notes on upgrade requests."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(_UPGRADE_NOISE):
             return False
         record.msg = _redact(record.msg)
+        if record.msg in _HEADER_LINES and isinstance(record.args, tuple) and len(record.args) == 2:
+            name, _ = record.args
+            if str(name).lower() in _SECRET_HEADERS:
+                record.args = (name, "<redacted>")
         if isinstance(record.args, tuple):  # kept a tuple of the same length: formatters unpack it
             record.args = tuple(_redact(arg) for arg in record.args)
         elif isinstance(record.args, dict):
@@ -60,7 +77,7 @@ def uvicorn_config(app: Any, **overrides: Any) -> Any:
 
     options: dict[str, Any] = {
         "access_log": False,  # paths may carry episode keys (/e/<key>/...)
-        "ws": "none",  # upgrades reach the app as plain requests, which it refuses with 426 (see above)
+        **WEBSOCKET,
         "timeout_keep_alive": 75,
         "timeout_graceful_shutdown": 5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
         "backlog": LISTEN_BACKLOG,  # uvicorn listens again on the sockets it is given, with this backlog
