@@ -1,8 +1,9 @@
 """The app factory: builds the adapters once, wires them into the broker and the routes.
 
-An agent's call goes straight to its handler (`AgentRoutes`). Anything else meets, in order: TrainerGate
-(the trainer API's token, query names and body limit), FastLane (the trainer's batch pull and reply, as plain
-ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
+An agent's call goes straight to its handler (`AgentRoutes`). The trainer's WebSocket stream meets TrainerGate
+(the token) and TurnStream; any other WebSocket handshake is refused with 426. Anything else meets, in order:
+TrainerGate (the trainer API's token, query names and body limit), FastLane (the trainer's batch pull and reply,
+as plain ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from proxy.core.errors import TrajproxyError
 from proxy.core.keys import new_id
 from proxy.http.agent import AgentRoutes
 from proxy.http.docs import add_docs
-from proxy.http.edge import asks_upgrade, error_body, redact, refuse_upgrade, status_of
+from proxy.http.edge import asks_upgrade, error_body, invalid, redact, refuse_upgrade, status_of
 from proxy.http.fast import FastLane
 from proxy.http.gate import TrainerGate
 from proxy.http.metrics import add_metrics
 from proxy.http.queries import DeclaredQueries
+from proxy.http.stream import PATH as STREAM_PATH
+from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
 from proxy.http.ui import add_ui
 from proxy.metrics import PrometheusMetrics
@@ -53,15 +56,16 @@ class Trajproxy:
         self.metrics = metrics
         self._agents = AgentRoutes(broker, settings)
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
+        queries = DeclaredQueries(api.openapi)
         self._rest = TrainerGate(
-            FastLane(api, broker, settings),
-            token=token,
-            max_body_bytes=settings.max_body_bytes,
-            queries=DeclaredQueries(api.openapi),
+            FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes, queries=queries
         )
+        self._stream = TrainerGate(TurnStream(broker), token=token, max_body_bytes=0, queries=queries)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket" or (scope["type"] == "http" and asks_upgrade(scope)):
+        if scope["type"] == "websocket" and scope["path"] == STREAM_PATH:
+            await self._stream(scope, receive, send)
+        elif scope["type"] == "websocket" or (scope["type"] == "http" and asks_upgrade(scope)):
             await refuse_upgrade(scope, send)
         elif scope["type"] == "http" and (agent_call := self._agents.route(scope)) is not None:
             await agent_call(scope, receive, send)
@@ -149,10 +153,7 @@ async def _invalid(_request: Request, error: RequestValidationError) -> Response
     problems = error.errors()
     if any(problem.get("type") == "json_invalid" for problem in problems):
         return error_response(400, "invalid_request_error", "request body is not valid JSON")
-    described = "; ".join(
-        f"{'.'.join(str(part) for part in problem.get('loc', ()))}: {problem.get('msg')}" for problem in problems
-    )
-    return error_response(422, "invalid_request_error", f"invalid request: {described}")
+    return error_response(422, "invalid_request_error", invalid(problems))
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:

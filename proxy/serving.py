@@ -22,10 +22,11 @@ if TYPE_CHECKING:
 # SYN retries, a second or more each. The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 16384
 
-# A server's WebSocket settings, in one place for every server that fronts the app (uvicorn's names). The
-# websockets library's sans-I/O protocol lets the app refuse a handshake with an HTTP status of its own (426, 401).
+# A server's WebSocket settings, in one place for every server that fronts the app (uvicorn's names). With wsproto
+# the app refuses a handshake with an HTTP status of its own (426, 401) and uvicorn logs no error for it (its
+# websockets protocols call every such refusal "returned without completing handshake").
 WEBSOCKET: dict[str, Any] = {
-    "ws": "websockets-sansio",
+    "ws": "wsproto",
     "ws_max_size": 32 * 2**20,  # a batch of replies with token ids and logprobs: the default body limit
     "ws_ping_interval": 20.0,  # a dead trainer's socket is closed, and its leased turns go back, within ~40 s
     "ws_ping_timeout": 20.0,

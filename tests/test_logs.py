@@ -22,7 +22,7 @@ def handshake(port: int, path: str, key: str) -> str:
     """Send a WebSocket handshake; the status line of the answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(HANDSHAKE.format(path=path, key=key).encode())
-        return sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+        return sock.recv(4096).decode("latin-1").split("\r\n", 1)[0].rstrip()  # wsproto sends no reason phrase
 
 
 def secrets_in(log: str, *secrets: str) -> list[str]:
@@ -39,8 +39,8 @@ def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with
         token = Path(clean_env()["TRAJPROXY_TRAINER_TOKEN_FILE"]).read_text().strip()
         paths = [f"/e/{key}/v1/responses", f"/e/{key}/v1/chat/completions", "/v1/messages", "/api/turns/next", "/"]
         for path in paths:
-            assert handshake(port, path, key) == "HTTP/1.1 426 Upgrade Required", path
-        assert handshake(port, "/api/episodes", token) == "HTTP/1.1 426 Upgrade Required"
+            assert handshake(port, path, key) == "HTTP/1.1 426", path
+        assert handshake(port, "/api/episodes", token) == "HTTP/1.1 426"
     log = served.output()
     assert len(log.splitlines()) > 5, log  # at debug level it says plenty; none of it a secret
     assert secrets_in(log, key, token) == []

@@ -9,6 +9,7 @@ import httpx
 
 from proxy import wire
 from proxy.client.calls import Call, Calls, M, headers, parse, reply_body
+from proxy.client.stream import AsyncTurnStream, stream_url
 
 
 class AsyncTrainerClient:
@@ -16,6 +17,8 @@ class AsyncTrainerClient:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
         self._http = httpx.AsyncClient(base_url=base_url, headers=headers(token), timeout=timeout_s)
+        self._headers = headers(token)
+        self._timeout_s = timeout_s
 
     async def __aenter__(self) -> Self:
         return self
@@ -92,6 +95,13 @@ class AsyncTrainerClient:
 
     async def resume(self) -> wire.PauseState:
         return await self._send(Calls.resume())
+
+    def stream(self, episode: str | None = None, max: int = 64, lease_s: float | None = None) -> AsyncTurnStream:
+        """The trainer's stream (a WebSocket): turns pushed as they park, up to `max` awaiting a reply at once,
+        and replies acknowledged after their commit. Leases, redelivery and idempotence as with `next_turns`.
+        Use it as `async with client.stream() as stream:`."""
+        url = stream_url(str(self._http.base_url), episode, max, lease_s)
+        return AsyncTurnStream(url, self._headers, self._timeout_s)
 
     async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
         """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""

@@ -9,6 +9,7 @@ import httpx
 
 from proxy import wire
 from proxy.client.calls import Call, Calls, M, headers, parse, reply_body
+from proxy.client.stream import TurnStream, stream_url
 
 
 class TrainerClient:
@@ -17,6 +18,8 @@ class TrainerClient:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
         self._http = httpx.Client(base_url=base_url, headers=headers(token), timeout=timeout_s)
+        self._headers = headers(token)
+        self._timeout_s = timeout_s
 
     def __enter__(self) -> Self:
         return self
@@ -93,6 +96,13 @@ class TrainerClient:
 
     def resume(self) -> wire.PauseState:
         return self._send(Calls.resume())
+
+    def stream(self, episode: str | None = None, max: int = 64, lease_s: float | None = None) -> TurnStream:
+        """The trainer's stream (a WebSocket): turns pushed as they park, up to `max` awaiting a reply at once,
+        and replies acknowledged after their commit. Leases, redelivery and idempotence as with `next_turns`.
+        Use it as `with client.stream() as stream:`."""
+        url = stream_url(str(self._http.base_url), episode, max, lease_s)
+        return TurnStream(url, self._headers, self._timeout_s)
 
     def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
         """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""

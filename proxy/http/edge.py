@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -38,6 +38,14 @@ def error_headers(error: errors.TrajproxyError) -> list[tuple[bytes, bytes]]:
 def error_body(kind: str, message: str) -> bytes:
     """OpenAI's error shape, used by the trainer API too."""
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+
+def invalid(problems: Sequence[Mapping[str, Any]]) -> str:
+    """A validation's problems in one line, each with where it is (`replies.0.message: ...`)."""
+    described = "; ".join(
+        f"{'.'.join(str(part) for part in problem.get('loc', ()))}: {problem.get('msg')}" for problem in problems
+    )
+    return f"invalid request: {described}"
 
 
 def status_of(error: errors.TrajproxyError) -> int:
@@ -178,13 +186,18 @@ async def refuse_upgrade(scope: Scope, send: Send) -> None:
     """Answer a WebSocket handshake at once with 426, which clients with an HTTP transport (the Codex CLI) take as
     "use HTTP" and do not retry. A server that hands the app WebSocket scopes gets the same answer through the
     denial-response extension where it has it (a bare close, 403, where it does not)."""
-    body = error_body("invalid_request_error", UPGRADE_REFUSED)
+    await deny(scope, send, 426, error_body("invalid_request_error", UPGRADE_REFUSED))
+
+
+async def deny(scope: Scope, send: Send, status: int, body: bytes) -> None:
+    """Refuse a request, or a WebSocket handshake before it is accepted, with an HTTP status and a JSON error body.
+    A server without the WebSocket denial-response extension can only close the handshake (its client sees 403)."""
     headers = [*JSON, (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
     if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": 426, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
     elif "websocket.http.response" in scope.get("extensions", {}):
-        await send({"type": "websocket.http.response.start", "status": 426, "headers": headers})
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})

@@ -10,6 +10,7 @@ from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorize
 from proxy.core.keys import same_secret
 from proxy.http.edge import (
     TOO_DEEP,
+    deny,
     error_body,
     may_nest_too_deep,
     nested_too_deep,
@@ -34,14 +35,19 @@ class TrainerGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
+        if scope["type"] == "websocket":  # the trainer's stream: the same door, checked before the handshake is
+            try:  # accepted; its query is the stream's own to check
+                self._check_door(scope)
+            except TrajproxyError as e:
+                await deny(scope, send, status_of(e), error_body(e.kind, e.message))
+                return
+            await self._app(scope, receive, send)
+            return
         if scope["type"] != "http" or not path.startswith("/api/") or path in OPEN_PATHS:
             await self._app(scope, receive, send)
             return
         try:
-            server = scope.get("server")
-            if server is None or server[1] is None:  # a Unix socket (no port): the sandboxes' door, agents only
-                raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
-            self._check_token(scope)
+            self._check_door(scope)
             unknown = self._queries.refusal(scope["method"], path, scope["query_string"])
             if unknown is not None:
                 await _refuse(send, 422, BadRequest.kind, unknown)  # FastAPI's status for a query it cannot take
@@ -53,6 +59,12 @@ class TrainerGate:
             await _refuse(send, status_of(e), e.kind, e.message)
             return
         await self._app(scope, replay(body, receive), send)
+
+    def _check_door(self, scope: Scope) -> None:
+        server = scope.get("server")
+        if server is None or server[1] is None:  # a Unix socket (no port): the sandboxes' door, agents only
+            raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
+        self._check_token(scope)
 
     def _check_token(self, scope: Scope) -> None:
         if self._token is None:

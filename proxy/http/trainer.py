@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, TypeVar
 
 import orjson
@@ -222,9 +222,7 @@ async def reply_batch(
     replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
     if query.pull and query.episode is not None:
         await broker.episode(query.episode)  # 404 for an unknown episode, before any reply is recorded
-    answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in batch.replies]
-    outcomes = await broker.reply_all(answers)
-    results = [_result(turn_id, outcome) for (turn_id, _, _), outcome in zip(answers, outcomes, strict=True)]
+    results = await answer_all(broker, batch.replies)
     if not query.pull:
         return 200, orjson.dumps({"results": results})
     pulled = wire.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
@@ -232,6 +230,14 @@ async def reply_batch(
     if status != 200:
         return status, body
     return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})
+
+
+async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem]) -> list[JsonObject]:
+    """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
+    status: what both the batch route and the stream acknowledge with."""
+    answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]
+    outcomes = await broker.reply_all(answers)
+    return [_result(turn_id, outcome) for (turn_id, _, _), outcome in zip(answers, outcomes, strict=True)]
 
 
 def _result(turn_id: str, outcome: Turn | TrajproxyError) -> JsonObject:

@@ -179,6 +179,25 @@ class ReplyBatch(_Strict):
     replies: list[ReplyItem] = Field(min_length=1, max_length=4096)
 
 
+class StreamQuery(BaseModel):
+    """The trainer's stream (WebSocket `GET /api/turns/stream`): which turns it is pushed, how many may wait for
+    a reply at once, and their lease."""
+
+    model_config = ConfigDict(extra="forbid")  # no route checks a WebSocket's query names for it
+
+    episode: Name | None = Field(default=None, description="only this episode's turns")
+    max: int = Field(default=64, ge=1, le=4096, description="the most turns pushed and not yet replied to")
+    lease: float | None = Field(default=None, gt=0, le=86400, description="seconds until unanswered turns return")
+
+
+class StreamReplies(ReplyBatch):
+    """A message the trainer sends on its stream: a batch of replies, acknowledged with `id` after their commit."""
+
+    id: Annotated[int, Field(ge=0, le=2**53)] | Name | None = Field(
+        default=None, description="echoed in the acknowledgement"
+    )
+
+
 class PauseIn(_Strict):
     """hold: park new agent calls out of the queue until resume; reject: answer them 429 with Retry-After."""
 
