@@ -294,8 +294,11 @@ def test_a_proxy_killed_mid_turn_comes_back_with_every_turn(
     for episode in episodes:
         mine = [turn for turn in turns if turn["episode_id"] == episode.id]
         assert [(turn["seq"], turn["text"]) for turn in mine] == [(n - 1, f"{episode.id} {n}") for n in (1, 2, 3)]
+    # A lease lives in memory (it costs no write): after the crash a delivery is known again only from a reply
+    # naming its lease.
     assert {turn["id"]: turn["deliveries"] for turn in turns if turn["id"] in {t.id for t in leased}} == {
-        turn.id: 1 for turn in leased
+        leased[0].id: 1,
+        leased[1].id: 0,
     }
 
 
@@ -327,7 +330,8 @@ def test_turns_whose_agents_do_not_come_back_after_a_restart_are_abandoned(
 
     turns = {turn["episode_id"]: turn for turn in recorded(database_url)}
     assert len(turns) == 2
-    assert [turns[e.id]["deliveries"] for e in (parked_episode, leased_episode)] == [0, 1]
+    # The lease lived in memory (leases cost no write) and died with the process: no delivery is recorded.
+    assert [turns[e.id]["deliveries"] for e in (parked_episode, leased_episode)] == [0, 0]
     assert all("restart" in turn["reason"] for turn in turns.values())
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from proxy.core.episodes import LiveEpisodes
 from proxy.core.errors import Conflict, TrajproxyError, TurnClosed, UpstreamError
 from proxy.core.ledger import Ledger
-from proxy.core.parking import ParkingLot, Slot
+from proxy.core.parking import ParkingLot, Slot, delivery_of
 from proxy.core.ports import Store, TokenCounter, Upstream
 from proxy.core.values import JsonObject, ModelRoute, Reply, Turn, TurnStatus, Usage
 
@@ -59,7 +59,10 @@ class Answers:
         open_: list[tuple[int, Slot, Reply]] = []
         for i, (turn_id, reply, lease_id) in enumerate(answers):
             slot = self._lot.get(turn_id)
-            if slot is not None and lease_id is not None and slot.turn.lease_id != lease_id:
+            if slot is not None and lease_id is not None and (before := _before_restart(slot.turn, lease_id)):
+                slot.turn = replace(slot.turn, deliveries=before)  # the delivery its reply names is recorded
+                open_.append((i, slot, reply))
+            elif slot is not None and lease_id is not None and slot.turn.lease_id != lease_id:
                 outcomes[i] = Conflict(
                     f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; "
                     "this reply was not recorded"
@@ -173,6 +176,16 @@ class Answers:
 
         size = sum(len(replies[i][0].wire) for i in missing)
         return await asyncio.to_thread(count) if size > _COUNT_OFF_LOOP_BYTES else count()
+
+
+def _before_restart(turn: Turn, lease_id: str) -> int | None:
+    """The delivery a lease names, if an earlier process handed it out: leases live in memory, so a turn taken back
+    after a restart is parked, and a lease on it with a later delivery than this process knows can be no other.
+    Its trainer's reply lands."""
+    delivery = delivery_of(turn.id, lease_id)
+    if turn.status is not TurnStatus.PARKED or delivery is None:
+        return None
+    return delivery if delivery > turn.deliveries else None
 
 
 def same_reply(recorded: Reply, offered: Reply) -> bool:

@@ -218,3 +218,9 @@ class ParkingLot:
 def lease_of(turn_id: str, deliveries: int) -> str:
     """A lease names its turn and its delivery, so a store's record of a leased turn tells its lease."""
     return f"{turn_id}.{deliveries}"
+
+
+def delivery_of(turn_id: str, lease_id: str) -> int | None:
+    """The delivery a lease on this turn names; None if it is not a lease on this turn."""
+    named, _, delivery = lease_id.rpartition(".")
+    return int(delivery) if named == turn_id and delivery.isdigit() else None

@@ -1,5 +1,6 @@
-"""Pulls: trainers lease parked turns, waiting for them if none is parked yet; a lease is recorded before the
-turns are handed out, and turns whose poller left before receiving them are given back."""
+"""Pulls: trainers lease parked turns, waiting for them if none is parked yet, and turns whose poller left before
+receiving them are given back. A lease lives in memory only, costing no write: after a restart its turn is parked
+again (a reply naming it still lands, see `Answers`), and the delivery count is recorded with the turn's end."""
 
 from __future__ import annotations
 
@@ -44,14 +45,7 @@ class Pulls:
             if remaining <= 0 or (episode_id is not None and self._episodes.closed(episode_id)):
                 return []
             await self._lot.wait(episode_id, remaining)
-        turns = [slot.turn for slot in slots]
-        try:
-            await asyncio.shield(self._store.save_turns(turns))
-        except BaseException:  # the poller left, or the lease could not be recorded: give the turns back
-            self.release(turns)
-            raise
-        # A turn settled while its lease was being recorded (agent gone, episode finished) is not handed out.
-        handed = [turn for slot, turn in zip(slots, turns, strict=True) if self._lot.get(turn.id) is slot]
+        handed = [slot.turn for slot in slots]
         self._ledger.observer.leased(handed)
         return handed
 
@@ -61,7 +55,6 @@ class Pulls:
             slot = self._lot.get(turn.id)
             if slot is not None and slot.turn.lease_id == turn.lease_id:
                 self._lot.release(slot)
-                self._ledger.submit(self._store.save_turns([slot.turn]))
 
     async def next_turn(self, episode_id: str, wait_s: float, lease_s: float | None) -> Turn | None:
         """Lease the episode's next turn, waiting up to `wait_s` for its agent to call; None once the episode

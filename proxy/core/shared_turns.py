@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.core.answers import Answer, Answers, same_reply
 from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed
-from proxy.core.parking import Slot, lease_of
+from proxy.core.parking import Slot, delivery_of, lease_of
 from proxy.core.ports import SharedQueue
 from proxy.core.pulls import Pulls
 from proxy.core.values import JsonObject, Reply, Turn, TurnStatus
@@ -154,10 +154,9 @@ class SharedAnswers(Answers):
         slot = self._lot.get(turn_id)
         if lease_id is None or (slot is not None and slot.turn.lease_id == lease_id):
             return None
-        named, _, delivery = lease_id.rpartition(".")
-        if named != turn_id or not delivery.isdigit():
+        if (delivery := delivery_of(turn_id, lease_id)) is None:
             raise Conflict(f"{lease_id!r} is not a lease on turn {turn_id}; this reply was not recorded")
-        return int(delivery)
+        return delivery
 
     def _recorded(self, turn: Turn) -> Turn:
         """An answer this replica recorded: its agent hears it now if this replica holds the turn (else its holder
