@@ -31,6 +31,7 @@ from proxy.storage.sql import engine_url
 from proxy.trainer_token import kept_token
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.tasks import Task, read_tasks
+from tests.lanes import LANES, Lane
 
 POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
@@ -174,6 +175,15 @@ def server(make_server: Callable[..., LiveServer], request: pytest.FixtureReques
 def trainer(server: LiveServer) -> Iterator[TrainerClient]:
     with TrainerClient(server.url, token=server.token) as client:
         yield client
+
+
+@pytest.fixture(params=sorted(LANES))
+def lane(trainer: TrainerClient, request: pytest.FixtureRequest) -> Iterator[Lane]:
+    """How the trainer under test takes turns and answers them: HTTP pulls and replies, replies that pull the next
+    batch, or the WebSocket stream. Delivery's rules are the same on each."""
+    chosen = LANES[request.param](trainer)
+    yield chosen
+    chosen.close()
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Delivery semantics: leases, redelivery, idempotent replies, abandonment, timeouts, keep-alives."""
+"""Delivery semantics: leases, redelivery, idempotent replies, abandonment, timeouts, keep-alives. The tests that
+take a `lane` run on each way a trainer takes and answers turns (HTTP, replies that pull, the WebSocket)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient, TrajproxyAPIError
+from tests.lanes import Lane
 
 HELLO = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -32,25 +34,25 @@ def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
 
 
 def test_lease_expiry_redelivers_and_refuses_the_stale_lease(
-    server: Any, trainer: TrainerClient, background: Any
+    server: Any, trainer: TrainerClient, lane: Lane, background: Any
 ) -> None:
     episode = trainer.create_episode()
     call = background(ask, episode)
-    first = trainer.next_turns(wait_s=5, lease_s=0.3)[0]
+    first = lane.pull(wait_s=5, lease_s=0.3)[0]
     assert (first.status, first.deliveries) == ("leased", 1)
-    assert trainer.next_turns(wait_s=0) == []  # leased: nobody else gets it meanwhile
+    assert lane.pull(wait_s=0) == []  # leased: nobody else gets it meanwhile
 
-    again = trainer.next_turns(wait_s=5)[0]  # the crashed trainer's lease runs out
+    again = lane.pull(wait_s=5)[0]  # the crashed trainer's lease runs out
     assert again.id == first.id
     assert again.deliveries == 2
     assert again.lease_id != first.lease_id
 
     with pytest.raises(TrajproxyAPIError) as stale:
-        trainer.reply(first.id, "late", lease_id=first.lease_id)
+        lane.reply(first.id, "late", lease_id=first.lease_id)
     assert stale.value.status == 409
     assert "expired" in stale.value.message
 
-    trainer.reply(again.id, "on time", lease_id=again.lease_id)
+    lane.reply(again.id, "on time", lease_id=again.lease_id)
     assert call.result(timeout=5).choices[0].message.content == "on time"
     recorded = trainer.trajectory(episode.id).turns
     assert len(recorded) == 1
@@ -59,17 +61,17 @@ def test_lease_expiry_redelivers_and_refuses_the_stale_lease(
 
 
 def test_reply_is_idempotent_and_a_different_reply_conflicts(
-    server: Any, trainer: TrainerClient, background: Any
+    server: Any, trainer: TrainerClient, lane: Lane, background: Any
 ) -> None:
     episode = trainer.create_episode()
     call = background(ask, episode)
-    turn = trainer.next_turns(wait_s=5)[0]
-    first = trainer.reply(turn.id, "one answer", lease_id=turn.lease_id)
-    again = trainer.reply(turn.id, "one answer", lease_id=turn.lease_id)
+    turn = lane.pull(wait_s=5)[0]
+    first = lane.reply(turn.id, "one answer", lease_id=turn.lease_id)
+    again = lane.reply(turn.id, "one answer", lease_id=turn.lease_id)
     assert again.id == first.id and again.reply == first.reply
 
     with pytest.raises(TrajproxyAPIError) as conflict:
-        trainer.reply(turn.id, "another answer")
+        lane.reply(turn.id, "another answer")
     assert conflict.value.status == 409
     assert call.result(timeout=5).choices[0].message.content == "one answer"
 
@@ -78,7 +80,7 @@ def test_reply_is_idempotent_and_a_different_reply_conflicts(
     assert recorded[0].reply is not None and recorded[0].reply.message["content"] == "one answer"
 
 
-def test_an_abandoned_turn_is_never_handed_out(server: Any, trainer: TrainerClient) -> None:
+def test_an_abandoned_turn_is_never_handed_out(server: Any, trainer: TrainerClient, lane: Lane) -> None:
     episode = trainer.create_episode()
     with pytest.raises(httpx.ReadTimeout):  # the agent gives up and hangs up while its turn is parked
         httpx.post(
@@ -88,15 +90,15 @@ def test_an_abandoned_turn_is_never_handed_out(server: Any, trainer: TrainerClie
             timeout=0.5,
         )
     wait_until(lambda: trainer.trajectory(episode.id).turns[0].status == "abandoned")
-    assert trainer.next_turns(wait_s=0.5) == []
+    assert lane.pull(wait_s=0.5) == []
     turn_id = trainer.trajectory(episode.id).turns[0].id
     with pytest.raises(TrajproxyAPIError) as gone:
-        trainer.reply(turn_id, "too late")
+        lane.reply(turn_id, "too late")
     assert gone.value.status == 409
     assert "abandoned" in gone.value.message
 
 
-def test_an_agent_leaving_during_the_lease_abandons_the_turn(server: Any, trainer: TrainerClient) -> None:
+def test_an_agent_leaving_during_the_lease_abandons_the_turn(server: Any, trainer: TrainerClient, lane: Lane) -> None:
     episode = trainer.create_episode()
     with httpx.stream(
         "POST",
@@ -105,15 +107,15 @@ def test_an_agent_leaving_during_the_lease_abandons_the_turn(server: Any, traine
         headers={"authorization": f"Bearer {episode.key}"},
     ) as response:
         assert response.status_code == 200  # keep-alives are flowing; the agent hangs up mid-stream
-        turn = trainer.next_turns(wait_s=5, lease_s=60)[0]
+        turn = lane.pull(wait_s=5, lease_s=60)[0]
     wait_until(lambda: trainer.turn(turn.id).status == "abandoned")
     with pytest.raises(TrajproxyAPIError) as gone:
-        trainer.reply(turn.id, "too late", lease_id=turn.lease_id)
+        lane.reply(turn.id, "too late", lease_id=turn.lease_id)
     assert gone.value.status == 409
 
 
 @pytest.mark.settings(turn_timeout_s=0.5)
-def test_turn_timeout_gives_the_agent_a_504_and_records_expiry(server: Any, trainer: TrainerClient) -> None:
+def test_turn_timeout_gives_the_agent_a_504_and_records_expiry(server: Any, trainer: TrainerClient, lane: Lane) -> None:
     episode = trainer.create_episode()
     with pytest.raises(openai.APIStatusError) as timeout:
         ask(episode)
@@ -124,7 +126,7 @@ def test_turn_timeout_gives_the_agent_a_504_and_records_expiry(server: Any, trai
     recorded = trainer.trajectory(episode.id).turns
     assert [(turn.status, turn.reply) for turn in recorded] == [("expired", None)]
     with pytest.raises(TrajproxyAPIError) as late:
-        trainer.reply(recorded[0].id, "late")
+        lane.reply(recorded[0].id, "late")
     assert late.value.status == 409
 
 
@@ -237,26 +239,28 @@ def test_concurrent_calls_in_one_episode_are_separate_ordered_turns(
     ]
 
 
-def test_batch_pull_across_episodes_and_for_one(server: Any, trainer: TrainerClient, background: Any) -> None:
+def test_batch_pull_across_episodes_and_for_one(
+    server: Any, trainer: TrainerClient, lane: Lane, background: Any
+) -> None:
     one, two = trainer.create_episode(), trainer.create_episode()
     calls = [background(ask, episode) for episode in (one, two, one, two, one)]
     wait_until(lambda: server.broker.ready_turns == 5)
 
-    mine = trainer.next_turns(episode=two.id, max=10)
+    mine = lane.pull(episode=two.id, max=10, wait_s=5)
     assert sorted(turn.episode_id for turn in mine) == [two.id, two.id]
-    rest = trainer.next_turns(max=2)
+    rest = lane.pull(max=2, wait_s=5)
     assert len(rest) == 2 and {turn.episode_id for turn in rest} == {one.id}
-    rest += trainer.next_turns(max=10)
+    rest += lane.pull(max=10, wait_s=5)
     assert len(rest) == 3
-    assert trainer.next_turns(max=10, wait_s=0) == []
+    assert lane.pull(max=10, wait_s=0) == []
     for turn in mine + rest:
-        trainer.reply(turn.id, "ok")
+        lane.reply(turn.id, "ok")
     assert [call.result(timeout=5).choices[0].message.content for call in calls] == ["ok"] * 5
 
 
-def test_pulling_for_an_unknown_episode_is_a_404(server: Any, trainer: TrainerClient) -> None:
+def test_pulling_for_an_unknown_episode_is_a_404(server: Any, lane: Lane) -> None:
     with pytest.raises(TrajproxyAPIError) as missing:
-        trainer.next_turns(episode="ep_nope", wait_s=1)
+        lane.pull(episode="ep_nope", wait_s=1)
     assert missing.value.status == 404
 
 
@@ -359,20 +363,20 @@ def test_a_retry_of_an_answered_call_replays_the_recorded_reply(server: Any, tra
 
 
 def test_a_batch_of_replies_succeeds_or_fails_item_by_item(
-    server: Any, trainer: TrainerClient, background: Any
+    server: Any, trainer: TrainerClient, lane: Lane, background: Any
 ) -> None:
     episodes = [trainer.create_episode() for _ in range(3)]
     calls = [background(ask, episode, f"q{i}") for i, episode in enumerate(episodes)]
     turns: list[Any] = []
     while len(turns) < 3:
-        turns += trainer.next_turns(max=8, wait_s=5)
+        turns += lane.pull(max=8, wait_s=5)
     batch = [{"turn_id": t.id, "message": {"content": f"a:{t.request['messages'][0]['content']}"}} for t in turns]
-    results = trainer.reply_many([*batch, {"turn_id": "tu_missing", "message": {"content": "x"}}])
+    results = lane.reply_many([*batch, {"turn_id": "tu_missing", "message": {"content": "x"}}])
     assert [r.status for r in results] == [200, 200, 200, 404]
     assert results[3].error is not None and "tu_missing" in results[3].error.message
     assert sorted(c.result(timeout=5).choices[0].message.content for c in calls) == ["a:q0", "a:q1", "a:q2"]
 
-    again = trainer.reply_many([*batch[:1], {**batch[1], "message": {"content": "changed"}}])
+    again = lane.reply_many([*batch[:1], {**batch[1], "message": {"content": "changed"}}])
     assert [r.status for r in again] == [200, 409]  # idempotent, and no second answer
     assert trainer.turn(turns[1].id).reply.message["content"] == batch[1]["message"]["content"]  # type: ignore[union-attr]
 

@@ -19,6 +19,7 @@ import pytest
 import tiktoken
 
 from proxy.client import TrainerClient, TrajproxyAPIError
+from tests.lanes import Lane
 
 MODEL = "gpt-4o"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -702,20 +703,20 @@ def test_a_reply_needs_exactly_one_of_message_or_error(
 
 
 def test_replies_are_idempotent_and_cannot_be_changed(
-    server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
+    server: Any, trainer: TrainerClient, lane: Lane, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
     answer = background(ask, agent_for(episode))
-    turn = pull_one(trainer, episode.id)
-    first = trainer.reply(turn.id, "once", lease_id=turn.lease_id)
+    [turn] = lane.pull(episode.id, wait_s=5)
+    first = lane.reply(turn.id, "once", lease_id=turn.lease_id)
     assert answer.result(timeout=10).choices[0].message.content == "once"
     after = snapshot(server, episode.id)
 
-    again = trainer.reply(turn.id, "once", lease_id=turn.lease_id)
+    again = lane.reply(turn.id, "once", lease_id=turn.lease_id)
     assert again.status == "answered"
     assert again.answered_at == first.answered_at
     with pytest.raises(TrajproxyAPIError) as changed:
-        trainer.reply(turn.id, "twice")
+        lane.reply(turn.id, "twice")
     assert changed.value.status == 409
     assert "different reply" in changed.value.message
     assert snapshot(server, episode.id) == after
@@ -723,7 +724,7 @@ def test_replies_are_idempotent_and_cannot_be_changed(
 
 @pytest.mark.settings(turn_timeout_s=0.5)
 def test_reply_to_an_expired_turn_is_409(
-    server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
+    server: Any, trainer: TrainerClient, lane: Lane, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
     with pytest.raises(openai.APIStatusError) as timed_out:
@@ -735,10 +736,10 @@ def test_reply_to_an_expired_turn_is_409(
     [expired] = before["turns"]
     assert expired["status"] == "expired"
     assert expired["reply"] is None
-    assert trainer.next_turns(wait_s=0) == []
+    assert lane.pull(wait_s=0) == []
 
     with pytest.raises(TrajproxyAPIError) as late:
-        trainer.reply(expired["id"], "too late")
+        lane.reply(expired["id"], "too late")
     assert late.value.status == 409
     assert late.value.kind == "turn_closed"
     assert "expired" in late.value.message

@@ -1,0 +1,122 @@
+"""The three ways a trainer takes turns and answers them, behind one face, so that the tests that pin delivery
+(leases, redelivery, idempotent replies) run on each: `GET /api/turns/next` with `POST .../reply`, the batch reply
+that also pulls (`POST /api/turns/replies?pull=N`), and the WebSocket stream (`/api/turns/stream`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from proxy import wire
+from proxy.client import TrainerClient, TurnStream
+from proxy.client.stream import one, reply_item
+
+
+class Lane(Protocol):
+    name: str
+
+    def pull(
+        self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
+    ) -> list[wire.Turn]: ...
+
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn: ...
+
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]: ...
+
+    def close(self) -> None: ...
+
+
+class HttpLane:
+    """A pull, then a reply per turn (or a batch): two exchanges."""
+
+    name = "http"
+
+    def __init__(self, trainer: TrainerClient) -> None:
+        self._trainer = trainer
+
+    def pull(
+        self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
+    ) -> list[wire.Turn]:
+        return self._trainer.next_turns(episode, max, wait_s, lease_s)
+
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+        return self._trainer.reply(turn_id, content, **options)
+
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+        return self._trainer.reply_many(replies)
+
+    def close(self) -> None:
+        pass
+
+
+class ReplyPullLane:
+    """Every reply also pulls, as the last pull asked (without waiting); what it leases is handed out by the next
+    pull before any new one is made. The first pull has no reply to ride on and is a plain one."""
+
+    name = "reply-pull"
+
+    def __init__(self, trainer: TrainerClient) -> None:
+        self._trainer = trainer
+        self._pulled: list[wire.Turn] = []
+        self._last: dict[str, Any] = {"episode": None, "max": 1, "lease_s": None}
+
+    def pull(
+        self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
+    ) -> list[wire.Turn]:
+        self._last = {"episode": episode, "max": max, "lease_s": lease_s}
+        if self._pulled:
+            handed, self._pulled = self._pulled[:max], self._pulled[max:]
+            return handed
+        return self._trainer.next_turns(episode, max, wait_s, lease_s)
+
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+        return one(self.reply_many([reply_item(turn_id, content, options)]))
+
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+        answered = self._trainer.reply_and_pull(replies, wait_s=0, **self._last)
+        self._pulled += answered.turns
+        return answered.results
+
+    def close(self) -> None:
+        pass
+
+
+class StreamLane:
+    """A WebSocket stream for each kind of pull asked for (episode, max, lease), each holding at most `max`
+    turns unanswered; a reply goes on the stream its turn came from. Closing gives back what is unanswered."""
+
+    name = "ws"
+
+    def __init__(self, trainer: TrainerClient) -> None:
+        self._trainer = trainer
+        self._streams: dict[tuple[str | None, int, float | None], TurnStream] = {}
+        self._came_on: dict[str, TurnStream] = {}
+
+    def pull(
+        self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
+    ) -> list[wire.Turn]:
+        key = (episode, max, lease_s)
+        if key not in self._streams:
+            self._streams[key] = self._trainer.stream(episode, max, lease_s)
+        turns = self._streams[key].turns(wait_s)
+        self._came_on.update((turn.id, self._streams[key]) for turn in turns)
+        return turns
+
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+        return one(self.reply_many([reply_item(turn_id, content, options)]))
+
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+        stream = self._came_on.get(replies[0]["turn_id"]) or self._any()
+        return stream.reply_many(replies)
+
+    def _any(self) -> TurnStream:
+        if not self._streams:
+            self._streams[(None, 1, None)] = self._trainer.stream(max=1)
+        return next(iter(self._streams.values()))
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+
+
+LANES = {lane.name: lane for lane in (HttpLane, ReplyPullLane, StreamLane)}
