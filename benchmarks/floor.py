@@ -35,7 +35,8 @@ def build() -> Path:
     return out
 
 
-def bench(agents: int, seconds: float, warmup_s: float, port: int, one_exchange: bool = False) -> dict[str, float]:
-    """The floor's figures under the load `turns.bench` puts on trajproxy."""
+def bench(agents: int, seconds: float, warmup_s: float, port: int, trainer_kind: str = "http") -> dict[str, float]:
+    """The floor's figures under the load `turns.bench` puts on trajproxy (an HTTP trainer: the floor has no
+    stream)."""
     server = start_pinned([str(build()), "-port", str(port)], f"http://{HOST}:{port}/health")
-    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, one_exchange))
+    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, trainer_kind))

@@ -1,7 +1,11 @@
 """Turn throughput and latency: N agents each sending chat completions in a loop through trajproxy, one trainer
 pulling them in batches and answering each batch in one call. Every turn is durably recorded.
 
-    python benchmarks/turns.py --agents 1,16,64,256 --seconds 10 [--database-url URL]
+    python benchmarks/turns.py --agents 1,16,64,256 --seconds 10 [--database-url URL] [--trainer http,ws]
+
+The trainer takes its turns one of three ways (`--trainer`, several in one run): `http` pulls a batch and answers
+it in a second call, `reply-pull` answers and pulls the next batch in one call, `ws` is pushed turns on the
+WebSocket stream and sends each batch's replies back on it without waiting for the acknowledgement.
 
 trajproxy runs pinned to core 0 (`taskset`), this load generator to core 1, so the two never share a core;
 the CPU each used is printed next to the figures, to show which one was the limit.
@@ -23,6 +27,7 @@ from typing import Any
 
 import httpx
 import orjson
+from websockets.asyncio.client import connect
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, cpu_seconds, percentile, pin_load, start_server
@@ -37,6 +42,7 @@ CHAT = orjson.dumps(
         ],
     }
 )
+TRAINERS = ("http", "reply-pull", "ws")
 REPLY = {
     "message": {"content": "Let me look at the code first."},
     "usage": {"prompt_tokens": 90, "completion_tokens": 8},
@@ -52,7 +58,7 @@ class Run:
     errors: int = 0
     measuring: bool = False
     stop: bool = False
-    one_exchange: bool = False  # the trainer replies and pulls in one call (POST /api/turns/replies?pull=N)
+    trainer: str = "http"  # or "reply-pull" (POST /api/turns/replies?pull=N), or "ws" (/api/turns/stream)
 
 
 async def agent(port: int, key: str, run: Run) -> None:
@@ -73,11 +79,14 @@ async def agent(port: int, key: str, run: Run) -> None:
 
 
 async def trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
-    """Pull a batch, answer it in one call; with `run.one_exchange`, that call also pulls the next batch."""
+    """Pull a batch, answer it in one call; with `reply-pull`, that call also pulls the next batch."""
+    if run.trainer == "ws":
+        await stream_trainer(port, run, agents_done)
+        return
     pulls = await Connection.open(HOST, port)
     replies = await Connection.open(HOST, port)
     pull = request("GET", "/api/turns/next?max=1024&wait=0.5", HOST)
-    answer = "/api/turns/replies?pull=1024&wait=0.5" if run.one_exchange else "/api/turns/replies"
+    answer = "/api/turns/replies?pull=1024&wait=0.5" if run.trainer == "reply-pull" else "/api/turns/replies"
     turns: list[Any] = []
     while not agents_done.is_set():
         if not turns:
@@ -93,19 +102,37 @@ async def trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
     replies.close()
 
 
+async def stream_trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
+    """Answer each batch the stream pushes as it comes; acknowledgements are counted as they come back."""
+    url = f"ws://{HOST}:{port}/api/turns/stream?max=1024"
+    async with connect(url, compression=None, proxy=None, max_size=None) as socket:
+        while not agents_done.is_set():
+            try:
+                message = orjson.loads(await asyncio.wait_for(socket.recv(), 0.5))
+            except TimeoutError:
+                continue
+            if message["type"] == "turns":
+                replies = [{"turn_id": turn["id"], **REPLY} for turn in message["turns"]]
+                await socket.send(orjson.dumps({"replies": replies}).decode())
+            elif message["type"] == "results":
+                run.errors += sum(result["status"] != 200 for result in message["results"])
+            else:
+                run.errors += 1
+
+
 async def measure(
     port: int,
     agents: int,
     seconds: float,
     warmup_s: float,
-    one_exchange: bool = False,
+    trainer_kind: str = "http",
     trainer_port: int | None = None,
 ) -> Run:
-    """Agents call on `port`; the trainer pulls and answers on `trainer_port` (default: the same)."""
+    """Agents call on `port`; the trainer (`trainer_kind`) pulls and answers on `trainer_port` (default: the same)."""
     trainer_port = trainer_port or port
     async with httpx.AsyncClient(base_url=f"http://{HOST}:{trainer_port}") as http:
         keys = [(await http.post("/api/episodes", json={"task": "bench"})).json()["key"] for _ in range(agents)]
-    run = Run(agents, seconds, one_exchange=one_exchange)
+    run = Run(agents, seconds, trainer=trainer_kind)
     done = asyncio.Event()
     serving = asyncio.create_task(trainer(trainer_port, run, done))
     working = [asyncio.create_task(agent(port, key, run)) for key in keys]
@@ -127,10 +154,10 @@ def bench(
     database_url: str,
     port: int,
     profile: str | None = None,
-    one_exchange: bool = False,
+    trainer_kind: str = "http",
 ) -> dict[str, float]:
     server = start_server(port, database_url, profile)
-    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, one_exchange))
+    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, trainer_kind))
 
 
 def measured(
@@ -166,32 +193,45 @@ def main() -> None:
     parser.add_argument("--profile", help="record the server with py-spy into this file (raw, for flamegraph.pl)")
     parser.add_argument("--floor", action="store_true", help="after each figure, the floor's (benchmarks/floor.py)")
     parser.add_argument(
-        "--one-exchange", action="store_true", help="the trainer replies and pulls the next batch in one call"
+        "--trainer",
+        default="http",
+        help="comma-separated, each run in turn: http (pull, then reply), reply-pull (one call), ws (the stream)",
     )
+    parser.add_argument("--one-exchange", action="store_true", help="the same as --trainer reply-pull")
     args = parser.parse_args()
+    kinds = ["reply-pull"] if args.one_exchange else args.trainer.split(",")
+    if unknown := set(kinds) - set(TRAINERS):
+        parser.error(f"--trainer: unknown {', '.join(sorted(unknown))}; one or more of {', '.join(TRAINERS)}")
     pin_load()
-    print("agents  server     turns/s  p50 ms  p99 ms  errors  server cpu  load cpu  of floor", flush=True)
+    print("agents  trainer     server     turns/s  p50 ms  p99 ms  errors  server cpu  load cpu  of floor", flush=True)
     failed = False
     for agents in (int(n) for n in args.agents.split(",")):
-        with tempfile.TemporaryDirectory() as folder:
-            url = args.database_url or f"sqlite:///{folder}/bench.db"
-            result = bench(agents, args.seconds, args.warmup_s, url, args.port, args.profile, args.one_exchange)
-        rows = [("trajproxy", result)]
-        if args.floor:
-            import floor
-
-            figures = floor.bench(agents, args.seconds, args.warmup_s, args.port + 1, args.one_exchange)
-            rows.append(("floor", figures))
-        for server, figures in rows:
-            ratio = f"{figures['turns_per_s'] / rows[-1][1]['turns_per_s']:.2f}x" if args.floor else "-"
-            print(
-                f"{agents:>6}  {server:<9}  {figures['turns_per_s']:>7.0f}  {figures['p50_ms']:>6.2f}  "
-                f"{figures['p99_ms']:>6.2f}  {figures['errors']:>6}  {figures['server_cpu']:>9.0%}  "
-                f"{figures['load_cpu']:>8.0%}  {ratio:>8}",
-                flush=True,
-            )
-        failed |= bool(result["errors"]) or not result["turns_per_s"]
+        for kind in kinds:
+            failed |= compare(args, agents, kind)
     sys.exit(1 if failed else 0)
+
+
+def compare(args: argparse.Namespace, agents: int, kind: str) -> bool:
+    """One figure, and the floor's next to it with --floor (whose trainer replies and pulls in one call where
+    trajproxy's streams: it has no stream); whether it failed."""
+    with tempfile.TemporaryDirectory() as folder:
+        url = args.database_url or f"sqlite:///{folder}/bench.db"
+        result = bench(agents, args.seconds, args.warmup_s, url, args.port, args.profile, kind)
+    rows = [("trajproxy", result)]
+    if args.floor:
+        import floor
+
+        floor_kind = "reply-pull" if kind == "ws" else kind
+        rows.append(("floor", floor.bench(agents, args.seconds, args.warmup_s, args.port + 1, floor_kind)))
+    for server, figures in rows:
+        ratio = f"{figures['turns_per_s'] / rows[-1][1]['turns_per_s']:.2f}x" if args.floor else "-"
+        print(
+            f"{agents:>6}  {kind:<10}  {server:<9}  {figures['turns_per_s']:>7.0f}  {figures['p50_ms']:>6.2f}  "
+            f"{figures['p99_ms']:>6.2f}  {figures['errors']:>6}  {figures['server_cpu']:>9.0%}  "
+            f"{figures['load_cpu']:>8.0%}  {ratio:>8}",
+            flush=True,
+        )
+    return bool(result["errors"]) or not result["turns_per_s"]
 
 
 if __name__ == "__main__":

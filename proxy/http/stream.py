@@ -77,19 +77,20 @@ class _Session:
         self._in_flight: dict[str, Turn] = {}
         self._room = asyncio.Event()
         self._room.set()
+        self._answering: set[asyncio.Task[None]] = set()
 
     async def run(self, receive: Receive) -> None:
         pusher = asyncio.ensure_future(self._push())
         try:
             while (message := await receive())["type"] == "websocket.receive":
-                await self._answer(message.get("text") or message.get("bytes") or b"")
-        except OSError:  # the trainer went away while its acknowledgement was sent
-            pass
-        except TrajproxyError as e:  # the database failed: nothing on this socket can be trusted to commit
-            await self._close(e.message)
+                # Each message's replies are recorded while the next is read: messages that come together share
+                # a commit, as replies sent at once over HTTP do. Acknowledgements say which message by its id.
+                answering = asyncio.ensure_future(self._answer(message.get("text") or message.get("bytes") or b""))
+                self._answering.add(answering)
+                answering.add_done_callback(self._answering.discard)
         finally:
             pusher.cancel()
-            await asyncio.wait([pusher])
+            await asyncio.wait([pusher, *self._answering])  # replies sent are recorded, whoever hears of it
             self._broker.release(list(self._in_flight.values()))  # at once, not when the leases run out
 
     async def _push(self) -> None:
@@ -116,6 +117,14 @@ class _Session:
 
     async def _answer(self, data: str | bytes) -> None:
         """Record a message's replies and acknowledge them, or say what is wrong with it."""
+        try:
+            await self._answer_or_refuse(data)
+        except OSError:  # the trainer went away before it heard
+            pass
+        except TrajproxyError as e:  # the database failed: nothing on this socket can be trusted to commit
+            await self._close(e.message)
+
+    async def _answer_or_refuse(self, data: str | bytes) -> None:
         if too_deep(data.encode() if isinstance(data, str) else data):
             await self._refuse(data, 400, TOO_DEEP)
             return
