@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import sqlalchemy
 from harness import HOST, cpu_seconds, start_server
 from soak_ledger import Complaints
 from sqlalchemy.engine import make_url
@@ -101,15 +103,26 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -
     raise RuntimeError(f"the balancer did not start: {error}")
 
 
+def ports(count: int, base_port: int = 0) -> list[int]:
+    """`count` ports from `base_port` on; with 0, free ones the system picks (two runs side by side never meet)."""
+    if base_port:
+        return list(range(base_port, base_port + count))
+    with contextlib.ExitStack() as held:  # all bound at once, so that no two are the same
+        probes = [held.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind((HOST, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
 @contextlib.contextmanager
 def replica_set(
-    count: int, base_port: int, database_url: str, flags: Sequence[str] = (), open_files: int = 4096
+    replica_ports: Sequence[int], database_url: str, flags: Sequence[str] = (), open_files: int = 4096
 ) -> Iterator[list[Replica]]:
-    """`count` replicas on ports base_port + 1 … base_port + count, stopped afterwards."""
+    """A replica on each of `replica_ports`, stopped afterwards."""
     replicas: list[Replica] = []
     try:
-        for n in range(1, count + 1):
-            replicas.append(Replica(base_port + n, database_url, flags, open_files))
+        for port in replica_ports:
+            replicas.append(Replica(port, database_url, flags, open_files))
         yield replicas
     finally:
         for replica in replicas:
@@ -192,3 +205,15 @@ def machine_busy_s() -> float:
     fields = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle and iowait
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def count_turns(database_url: str, condition: str) -> int:
+    """How many turns of the database meet the SQL `condition`."""
+    from proxy.storage.sql import engine_url
+
+    engine = sqlalchemy.create_engine(engine_url(database_url))
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sqlalchemy.text(f"SELECT count(*) FROM turn WHERE {condition}")).scalar_one())
+    finally:
+        engine.dispose()

@@ -27,9 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import own_database, percentile, raise_open_files, unpin
-from replica_set import SHARED, CpuMeter, NoBalancer, balancer, machine_busy_s, replica_set
+from replica_set import SHARED, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, ports, replica_set
 from turns import measure
 
+TURN_TIMEOUT_S = 30.0
 COLUMNS = [  # header, key, format
     ("replicas", "replicas", "d"),
     ("agents", "agents", "d"),
@@ -37,6 +38,7 @@ COLUMNS = [  # header, key, format
     ("p50 ms", "p50_ms", ".1f"),
     ("p99 ms", "p99_ms", ".1f"),
     ("errors", "errors", "d"),
+    ("unanswered", "unanswered", "d"),
     ("replicas cpu", "replicas_cpu", ".0%"),
     ("haproxy cpu", "balancer_cpu", ".0%"),
     ("postgres cpu", "postgres_cpu", ".0%"),
@@ -53,11 +55,15 @@ def bench(
     seconds: float,
     warmup_s: float,
     postgres_url: str,
-    port: int,
+    base_port: int,
     serve_flags: list[str],
 ) -> dict[str, Any]:
     """One figure: `replicas` replicas on a fresh database, `agents` agents, `seconds` measured after `warmup_s`."""
-    with own_database(postgres_url) as url, replica_set(replicas, port, url, serve_flags, 4 * agents + 1024) as started:
+    port, *replica_ports = ports(replicas + 1, base_port)
+    files = 4 * agents + 1024
+    # a call the replicas lost ends as expired in TURN_TIMEOUT_S (and counts as unanswered), not as a run that hangs
+    flags = [*serve_flags, "--turn-timeout-s", str(TURN_TIMEOUT_S)]
+    with own_database(postgres_url) as url, replica_set(replica_ports, url, flags, files) as started:
         trainer_side, agent_side = started[0], started[1:] or started[:1]
         with balancer(port, [replica.port for replica in agent_side]) as haproxy:
             meter = CpuMeter(url, started, haproxy.pid)
@@ -68,6 +74,7 @@ def bench(
                 used, busy = meter.read() - before, machine_busy_s() - busy
             finally:
                 meter.close()
+        unanswered = count_turns(url, "status <> 'answered'")  # every call made was answered, measured or not
     cores_used = used.total_s / wall
     return {
         "replicas": replicas,
@@ -76,6 +83,7 @@ def bench(
         "p50_ms": percentile(run.latencies, 50) * 1000,
         "p99_ms": percentile(run.latencies, 99) * 1000,
         "errors": run.errors,
+        "unanswered": unanswered,
         "replicas_cpu": used.replicas_s / wall,  # of one core, over the whole run (set-up and warm-up included)
         "balancer_cpu": used.balancer_s / wall,
         "postgres_cpu": used.postgres_s / wall,
@@ -101,7 +109,7 @@ def main() -> None:
     parser.add_argument("--agents", default="64,256", help="comma-separated agent counts")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup-s", type=float, default=2.0)
-    parser.add_argument("--port", type=int, default=18700, help="the balancer's; replicas on the next ones")
+    parser.add_argument("--port", type=int, default=0, help="the balancer's, replicas' the next (default: free ones)")
     parser.add_argument("--quick", action="store_true", help="a smoke: 1 and 2 replicas, 16 agents, 2 s each")
     parser.add_argument("--serve-flags", default=SHARED, help=f"each replica's serve flags (default {SHARED})")
     args = parser.parse_args()
@@ -128,7 +136,7 @@ def main() -> None:
     except NoBalancer as e:
         sys.exit(f"replicas.py: {e}")
     table(rows)
-    sys.exit(1 if any(row["errors"] or not row["turns_per_s"] for row in rows) else 0)
+    sys.exit(1 if any(row["errors"] or row["unanswered"] or not row["turns_per_s"] for row in rows) else 0)
 
 
 if __name__ == "__main__":

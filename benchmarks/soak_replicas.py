@@ -29,16 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import sqlalchemy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, own_database, raise_open_files, unpin
 from lean_http import Connection, request
-from replica_set import SHARED, NoBalancer, Replica, balancer, replica_set
+from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, ports, replica_set
 from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, Trainer, chat, content_of, episodes
 from soak_ledger import Call, Row, account, recorded
-
-from proxy.storage.sql import engine_url
 
 REPLICAS = 3
 FAILED_OVER = (502, 503)  # the balancer's: the replica died under the call, or none was up for a moment
@@ -153,31 +150,21 @@ async def soak_run(soak: Soak, replicas: list[Replica], trainer: Trainer, second
                 raise task.exception()  # type: ignore[misc]
 
 
-def still_open(database_url: str) -> int:
-    """Turns the database holds as parked or leased."""
-    engine = sqlalchemy.create_engine(engine_url(database_url))
-    try:
-        with engine.connect() as conn:
-            query = "SELECT count(*) FROM turn WHERE status IN ('parked', 'leased')"
-            return int(conn.execute(sqlalchemy.text(query)).scalar_one())
-    finally:
-        engine.dispose()
-
-
 def drained(database_url: str, timeout_s: float) -> bool:
     """Wait until no turn is open (retry graces and leases have run out)."""
     deadline = time.monotonic() + timeout_s
-    while still_open(database_url):
+    while count_turns(database_url, "status IN ('parked', 'leased')"):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)
     return True
 
 
-def run(postgres_url: str, port: int, agents: int, seconds: float, think_s: float, every_s: float) -> int:
+def run(postgres_url: str, base_port: int, agents: int, seconds: float, think_s: float, every_s: float) -> int:
     flags = [SHARED, "--retry-grace-s", str(RETRY_GRACE_S), "--keepalive-s", str(KEEPALIVE_S)]
     flags += ["--turn-timeout-s", str(TURN_TIMEOUT_S)]
-    with own_database(postgres_url) as url, replica_set(REPLICAS, port, url, flags, 4 * agents + 1024) as replicas:
+    port, *replica_ports = ports(REPLICAS + 1, base_port)
+    with own_database(postgres_url) as url, replica_set(replica_ports, url, flags, 4 * agents + 1024) as replicas:
         with balancer(port, [replica.port for replica in replicas]):
             print(
                 f"soak: {agents} agents for {seconds / 60:.1f} min through HAProxy on {REPLICAS} replicas sharing "
@@ -233,7 +220,7 @@ def main() -> None:
     parser.add_argument("--every-s", type=float, default=30.0, help="seconds between two kills")
     parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between an agent's calls")
     parser.add_argument("--quick", action="store_true", help="a smoke: 64 agents for 30 s, a kill every 10 s")
-    parser.add_argument("--port", type=int, default=18750, help="the balancer's; replicas on the next ones")
+    parser.add_argument("--port", type=int, default=0, help="the balancer's, replicas' the next (default: free ones)")
     args = parser.parse_args()
     unpin()  # replicas, HAProxy and the load share the machine (see the docstring)
     seconds = 30.0 if args.quick else args.minutes * 60
