@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import own_database, percentile, raise_open_files, unpin
-from replica_set import SHARED, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, ports, replica_set
+from replica_set import SHARED, Cpu, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, ports, replica_set
 from turns import measure
 
 TURN_TIMEOUT_S = 30.0
@@ -67,13 +67,18 @@ def bench(
         trainer_side, agent_side = started[0], started[1:] or started[:1]
         with balancer(port, [replica.port for replica in agent_side]) as haproxy:
             meter = CpuMeter(url, started, haproxy.pid)
+            window: list[tuple[Cpu, float, float]] = []  # at the start and the end of the measured seconds
+
+            def mark(_starting: bool) -> None:
+                window.append((meter.read(), machine_busy_s(), time.perf_counter()))
+
             try:
-                before, busy, wall = meter.read(), machine_busy_s(), time.perf_counter()
-                run = asyncio.run(measure(port, agents, seconds, warmup_s, trainer_port=trainer_side.port))
-                wall = time.perf_counter() - wall
-                used, busy = meter.read() - before, machine_busy_s() - busy
+                load = measure(port, agents, seconds, warmup_s, trainer_port=trainer_side.port, on_window=mark)
+                run = asyncio.run(load)
             finally:
                 meter.close()
+        (before, busy_before, started_at), (after, busy_after, ended_at) = window
+        used, busy, wall = after - before, busy_after - busy_before, ended_at - started_at
         unanswered = count_turns(url, "status <> 'answered'")  # every call made was answered, measured or not
     cores_used = used.total_s / wall
     return {
@@ -84,12 +89,11 @@ def bench(
         "p99_ms": percentile(run.latencies, 99) * 1000,
         "errors": run.errors,
         "unanswered": unanswered,
-        "replicas_cpu": used.replicas_s / wall,  # of one core, over the whole run (set-up and warm-up included)
+        "replicas_cpu": used.replicas_s / wall,  # of one core, over the measured seconds
         "balancer_cpu": used.balancer_s / wall,
         "postgres_cpu": used.postgres_s / wall,
         "load_cpu": used.load_s / wall,
         "cores_used": cores_used,
-        # the turns of the measured seconds over the CPU of the whole run: a little low, never flattering
         "turns_per_s_per_core": run.turns / seconds / cores_used if cores_used else math.nan,
         "machine_busy": busy / wall,
     }

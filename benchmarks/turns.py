@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,8 +127,10 @@ async def measure(
     warmup_s: float,
     trainer_kind: str = "http",
     trainer_port: int | None = None,
+    on_window: Callable[[bool], object] | None = None,
 ) -> Run:
-    """Agents call on `port`; the trainer (`trainer_kind`) pulls and answers on `trainer_port` (default: the same)."""
+    """Agents call on `port`; the trainer (`trainer_kind`) pulls and answers on `trainer_port` (default: the same).
+    `on_window(True)` is called as the measured seconds begin, `on_window(False)` as they end."""
     trainer_port = trainer_port or port
     async with httpx.AsyncClient(base_url=f"http://{HOST}:{trainer_port}") as http:
         keys = [(await http.post("/api/episodes", json={"task": "bench"})).json()["key"] for _ in range(agents)]
@@ -138,8 +140,12 @@ async def measure(
     working = [asyncio.create_task(agent(port, key, run)) for key in keys]
     await asyncio.sleep(warmup_s)
     run.measuring = True
+    if on_window:
+        on_window(True)
     await asyncio.sleep(seconds)
     run.measuring = False
+    if on_window:
+        on_window(False)
     run.stop = True
     await asyncio.gather(*working)
     done.set()
