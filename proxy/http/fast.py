@@ -2,8 +2,9 @@
 
 Each turn is one agent call (`proxy.http.agent`), and a share of one trainer pull and one batch reply. Those
 skip FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when
-they went through it). A trainer request whose query or body does not validate goes on to its FastAPI
-route, which answers with the usual 422 and is also what the OpenAPI schema describes.
+they went through it), and a batch reply's body is decoded into msgspec Structs (`proxy.wire.replies`), not
+pydantic models. A trainer request whose query or body does not validate goes on to its FastAPI route, which
+answers with the usual 422 and is also what the OpenAPI schema describes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl
 
+import msgspec
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -20,6 +22,11 @@ from proxy.core.errors import TrajproxyError
 from proxy.http.edge import error_body, read_body, replay, respond, status_of
 from proxy.http.trainer import next_batch, reply_batch
 from proxy.settings import Settings
+from proxy.wire import replies
+
+# The batch reply's body, decoded into Structs; what they refuse goes to the route, whose pydantic model may
+# accept it (`5.0` for an integer) or says what is wrong
+_REPLIES = msgspec.json.Decoder(replies.ReplyBatch)
 
 
 class FastLane:
@@ -57,9 +64,9 @@ class FastLane:
             await respond(send, status_of(e), error_body(e.kind, e.message))
             return
         try:
-            batch = wire.ReplyBatch.model_validate_json(raw)
+            batch = _REPLIES.decode(raw)
             query = wire.RepliesQuery.model_validate(_query(scope))
-        except ValidationError:
+        except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
             await self._app(scope, replay(raw, receive), send)
             return
         try:

@@ -25,6 +25,7 @@ import contextlib
 from typing import Any
 from urllib.parse import parse_qsl
 
+import msgspec
 import orjson
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
@@ -37,11 +38,13 @@ from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
 from proxy.http.gate import too_deep
 from proxy.http.trainer import answer_all
 from proxy.http.views import turn_view
+from proxy.wire import replies
 
 PATH = "/api/turns/stream"
 PULL_WAIT_S = 30.0  # one long poll after another; its length only sets how often an idle stream looks again
 _INTERNAL_ERROR = 1011
 _MAX_REASON_BYTES = 123  # what a close frame holds
+_REPLIES = msgspec.json.Decoder(replies.StreamReplies)
 
 
 class TurnStream:
@@ -129,7 +132,7 @@ class _Session:
             await self._refuse(data, 400, TOO_DEEP)
             return
         try:
-            batch = wire.StreamReplies.model_validate_json(data)
+            batch = _decoded(data)
         except ValidationError as e:
             problems = e.errors()
             if any(problem.get("type") == "json_invalid" for problem in problems):
@@ -157,6 +160,15 @@ class _Session:
         with contextlib.suppress(OSError):
             reason = reason.encode()[:_MAX_REASON_BYTES].decode(errors="ignore")
             await self._send({"type": "websocket.close", "code": _INTERNAL_ERROR, "reason": reason})
+
+
+def _decoded(data: str | bytes) -> replies.StreamReplies | wire.StreamReplies:
+    """The message as Structs; what they refuse, the pydantic model may accept (`5.0` for an integer) or refuses
+    with a ValidationError naming the field."""
+    try:
+        return _REPLIES.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return wire.StreamReplies.model_validate_json(data)
 
 
 def _id_of(data: str | bytes) -> Any:

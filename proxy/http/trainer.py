@@ -28,6 +28,7 @@ from proxy.http.views import (
     turn_view,
 )
 from proxy.settings import Settings
+from proxy.wire import replies
 
 T = TypeVar("T")
 
@@ -216,7 +217,7 @@ async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -
 
 
 async def reply_batch(
-    broker: Broker, batch: wire.ReplyBatch, query: wire.RepliesQuery, receive: Receive
+    broker: Broker, batch: wire.ReplyBatch | replies.ReplyBatch, query: wire.RepliesQuery, receive: Receive
 ) -> tuple[int, bytes]:
     """Answer the batch; with `query.pull`, then lease the next batch (long-polling up to `query.wait`). The
     replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
@@ -232,7 +233,7 @@ async def reply_batch(
     return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})
 
 
-async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem]) -> list[JsonObject]:
+async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
     """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
     status: what both the batch route and the stream acknowledge with."""
     answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]

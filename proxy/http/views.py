@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -10,6 +11,7 @@ import orjson
 from proxy import wire
 from proxy.core.steps import TimeStep
 from proxy.core.values import AgentError, Budget, Episode, JsonObject, ModelRoute, Reply, Reward, Turn, Usage
+from proxy.wire import replies
 
 
 def episode_view(episode: Episode) -> JsonObject:
@@ -87,14 +89,19 @@ def trajectory_view(episode: Episode, turns: list[Turn], rewards: list[Reward]) 
     }
 
 
-def reply_from(body: wire.ReplyIn, turn_id: str) -> Reply:
-    """The domain reply for a trainer's; tool-call ids are derived from the turn, so a resent reply matches."""
+def reply_from(body: wire.ReplyIn | replies.ReplyItem, turn_id: str) -> Reply:
+    """The domain reply for a trainer's (from the pydantic model or the hot path's Struct, alike); tool-call ids
+    are derived from the turn, so a resent reply matches."""
     message = None
+    given: Sequence[wire.ToolCall | replies.ToolCall] = ()
     finish_reason = body.finish_reason
-    if body.message is not None:
-        message = body.message.model_dump(exclude_none=True)
+    if isinstance(body, replies.ReplyItem):
+        message, given = body.message_for_agent(), body.tool_calls()
+    elif body.message is not None:
+        message, given = body.message.model_dump(exclude_none=True), body.message.tool_calls or []
+    if message is not None:
         message.setdefault("content", None)
-        calls = [_tool_call(call, turn_id, index) for index, call in enumerate(body.message.tool_calls or ())]
+        calls = [_tool_call(call, turn_id, index) for index, call in enumerate(given)]
         if calls:
             message["tool_calls"] = calls
         elif message["content"] is None:
@@ -114,7 +121,7 @@ def reply_from(body: wire.ReplyIn, turn_id: str) -> Reply:
     )
 
 
-def _tool_call(call: wire.ToolCall, turn_id: str, index: int) -> JsonObject:
+def _tool_call(call: wire.ToolCall | replies.ToolCall, turn_id: str, index: int) -> JsonObject:
     arguments: Any = call.function.arguments
     if not isinstance(arguments, str):
         arguments = orjson.dumps(arguments).decode()
