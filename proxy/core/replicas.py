@@ -58,6 +58,7 @@ class Replicas:
         self._lease_s = lease_s
         self._beating: asyncio.Task[None] | None = None
         self._pausing: asyncio.Future[None] | None = None
+        self._answered: set[str] = set()  # turns held here answered elsewhere, to be read at the next tick
 
     async def start(self) -> int:
         """Join: hear the others, obey the pause, take over what dead replicas left. Returns how many turns."""
@@ -103,7 +104,9 @@ class Replicas:
         if kind == "parked":
             self._bell.ring(payload)
         elif kind == "answered" and self._lot.get(payload) is not None:
-            self._ledger.submit(self._settle([payload]))
+            if not self._answered:  # one read for the answers heard together (a trainer answers in batches)
+                self._ledger.submit(self._settle_answered())
+            self._answered.add(payload)
         elif kind == "closed":
             self._ledger.submit(self._closed(payload))
         elif kind == "paused":
@@ -112,8 +115,15 @@ class Replicas:
             self._bell.ring("*")
             self._ledger.submit(self._settle([turn.id for turn in self._lot.turns(len(self._lot))]))
 
+    async def _settle_answered(self) -> None:
+        await asyncio.sleep(0)  # the answers this replica recorded itself are handed over by then: no read for them
+        answered, self._answered = self._answered, set()
+        await self._settle([turn_id for turn_id in answered if self._lot.get(turn_id) is not None])
+
     async def _settle(self, turn_ids: list[str]) -> None:
         """Hand over what the database holds for turns this replica's agents wait on and others have settled."""
+        if not turn_ids:
+            return
         for turn in (await self._queue.turns(turn_ids)).values():
             slot = self._lot.get(turn.id)
             if slot is None or turn.status.open:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, bindparam, insert, select, text, update
+from sqlalchemy import Connection, Integer, bindparam, cast, column, func, insert, or_, select, text, update, values
 from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.core.errors import StorageError
@@ -32,8 +32,19 @@ _CHANNEL = "trajproxy_{}"
 _NOW = "extract(epoch from clock_timestamp())"  # the database's clock: replicas' clocks may disagree
 _OPEN = (TurnStatus.PARKED.value, TurnStatus.LEASED.value)
 
+# A lease (or a heartbeat) is not worth waiting for the disk: lost in a crash of the database, the turn is pulled
+# again, as a lone process's leases, kept in memory, are after its restart. Answers and new turns wait for it.
+_LIGHTLY = text("SET LOCAL synchronous_commit = off")
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
-_ADD_TURN = insert(turns)  # a statement of its own: its rows carry the shared columns, so are never batched with others
+# A new turn and, if it is pullable, the notice of it, in one statement: a run of them is one executemany.
+_COLUMNS = [column.name for column in turns.columns]
+_ADDED = (
+    insert(turns)
+    .values({column: bindparam(f"a_{column}", type_=turns.c[column].type) for column in _COLUMNS})
+    .returning(turns.c.episode_id, turns.c.held_for)
+    .cte("added")
+)
+_ADD_TURN = select(func.pg_notify(_CHANNEL.format("parked"), _ADDED.c.episode_id)).where(_ADDED.c.held_for.is_(None))
 _PULLABLE = f"""held_for IS NULL
     AND (status = 'parked' OR (status = 'leased' AND lease_expires_at < {_NOW}))"""
 _LEASE = """UPDATE turn SET status = 'leased', deliveries = deliveries + 1, leased_at = :now,
@@ -49,13 +60,28 @@ _RELEASE = text(
     "UPDATE turn SET status = 'parked', lease_expires_at = NULL "
     "WHERE id = :id AND status = 'leased' AND deliveries = :deliveries"
 )
-_ANSWER = (
-    update(turns)
-    .where(turns.c.id == bindparam("s_id"), turns.c.status.in_(_OPEN))
-    .values({column: bindparam(f"s_{column}") for column in TURN_SETTLED} | {"lease_expires_at": None})
-    .returning(turns.c.id)
+_ANSWERS_AT_ONCE = 4096  # rows in one statement: 12 parameters each, under Postgres's 65,535
+_ANSWERING = ["id", *TURN_SETTLED]
+_ANSWERS = values(
+    *(column(name, turns.c[name].type) for name in _ANSWERING), column("delivery", Integer()), name="answers"
 )
-_ANSWER_UNDER_LEASE = _ANSWER.where(turns.c.deliveries == bindparam("delivery"))
+
+
+def _answer(rows: list[tuple[Any, ...]]) -> Any:
+    """Record answers in one statement, each where its turn is still open (under the delivery its lease names), and
+    notify each recorded turn's holder; selects the ids recorded."""
+    given = _ANSWERS.data(rows)
+    under_lease = or_(given.c.delivery.is_(None), turns.c.deliveries == cast(given.c.delivery, Integer()))
+    done = (
+        update(turns)
+        .where(turns.c.id == given.c.id, turns.c.status.in_(_OPEN), under_lease)
+        .values({name: cast(given.c[name], turns.c[name].type) for name in TURN_SETTLED} | {"lease_expires_at": None})
+        .returning(turns.c.id)
+        .cte("done")
+    )
+    return select(done.c.id, func.pg_notify(_CHANNEL.format("answered"), done.c.id))
+
+
 _ATTACH = text(
     """UPDATE turn SET replica = :me WHERE id = (
     SELECT id FROM turn WHERE episode_id = :episode_id AND wire_hash = :wire_hash AND status IN ('parked', 'leased')
@@ -124,11 +150,9 @@ class PostgresQueue:
             log.warning("could not record this replica leaving: %s", e)
 
     def add_turn(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
-        row = {**turn_row(turn), "replica": self.replica, "wire_hash": wire_hash(turn.wire), "held_for": held_for}
-        written = self._store.write((_ADD_TURN, [row]))
-        if held_for is None:  # committed with the turn or after it, so a woken poller finds it
-            _quietly(self._store.write((_NOTIFY, [_notice("parked", turn.episode_id)])))
-        return written
+        shared = {"replica": self.replica, "wire_hash": wire_hash(turn.wire), "held_for": held_for}
+        row = dict.fromkeys(_COLUMNS) | turn_row(turn) | shared
+        return self._store.write((_ADD_TURN, [{f"a_{column}": value for column, value in row.items()}]))
 
     async def lease(
         self, episode_id: str | None, max_turns: int, lease_s: float, now: float
@@ -138,6 +162,7 @@ class PostgresQueue:
             params["episode_id"] = episode_id
 
         def run(conn: Connection) -> tuple[list[Any], float | None]:
+            conn.execute(_LIGHTLY)
             rows = list(conn.execute(_LEASE_ANY if episode_id is None else _LEASE_EPISODE, params))
             if rows:
                 return rows, None
@@ -149,6 +174,7 @@ class PostgresQueue:
 
     def release(self, leased: Sequence[Turn]) -> Awaitable[None]:
         def run(conn: Connection) -> None:
+            conn.execute(_LIGHTLY)
             for turn in leased:
                 if conn.execute(_RELEASE, {"id": turn.id, "deliveries": turn.deliveries}).rowcount:
                     conn.execute(_NOTIFY, _notice("parked", turn.episode_id))
@@ -156,15 +182,17 @@ class PostgresQueue:
         return self._transaction(run)
 
     async def answer(self, answered: Sequence[tuple[Turn, int | None]]) -> set[str]:
+        first: dict[str, tuple[Any, ...]] = {}  # a turn answered twice in one batch: the first answer is recorded
+        for turn, delivery in answered:
+            state = turn_state(turn)
+            first.setdefault(turn.id, (*(state[name] for name in _ANSWERING), delivery))
+        rows = list(first.values())
+        if not rows:
+            return set()
+
         def run(conn: Connection) -> set[str]:
-            recorded = set()
-            for turn, delivery in answered:
-                row = {f"s_{key}": value for key, value in turn_state(turn).items()}
-                stmt = _ANSWER if delivery is None else _ANSWER_UNDER_LEASE
-                if conn.execute(stmt, row if delivery is None else {**row, "delivery": delivery}).first():
-                    recorded.add(turn.id)
-                    conn.execute(_NOTIFY, _notice("answered", turn.id))
-            return recorded
+            chunks = (rows[at : at + _ANSWERS_AT_ONCE] for at in range(0, len(rows), _ANSWERS_AT_ONCE))
+            return {row.id for chunk in chunks for row in conn.execute(_answer(chunk))}
 
         return await self._transaction(run)
 
@@ -180,6 +208,7 @@ class PostgresQueue:
 
     async def beat(self) -> list[tuple[Turn, str | None]]:
         def run(conn: Connection) -> list[Any]:
+            conn.execute(_LIGHTLY)
             conn.execute(_BEAT, {"me": self.replica})
             conn.execute(_BURY, {"me": self.replica, "dead_after_s": self._dead_after_s})
             return list(conn.execute(_TAKE_OVER, {"me": self.replica}))
@@ -227,8 +256,3 @@ class PostgresQueue:
 
 def _notice(kind: str, payload: str) -> dict[str, str]:
     return {"channel": _CHANNEL.format(kind), "payload": payload}
-
-
-def _quietly(write: asyncio.Future[None]) -> None:
-    """A write nobody waits on whose failure costs nothing (a notice: pollers look again anyway)."""
-    write.add_done_callback(lambda done: done.cancelled() or done.exception())
