@@ -157,8 +157,15 @@ def test_a_turn_parked_on_one_replica_is_pulled_on_another_and_answered_on_a_thi
         assert again.status == "answered"
         with pytest.raises(Exception, match="different reply"):
             trainer_on(c, replicas).reply(turn.id, "another", lease_id=turn.lease_id)
+
+        # And back to the first replica, which last saw the episode at its first call: it catches up.
+        third = pool.submit(ask, agent(a.url, episode.key), "hello", "from c", "and then?", "from a", "last one")
+        [last] = trainer_on(b, replicas).next_turns(wait_s=60)
+        assert (last.seq, last.parent_id) == (2, turn.id)
+        trainer_on(b, replicas).reply(last.id, "from b", lease_id=last.lease_id)
+        assert third.result(timeout=60) == "from b"
     trajectory = trainer_on(c, replicas).trajectory(episode.id)
-    assert [(t.seq, t.status) for t in trajectory.turns] == [(0, "answered"), (1, "answered")]
+    assert [(t.seq, t.status) for t in trajectory.turns] == [(0, "answered"), (1, "answered"), (2, "answered")]
 
 
 def first_turn_id(replica: Replica, replicas: Any, episode_id: str) -> str:
