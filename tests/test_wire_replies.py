@@ -138,7 +138,7 @@ def test_the_structs_accept_nothing_the_models_refuse_and_make_the_same_reply(bo
 VALID = [
     {"turn_id": "tu_1", "message": {"content": "hi"}},
     {"turn_id": "tu_1", "message": {}, "lease_id": "le_1", "policy_version": "v3"},
-    {"turn_id": "tu_1", "message": {"content": None, "reasoning_content": "hm", "x": None, "y": {"z": None}}},
+    {"turn_id": "tu_1", "message": {"content": None, "role": "assistant"}},
     {"turn_id": "tu_1", "message": {"tool_calls": [{"function": {"name": "ls", "arguments": {"a": [1, "b"]}}}]}},
     {"turn_id": "tu_1", "message": {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "ls"}}]}},
     {"turn_id": "tu_1", "message": {"content": "é", "tool_calls": []}, "finish_reason": "length"},
@@ -160,3 +160,11 @@ def test_what_trainers_send_takes_the_fast_path_and_makes_the_same_reply(item: d
     struct, validated = decoded(raw, replies.ReplyBatch, wire.ReplyBatch)
     assert struct is not None, item
     same_reply(struct, validated)
+
+
+def test_a_message_with_fields_for_the_agent_goes_to_the_model_which_passes_them_on() -> None:
+    item = {"turn_id": "tu_1", "message": {"content": None, "reasoning_content": "hm", "x": None, "y": {"z": None}}}
+    struct, validated = decoded(json.dumps({"replies": [item]}).encode(), replies.ReplyBatch, wire.ReplyBatch)
+    assert struct is None and validated is not None
+    made = reply_from(validated.replies[0], "tu_1")
+    assert made.message == {"role": "assistant", "content": "", "reasoning_content": "hm", "y": {"z": None}}

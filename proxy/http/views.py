@@ -96,7 +96,8 @@ def reply_from(body: wire.ReplyIn | replies.ReplyItem, turn_id: str) -> Reply:
     given: Sequence[wire.ToolCall | replies.ToolCall] = ()
     finish_reason = body.finish_reason
     if isinstance(body, replies.ReplyItem):
-        message, given = body.message_for_agent(), body.tool_calls()
+        message = body.message_for_agent()
+        given = body.message.tool_calls or () if body.message is not None else ()
     elif body.message is not None:
         message, given = body.message.model_dump(exclude_none=True), body.message.tool_calls or []
     if message is not None:

@@ -1,9 +1,10 @@
 """The trainer's batch of replies as msgspec Structs, decoded straight from the raw body on the hot path (the batch
 route and the stream): several times cheaper than the pydantic models in `requests`, which stay the contract.
 
-They accept no more than those models do (tests/test_wire_replies.py checks it on generated bodies): a body they
-refuse goes on to the pydantic model, which accepts what is merely unusual (`5.0` for an integer) and answers
-the rest with its 422 naming the field; the OpenAPI schema is the pydantic models'.
+They accept no more than those models do (tests/test_wire_replies.py checks it on generated bodies), and less
+where that keeps them simple: a body they refuse goes on to the pydantic model, which accepts what is merely
+unusual (`5.0` for an integer, fields for the agent in a message) and answers the rest with its 422 naming the
+field; the OpenAPI schema is the pydantic models'.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from proxy.wire.fields import _INT32_MAX, _INT64, _no_nul, _storable, _unicode
+from proxy.wire.fields import _INT32_MAX, _INT64, _no_nul, _storable
 
+# msgspec refuses what is not valid Unicode (a lone surrogate, bytes that are not UTF-8) as it decodes: only U+0000,
+# which names may not hold, and free-form JSON (integers past 64 bits) are checked here.
 _TokenId = Annotated[int, msgspec.Meta(ge=_INT64[0], le=_INT64[1])]
 _TokenCount = Annotated[int, msgspec.Meta(ge=0, le=_INT32_MAX)]
-_OWN = frozenset({"role", "content", "tool_calls"})  # a message's own fields; the rest go to the agent as they are
 
 
 class FunctionCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -24,7 +26,8 @@ class FunctionCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     arguments: str | dict[str, Any] = "{}"
 
     def __post_init__(self) -> None:
-        _storable([self.name, self.arguments])
+        if not isinstance(self.arguments, str):
+            _storable(self.arguments)
 
 
 class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -32,8 +35,14 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     id: str | None = None
     type: Literal["function"] = "function"
 
-    def __post_init__(self) -> None:
-        _storable(self.id)
+
+class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The message as most trainers send it. One with fields for the agent beyond these (`reasoning_content`, …)
+    is refused here and goes on to the pydantic model, which passes them on."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    role: Literal["assistant"] = "assistant"
 
 
 class Usage(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -46,16 +55,12 @@ class AgentError(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     message: str
     type: str = "server_error"
 
-    def __post_init__(self) -> None:
-        _storable([self.message, self.type])
 
-
-class ReplyItem(msgspec.Struct, forbid_unknown_fields=True):
-    """`requests.ReplyItem`'s fields; the message stays a dict, as it may carry fields for the agent
-    (`reasoning_content`, …), and its tool calls are checked as `ToolCall`s."""
+class ReplyItem(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`requests.ReplyItem`'s fields."""
 
     turn_id: Annotated[str, msgspec.Meta(min_length=1)]
-    message: dict[str, Any] | None = None
+    message: Message | None = None
     error: AgentError | None = None
     finish_reason: Literal["stop", "length", "tool_calls", "content_filter"] | None = None
     usage: Usage | None = None
@@ -71,41 +76,25 @@ class ReplyItem(msgspec.Struct, forbid_unknown_fields=True):
         _no_nul(self.turn_id)
         if self.policy_version is not None:
             _no_nul(self.policy_version)
-        if self.lease_id is not None:
-            _unicode(self.lease_id)
-        if self.message is not None:
-            self._check_message(self.message)
-
-    def _check_message(self, message: dict[str, Any]) -> None:
-        if message.get("role", "assistant") != "assistant":
-            raise ValueError("message.role must be 'assistant'")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            raise ValueError("message.content must be a string or null")
-        self.tool_calls()
-        _storable(message)
-
-    def tool_calls(self) -> list[ToolCall]:
-        calls = self.message.get("tool_calls") if self.message is not None else None
-        return msgspec.convert(calls, list[ToolCall], strict=True) if calls is not None else []
 
     def message_for_agent(self) -> dict[str, Any] | None:
-        """The message as the pydantic model dumps it (`exclude_none`): its own fields first, the role always, no
-        null field at the top."""
-        if self.message is None:
+        """The message as the pydantic model dumps it (`exclude_none`): the role always, no null field."""
+        message = self.message
+        if message is None:
             return None
         shaped: dict[str, Any] = {"role": "assistant"}
-        known = ((name, self.message.get(name)) for name in ("content", "tool_calls"))
-        extra = ((name, value) for name, value in self.message.items() if name not in _OWN)
-        shaped.update((name, value) for name, value in (*known, *extra) if value is not None)
+        if message.content is not None:
+            shaped["content"] = message.content
+        if message.tool_calls is not None:
+            shaped["tool_calls"] = message.tool_calls  # replaced with the calls made of them, unless empty
         return shaped
 
 
-class ReplyBatch(msgspec.Struct, forbid_unknown_fields=True):
+class ReplyBatch(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     replies: Annotated[list[ReplyItem], msgspec.Meta(min_length=1, max_length=4096)]
 
 
-class StreamReplies(ReplyBatch, forbid_unknown_fields=True):
+class StreamReplies(ReplyBatch, forbid_unknown_fields=True, frozen=True):
     id: Annotated[int, msgspec.Meta(ge=0, le=2**53)] | str | None = None
 
     def __post_init__(self) -> None:
