@@ -202,6 +202,35 @@ def test_two_trainers_on_two_replicas_never_get_the_same_turn(replicas: Any) -> 
         assert [future.result(timeout=60) for future in agents] == [f"answer to {e.id}" for e in episodes]
 
 
+def test_a_lease_run_out_on_one_replica_is_redelivered_on_another_and_the_stale_reply_refused(replicas: Any) -> None:
+    a, b = replicas(2)
+    episode = trainer_on(a, replicas).create_episode(task="slow trainer")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        call = pool.submit(ask, agent(a.url, episode.key), "anyone?")
+        [first] = trainer_on(a, replicas).next_turns(wait_s=60, lease_s=0.5)
+        [again] = trainer_on(b, replicas).next_turns(wait_s=60)  # once the lease runs out, b's long poll gets it
+        assert (again.id, again.deliveries) == (first.id, 2)
+        with pytest.raises(Exception, match="expired"):
+            trainer_on(a, replicas).reply(first.id, "late", lease_id=first.lease_id)
+        trainer_on(b, replicas).reply(again.id, "on time", lease_id=again.lease_id)
+        assert call.result(timeout=60) == "on time"
+
+
+def test_an_episode_finished_on_one_replica_fails_its_agent_waiting_on_another(replicas: Any) -> None:
+    a, b = replicas(2)
+    episode = trainer_on(a, replicas).create_episode(task="cut short")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        call = pool.submit(ask, agent(a.url, episode.key), "still there?")
+        until(lambda: bool(turn_rows(a.database_url)), "the call to be parked")
+        trainer_on(b, replicas).finish(episode.id, "cancelled", reason="enough")
+        with pytest.raises(openai.APIStatusError) as refused:
+            call.result(timeout=60)
+    assert refused.value.status_code in (409, 410)
+    assert "cancelled" in refused.value.message
+    [row] = turn_rows(a.database_url)
+    assert row.status == "failed"
+
+
 def test_a_long_poll_on_one_replica_is_woken_by_a_call_parked_on_another(replicas: Any) -> None:
     a, b = replicas(2)
     episode = trainer_on(a, replicas).create_episode(task="wake me")
