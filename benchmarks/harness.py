@@ -11,6 +11,7 @@ import math
 import os
 import resource
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,12 @@ def pin_load() -> None:
 def unpin() -> None:
     """Let this process (and what it starts) run on every core again, whoever pinned it (all.py pins itself)."""
     os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (`timeout`, a CI runner) exit through the `finally` blocks and context managers, as Ctrl-C does,
+    so that the servers and databases a run made are stopped and dropped."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import own_database, percentile, raise_open_files, unpin
+from harness import exit_on_sigterm, own_database, percentile, raise_open_files, unpin
 from replica_set import SHARED, Cpu, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, ports, replica_set
 from turns import measure
 
@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--serve-flags", default=SHARED, help=f"each replica's serve flags (default {SHARED})")
     args = parser.parse_args()
     unpin()  # replicas, HAProxy and the load share the machine (see the docstring)
+    exit_on_sigterm()
     if args.quick:
         args.replicas, args.agents, args.seconds, args.warmup_s = "1,2", "16", 2.0, 0.5
     counts = [(int(r), int(a)) for r in args.replicas.split(",") for a in args.agents.split(",")]

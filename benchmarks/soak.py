@@ -188,14 +188,16 @@ async def train(port: int, seed: int) -> None:
 class Trainer:
     """The trainer process, which the soak kills -9 and starts again."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, quiet: bool = False) -> None:
         self._port = port
+        self._quiet = quiet  # no traceback when it dies of a lost connection (soak_replicas.py's kills)
         self.restarts = 0
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
         command = [sys.executable, __file__, "--trainer-for", str(self._port), "--seed", str(self.restarts)]
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        stderr = subprocess.DEVNULL if self._quiet else None
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=stderr)
 
     def kill(self) -> None:
         self.process.kill()

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import HOST, own_database, raise_open_files, unpin
+from harness import HOST, exit_on_sigterm, own_database, raise_open_files, unpin
 from lean_http import Connection, request
 from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, ports, replica_set
 from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, Trainer, chat, content_of, episodes
@@ -52,6 +52,7 @@ class Soak:
     kills: int = 0
     trainer_restarts: int = 0
     stopping: bool = False
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)  # set with `stopping`, for those that wait on it
 
 
 async def attempt(port: int, key: str, body: bytes, retry: int) -> tuple[int, bytes]:
@@ -106,16 +107,19 @@ async def api_post(api: httpx.AsyncClient, path: str, body: dict[str, str]) -> d
 
 
 async def chaos(replicas: list[Replica], soak: Soak, every_s: float) -> None:
-    """Kill -9 a replica (chosen at random) every `every_s`, and start it again at once."""
+    """Kill -9 a replica (chosen at random) every `every_s` from the start, and start it again at once; returns when
+    the soak stops (a replica being started is waited for)."""
     rng = random.Random(-1)
-    while not soak.stopping:
-        await asyncio.sleep(every_s)
-        if soak.stopping:
+    next_kill_s = time.monotonic() + every_s
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(soak.stopped.wait(), max(0.0, next_kill_s - time.monotonic()))
             return
         victim = rng.choice(replicas)
         victim.kill()
         soak.kills += 1
         await asyncio.to_thread(victim.start)
+        next_kill_s += every_s
 
 
 async def keep_training(trainer: Trainer, soak: Soak) -> None:
@@ -140,11 +144,12 @@ async def soak_run(soak: Soak, replicas: list[Replica], trainer: Trainer, second
         ]
         await asyncio.sleep(seconds)
         soak.stopping = True
+        soak.stopped.set()
         done, pending = await asyncio.wait(agents, timeout=TURN_TIMEOUT_S + 60)
         for task in pending:
             task.cancel()
         for task in background:
-            await task  # each returns once it sees the soak stopping (a replica being started is waited for)
+            await task
         for task in done:
             if task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
@@ -172,7 +177,7 @@ def run(postgres_url: str, base_port: int, agents: int, seconds: float, think_s:
                 flush=True,
             )
             soak = Soak(port, agents, think_s)
-            trainer = Trainer(port)
+            trainer = Trainer(port, quiet=True)
             try:
                 asyncio.run(soak_run(soak, replicas, trainer, seconds, every_s))
                 settled = drained(url, RETRY_GRACE_S + LEASE_S + 60)
@@ -223,6 +228,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="the balancer's, replicas' the next (default: free ones)")
     args = parser.parse_args()
     unpin()  # replicas, HAProxy and the load share the machine (see the docstring)
+    exit_on_sigterm()
     seconds = 30.0 if args.quick else args.minutes * 60
     agents, every_s = (64, 10.0) if args.quick else (args.agents, args.every_s)
     raise_open_files(8 * agents + 1024)
