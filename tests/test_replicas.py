@@ -128,11 +128,12 @@ def ask(client: openai.OpenAI, *messages: str) -> str:
     return reply.choices[0].message.content or ""
 
 
-def turn_rows(url: str) -> list[Any]:
+def turn_rows(url: str, *more: str) -> list[Any]:
     engine = sqlalchemy.create_engine(engine_url(url))
+    columns = ", ".join(["episode_id", "seq", "status", "replica", *more])
     try:
         with engine.connect() as conn:
-            return list(conn.execute(sqlalchemy.text("SELECT episode_id, seq, status, replica FROM turn")))
+            return list(conn.execute(sqlalchemy.text(f"SELECT {columns} FROM turn ORDER BY created_at")))
     finally:
         engine.dispose()
 
@@ -276,6 +277,25 @@ def test_a_replica_killed_while_its_agents_wait_costs_no_call_and_makes_none_twi
 
 def turn_rows_of(fleet: list[Replica]) -> list[Any]:
     return turn_rows(fleet[0].database_url)
+
+
+def test_a_turn_whose_agent_hung_up_leaves_every_queue_until_its_retry_comes_back_on_another(replicas: Any) -> None:
+    a, b = replicas(2, "--retry-grace-s", "60")
+    episode = trainer_on(a, replicas).create_episode(task="flaky network")
+    body = b'{"model":"policy","messages":[{"role":"user","content":"are you there?"}]}'
+    headers = {"authorization": f"Bearer {episode.key}", "content-type": "application/json"}
+    with pytest.raises(httpx.TimeoutException):  # the agent hangs up while its call is parked on a
+        httpx.post(f"{a.url}/v1/chat/completions", content=body, headers=headers, timeout=1)
+    until(lambda: turn_rows(a.database_url, "held_for")[0].held_for == "agent", "the turn to leave the queue")
+    assert trainer_on(b, replicas).next_turns(wait_s=0) == []  # no trainer anywhere gets it meanwhile
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        retried = {**headers, "x-stainless-retry-count": "1"}
+        retry = pool.submit(httpx.post, f"{b.url}/v1/chat/completions", content=body, headers=retried, timeout=60)
+        [turn] = trainer_on(a, replicas).next_turns(wait_s=60)  # back in the queue, held by b now
+        trainer_on(a, replicas).reply(turn.id, "yes", lease_id=turn.lease_id)
+        assert retry.result(timeout=60).json()["choices"][0]["message"]["content"] == "yes"
+    [row] = turn_rows(a.database_url)
+    assert (row.seq, row.status, row.replica) == (0, "answered", b.health()["replica"])
 
 
 def test_a_turn_whose_agent_never_comes_back_is_taken_over_and_abandoned(replicas: Any) -> None:

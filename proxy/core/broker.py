@@ -321,9 +321,7 @@ class Broker:
     async def _retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
         """The turn an SDK retry belongs to (see `retried`); with replicas, wherever its first attempt landed."""
         same = await retried(self._lot, self._store, live, wire)
-        if same is None and self._replicas is not None:
-            same = await self._replicas.attach(live, wire)
-        return same
+        return same if self._replicas is None else await self._replicas.retried(same, live, wire)
 
     async def _over_budget(self, live: LiveEpisode, why: str) -> None:
         """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""
@@ -341,6 +339,8 @@ class Broker:
     def leave(self, slot: Slot) -> None:
         """An agent exchange ended: its turn waits for a retry within the retry grace (see `Deadlines`)."""
         self._deadlines.leave(slot)
+        if self._replicas is not None and slot.withdrawn:
+            self._replicas.away(slot, True)
 
     def delivered(self, turn: Turn) -> None:
         """An answered turn's reply was handed to its agent's connection."""

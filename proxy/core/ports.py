@@ -114,6 +114,11 @@ class SharedQueue(Protocol):
         returns the ids recorded. Their holders hear of it."""
         ...
 
+    def away(self, turn_id: str, away: bool) -> Awaitable[None]:
+        """Keep a turn this replica holds out of the queue while its agent is away (it hung up), or put it back
+        (its SDK's retry came)."""
+        ...
+
     async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]: ...
 
     async def attach(self, episode_id: str, wire: bytes) -> Turn | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from proxy.core.answers import Answers
@@ -57,7 +57,7 @@ class Replicas:
         self._now = clock
         self._lease_s = lease_s
         self._beating: asyncio.Task[None] | None = None
-        self._pausing: asyncio.Future[None] | None = None
+        self._in_order: asyncio.Future[None] | None = None  # the last of the changes made in the order asked
         self._answered: set[str] = set()  # turns held here answered elsewhere, to be read at the next tick
 
     async def start(self) -> int:
@@ -75,6 +75,14 @@ class Replicas:
                 await self._beating
         await self._queue.stop()
 
+    async def retried(self, found: Slot | None, live: LiveEpisode, wire: bytes) -> Slot | None:
+        """An SDK retry, with the turn this replica found for it (see `retries`): back in every replica's queue if
+        its agent had hung up; if this replica found none, the turn its first attempt made on another."""
+        if found is None:
+            return await self.attach(live, wire)
+        self.away(found, False)
+        return found
+
     async def attach(self, live: LiveEpisode, wire: bytes) -> Slot | None:
         """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked: this
         replica holds it from now on, and the retry waits on it."""
@@ -91,12 +99,21 @@ class Replicas:
 
     def pause(self, mode: str | None, retry_after_s: float) -> None:
         """Tell every replica of a pause (or of its end, None), in the order asked."""
-        self._pausing = self._ledger.submit(self._set_pause(self._pausing, mode, retry_after_s))
+        self._after(lambda: self._queue.set_pause(mode, retry_after_s))
 
-    async def _set_pause(self, before: asyncio.Future[None] | None, mode: str | None, retry_after_s: float) -> None:
+    def away(self, slot: Slot, away: bool) -> None:
+        """Keep a turn out of every replica's queue while its agent is away (it hung up), or put it back."""
+        if self._lot.get(slot.turn.id) is slot:
+            self._after(lambda: self._queue.away(slot.turn.id, away))
+
+    def _after(self, change: Callable[[], Awaitable[None]]) -> None:
+        """Make a change once the ones asked before it are made (a hang-up, then its retry: held, then back)."""
+        self._in_order = self._ledger.submit(self._in_turn(self._in_order, change))
+
+    async def _in_turn(self, before: asyncio.Future[None] | None, change: Callable[[], Awaitable[None]]) -> None:
         if before is not None:
             await asyncio.wait([before])
-        await self._queue.set_pause(mode, retry_after_s)
+        await change()
 
     # What the others did
 

@@ -82,8 +82,9 @@ def _answer(rows: list[tuple[Any, ...]]) -> Any:
     return select(done.c.id, func.pg_notify(_CHANNEL.format("answered"), done.c.id))
 
 
+_BACK = "held_for = CASE WHEN held_for = 'agent' THEN NULL ELSE held_for END"  # its agent is back, or may be
 _ATTACH = text(
-    """UPDATE turn SET replica = :me WHERE id = (
+    f"""UPDATE turn SET replica = :me, {_BACK} WHERE id = (
     SELECT id FROM turn WHERE episode_id = :episode_id AND wire_hash = :wire_hash AND status IN ('parked', 'leased')
     ORDER BY seq DESC LIMIT 1 FOR UPDATE)
 RETURNING *"""
@@ -94,11 +95,18 @@ ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at"""
 )
 _BURY = text(f"DELETE FROM replica WHERE heartbeat_at < {_NOW} - :dead_after_s AND id <> :me")
 _TAKE_OVER = text(
-    """UPDATE turn SET replica = :me WHERE id IN (
+    f"""UPDATE turn SET replica = :me, {_BACK} WHERE id IN (
     SELECT t.id FROM turn t WHERE t.status IN ('parked', 'leased')
         AND NOT EXISTS (SELECT 1 FROM replica r WHERE r.id = t.replica)
     FOR UPDATE SKIP LOCKED)
 RETURNING *"""
+)
+_AWAY = text(
+    "UPDATE turn SET held_for = 'agent' "
+    "WHERE id = :id AND replica = :me AND held_for IS NULL AND status IN ('parked', 'leased')"
+)
+_RETURNED = text(
+    "UPDATE turn SET held_for = NULL WHERE id = :id AND held_for = 'agent' AND status IN ('parked', 'leased')"
 )
 _LEAVE = text("DELETE FROM replica WHERE id = :me")
 _FAIL_OPEN = text(
@@ -196,6 +204,15 @@ class PostgresQueue:
 
         return await self._transaction(run)
 
+    def away(self, turn_id: str, away: bool) -> Awaitable[None]:
+        def run(conn: Connection) -> None:
+            if away:
+                conn.execute(_AWAY, {"id": turn_id, "me": self.replica})
+            elif conn.execute(_RETURNED, {"id": turn_id}).rowcount:
+                conn.execute(_NOTIFY, _notice("parked", "*"))
+
+        return self._transaction(run)
+
     async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]:
         stmt = select(turns).where(turns.c.id.in_([turn_id for turn_id in turn_ids if "\x00" not in turn_id]))
         rows = await self._transaction(lambda conn: list(conn.execute(stmt)))
@@ -203,7 +220,14 @@ class PostgresQueue:
 
     async def attach(self, episode_id: str, wire: bytes) -> Turn | None:
         params = {"me": self.replica, "episode_id": episode_id, "wire_hash": wire_hash(wire)}
-        rows = await self._transaction(lambda conn: list(conn.execute(_ATTACH, params)))
+
+        def run(conn: Connection) -> list[Any]:
+            rows = list(conn.execute(_ATTACH, params))
+            if rows:  # it may have been out of the queue while its agent was away
+                conn.execute(_NOTIFY, _notice("parked", episode_id))
+            return rows
+
+        rows = await self._transaction(run)
         return turn_from(rows[0]) if rows else None
 
     async def beat(self) -> list[tuple[Turn, str | None]]:
@@ -211,7 +235,10 @@ class PostgresQueue:
             conn.execute(_LIGHTLY)
             conn.execute(_BEAT, {"me": self.replica})
             conn.execute(_BURY, {"me": self.replica, "dead_after_s": self._dead_after_s})
-            return list(conn.execute(_TAKE_OVER, {"me": self.replica}))
+            taken = list(conn.execute(_TAKE_OVER, {"me": self.replica}))
+            if taken:  # pullable again, those that waited for their agent on the dead replica
+                conn.execute(_NOTIFY, _notice("parked", "*"))
+            return taken
 
         return [(turn_from(row), row.held_for) for row in await self._transaction(run)]
 
