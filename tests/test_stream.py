@@ -15,7 +15,8 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from websockets.sync.client import connect
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect, unix_connect
 
 from proxy.client import AsyncTrainerClient, TrainerClient, TrajproxyAPIError
 from tests.test_delivery import ask, wait_until
@@ -158,3 +159,16 @@ def test_the_readmes_stream_example_runs_as_written(server: Any) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["agent got: you said 'hello?'", "agent got: you said 'still there?'"]
+
+
+def test_the_stream_is_not_served_on_the_sandbox_socket_even_with_no_token(
+    make_server: Callable[..., Any], socket_dir: str
+) -> None:
+    sock = f"{socket_dir}/proxy.sock"
+    make_server(socket_path=sock, no_trainer_token=True)
+    for path, status in (("/api/turns/stream", 403), ("/v1/responses", 426)):
+        with pytest.raises(InvalidStatus) as refused:
+            unix_connect(sock, f"ws://sandbox{path}")
+        assert refused.value.response.status_code == status, path
+    body = orjson.loads(refused.value.response.body or b"{}")
+    assert "plain HTTP" in body["error"]["message"]  # an agent probing WebSockets is told to use HTTP
