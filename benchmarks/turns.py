@@ -2,13 +2,16 @@
 pulling them in batches and answering each batch in one call. Every turn is durably recorded.
 
     python benchmarks/turns.py --agents 1,16,64,256 --seconds 10 [--database-url URL] [--trainer http,ws]
+        [--server uvicorn,granian] [--floor]
 
 The trainer takes its turns one of three ways (`--trainer`, several in one run): `http` pulls a batch and answers
 it in a second call, `reply-pull` answers and pulls the next batch in one call, `ws` is pushed turns on the
 WebSocket stream and sends each batch's replies back on it without waiting for the acknowledgement.
 
 trajproxy runs pinned to core 0 (`taskset`), this load generator to core 1, so the two never share a core;
-the CPU each used is printed next to the figures, to show which one was the limit.
+the CPU each used is printed next to the figures, to show which one was the limit. With several `--server`s (the
+HTTP server in front of the app) each figure is taken on each in turn, interleaved, so drift on a shared machine
+falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -161,8 +164,9 @@ def bench(
     port: int,
     profile: str | None = None,
     trainer_kind: str = "http",
+    front: str | None = None,
 ) -> dict[str, float]:
-    server = start_server(port, database_url, profile)
+    server = start_server(port, database_url, profile, flags=["--server", front] if front else [])
     return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, trainer_kind))
 
 
@@ -204,6 +208,7 @@ def main() -> None:
         help="comma-separated, each run in turn: http (pull, then reply), reply-pull (one call), ws (the stream)",
     )
     parser.add_argument("--one-exchange", action="store_true", help="the same as --trainer reply-pull")
+    parser.add_argument("--server", help="comma-separated HTTP servers in front, each in turn: uvicorn, granian")
     args = parser.parse_args()
     kinds = ["reply-pull"] if args.one_exchange else args.trainer.split(",")
     if unknown := set(kinds) - set(TRAINERS):
@@ -220,10 +225,12 @@ def main() -> None:
 def compare(args: argparse.Namespace, agents: int, kind: str) -> bool:
     """One figure, and the floor's next to it with --floor (whose trainer replies and pulls in one call where
     trajproxy's streams: it has no stream); whether it failed."""
-    with tempfile.TemporaryDirectory() as folder:
-        url = args.database_url or f"sqlite:///{folder}/bench.db"
-        result = bench(agents, args.seconds, args.warmup_s, url, args.port, args.profile, kind)
-    rows = [("trajproxy", result)]
+    rows = []
+    for front in args.server.split(",") if args.server else [None]:
+        with tempfile.TemporaryDirectory() as folder:
+            url = args.database_url or f"sqlite:///{folder}/bench.db"
+            result = bench(agents, args.seconds, args.warmup_s, url, args.port, args.profile, kind, front)
+        rows.append((front or "trajproxy", result))
     if args.floor:
         import floor
 
@@ -237,7 +244,7 @@ def compare(args: argparse.Namespace, agents: int, kind: str) -> bool:
             f"{figures['load_cpu']:>8.0%}  {ratio:>8}",
             flush=True,
         )
-    return bool(result["errors"]) or not result["turns_per_s"]
+    return any(bool(figures["errors"]) or not figures["turns_per_s"] for name, figures in rows if name != "floor")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 32 MiB)")
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
+    serve.add_argument("--server", choices=["granian", "uvicorn"], help="the HTTP server in front (default uvicorn)")
     serve.add_argument("--log-level", help="debug, info, warning or error (default info)")
     serve.add_argument(
         "--shared",
@@ -127,23 +128,24 @@ def serve(settings: Settings) -> None:
         settings, kept = settle(settings)
     except TokenFileError as e:
         sys.exit(f"trajproxy: {e}")
-    import uvicorn
-
     from proxy.app import create_app
-    from proxy.serving import listen, uvicorn_config
+    from proxy.serving import front, listen
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = uvicorn_config(create_app(settings), log_level=settings.log_level)
+    app = create_app(settings)
     try:
         sockets = listen(settings)
     except OSError as e:
         sys.exit(f"trajproxy: cannot listen: {e}")
     where = f"http://{settings.host}:{sockets[0].getsockname()[1]}"
     logging.getLogger("trajproxy").info(
-        "serving on %s%s", where, f" and unix:{settings.socket_path}" if settings.socket_path else ""
+        "serving on %s%s (%s)",
+        where,
+        f" and unix:{settings.socket_path}" if settings.socket_path else "",
+        settings.server,
     )
     _announce_token(kept)
-    uvicorn.Server(config).run(sockets=sockets)
+    front(settings.server, app, sockets, settings.log_level).run()
 
 
 def _announce_token(kept: KeptToken | None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
 
     Raises CannotListen if the port cannot be bound, StorageError if another process serves the database."""
     from proxy.app import create_app
-    from proxy.serving import listen, uvicorn_config
+    from proxy.serving import front, listen
     from proxy.storage.sole import check_free
     from proxy.trainer_token import settle
 
@@ -50,8 +50,8 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
         except OSError as e:
             raise CannotListen(f"cannot listen on port {port} ({e})") from e
         app = create_app(config)
-        server = _embedded_server(uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=2))
-        serving = asyncio.create_task(server.serve(sockets=sockets))
+        server = front(config.server, app, sockets, log_level="warning", graceful_s=2)
+        serving = asyncio.create_task(server.serve())  # no signal handlers: Ctrl-C belongs to the program
         while not server.started:
             if serving.done():
                 serving.result()
@@ -61,17 +61,5 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
             token = config.trainer_token.get_secret_value() if config.trainer_token else None
             yield EmbeddedProxy(f"http://127.0.0.1:{sockets[0].getsockname()[1]}", folder, token, app.metrics)
         finally:
-            server.should_exit = True
+            server.stop()
             await serving
-
-
-def _embedded_server(config: Any) -> Any:
-    """uvicorn without its signal handlers: Ctrl-C belongs to the program, which closes its episodes first."""
-    import uvicorn
-
-    class EmbeddedServer(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return EmbeddedServer(config)

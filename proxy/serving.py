@@ -1,8 +1,9 @@
-"""How uvicorn serves trajproxy: one configuration for `trajproxy serve`, the embedded proxy and the tests, and
-the log filter that keeps episode keys out of every line uvicorn writes.
+"""How trajproxy is served: the sockets it listens on, the server in front of the app (`Front`: uvicorn's here,
+granian's in proxy/granian_front.py; `Settings.server` chooses), and the log filter that keeps episode keys out of
+every line a server writes.
 
-Agents may carry their episode key in the URL (`/e/<key>/v1`), so no path may reach a log line whole. The access
-log is off, and the handshake lines uvicorn's WebSocket code writes (with the path) go through KeyRedactor.
+Agents may carry their episode key in the URL (`/e/<key>/v1`), so no path may reach a log line whole. Access logs
+are off, and the handshake lines uvicorn's WebSocket code writes (with the path) go through KeyRedactor.
 WebSocket serves one route, the trainer's stream (`/api/turns/stream`); the app answers an upgrade anywhere else
 at once with 426, so clients that probe a WebSocket transport (the Codex CLI) fall back to plain HTTP.
 """
@@ -12,8 +13,10 @@ from __future__ import annotations
 import logging
 import re
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -21,8 +24,12 @@ if TYPE_CHECKING:
 # Thousands of agents may connect in one burst at the start of a run; a short accept queue turns the overflow into
 # SYN retries, a second or more each. The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 16384
+# How long an idle keep-alive connection is kept open: longer than an agent's think time between calls, so its SDK's
+# pooled connection is still there for the next one.
+KEEP_ALIVE_S = 75
 
-# A server's WebSocket settings, in one place for every server that fronts the app (uvicorn's names). With wsproto
+# A server's WebSocket settings, in one place for every server that fronts the app (uvicorn's names; granian reads
+# "ws" to turn its own on, and has no settings for the rest: its limits are tungstenite's, 16 MiB a frame). With wsproto
 # the app refuses a handshake with an HTTP status of its own (426, 401) and uvicorn logs no error for it (its
 # websockets protocols call every such refusal "returned without completing handshake").
 WEBSOCKET: dict[str, Any] = {
@@ -64,9 +71,9 @@ def _redact(value: Any) -> Any:
     return _KEY_IN_PATH.sub("/e/<key>", value) if isinstance(value, str) and "/e/" in value else value
 
 
-def install_log_filter() -> None:
-    """Put KeyRedactor on every logger uvicorn writes to and on its handlers (once; calling again is harmless)."""
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "trajproxy"):
+def install_log_filter(servers: tuple[str, ...] = ("uvicorn", "uvicorn.error", "uvicorn.access")) -> None:
+    """Put KeyRedactor on the loggers a server writes to, and on ours (once; calling again is harmless)."""
+    for name in (*servers, "trajproxy"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, KeyRedactor) for f in logger.filters):
             logger.addFilter(KeyRedactor())
@@ -79,7 +86,7 @@ def uvicorn_config(app: Any, **overrides: Any) -> Any:
     options: dict[str, Any] = {
         "access_log": False,  # paths may carry episode keys (/e/<key>/...)
         **WEBSOCKET,
-        "timeout_keep_alive": 75,
+        "timeout_keep_alive": KEEP_ALIVE_S,
         "timeout_graceful_shutdown": 5,  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
         "backlog": LISTEN_BACKLOG,  # uvicorn listens again on the sockets it is given, with this backlog
         **overrides,
@@ -87,6 +94,59 @@ def uvicorn_config(app: Any, **overrides: Any) -> Any:
     config = uvicorn.Config(app, **options)
     install_log_filter()
     return config
+
+
+class Front(Protocol):
+    """A server in front of the app, on sockets already listening: uvicorn's (below) or granian's."""
+
+    @property
+    def started(self) -> bool: ...
+
+    def run(self) -> None:
+        """Serve until SIGINT or SIGTERM, then shut down (parked calls given `graceful_s`)."""
+
+    async def serve(self) -> None:
+        """Serve on the running event loop until `stop()`; no signal handlers (they belong to the program)."""
+
+    def stop(self) -> None:
+        """Begin shutting down; safe from any thread."""
+
+
+def front(server: str, app: Any, sockets: list[socket.socket], log_level: str, graceful_s: float = 5.0) -> Front:
+    """The front `server` names ("granian" or "uvicorn") for `app` on `sockets`."""
+    if server == "granian":
+        from proxy.granian_front import GranianFront
+
+        return GranianFront(app, sockets, log_level=log_level, graceful_s=graceful_s)
+    return UvicornFront(app, sockets, log_level=log_level, graceful_s=graceful_s)
+
+
+class UvicornFront:
+    def __init__(self, app: Any, sockets: list[socket.socket], log_level: str, graceful_s: float = 5.0) -> None:
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield
+
+        self._sockets = sockets
+        self._config = uvicorn_config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=graceful_s)
+        self._server = uvicorn.Server(self._config)
+        self._quiet = Quiet(self._config)
+
+    @property
+    def started(self) -> bool:
+        return bool(self._server.started or self._quiet.started)
+
+    def run(self) -> None:
+        self._server.run(sockets=self._sockets)  # re-raises the signal that stopped it, once shut down
+
+    async def serve(self) -> None:
+        await self._quiet.serve(sockets=self._sockets)
+
+    def stop(self) -> None:
+        self._server.should_exit = self._quiet.should_exit = True
 
 
 def listen(settings: Settings) -> list[socket.socket]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -19,13 +20,12 @@ from typing import Any
 import docker
 import pytest
 import sqlalchemy
-import uvicorn
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse
 
 from proxy.app import create_app
 from proxy.client import TrainerClient
-from proxy.serving import uvicorn_config
+from proxy.serving import LISTEN_BACKLOG, Front, front
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from proxy.trainer_token import kept_token
@@ -34,6 +34,22 @@ from sandbox.tasks import Task, read_tasks
 from tests.lanes import LANES, Lane
 
 POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
+
+# The HTTP server in front of every live trajproxy the tests start (`serve_app`, and `trajproxy serve` or `run`
+# through clean_env): the default unless TRAJPROXY_TEST_SERVER names the other. CI runs the whole suite on the
+# default, then the files below again on the other server: what a server does beneath the app (disconnects, SSE
+# keep-alives, keep-alive connections, WebSocket, the Unix socket, Ctrl-C and SIGTERM while calls are parked, what
+# reaches the log), in about two minutes.
+TEST_SERVER: str = os.environ.get("TRAJPROXY_TEST_SERVER") or Settings.model_fields["server"].default
+ON_BOTH_SERVERS = (
+    "tests/test_chat_sdk.py",
+    "tests/test_faults.py",
+    "tests/test_logs.py",
+    "tests/test_delivery.py",
+    "tests/test_stream.py",
+    "tests/test_sandbox.py::test_the_sandbox_socket_serves_agents_but_never_the_trainer_api",
+    "tests/test_cli.py",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,17 +118,17 @@ def _free_socket() -> socket.socket:
 
 @dataclass
 class Running:
-    server: uvicorn.Server
+    server: Front
     thread: threading.Thread
     live: LiveServer
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         self.thread.join(timeout=15)
 
 
 def start_server(settings: Settings) -> Running:
-    """Run trajproxy with uvicorn on a thread of its own, on a free loopback port."""
+    """Run trajproxy on a thread of its own, on a free loopback port."""
     app = create_app(settings)
     return serve_app(app, app.settings)
 
@@ -122,7 +138,7 @@ def new_token() -> str:
 
 
 def serve_app(app: Any, settings: Any = None) -> Running:
-    """Run an ASGI app with uvicorn on a thread of its own, on a free loopback port (and its Unix socket)."""
+    """Run an ASGI app on TEST_SERVER on a thread of its own, on a free loopback port (and its Unix socket)."""
     sock = _free_socket()
     port = sock.getsockname()[1]
     sockets = [sock]
@@ -130,9 +146,10 @@ def serve_app(app: Any, settings: Any = None) -> Running:
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         unix.bind(settings.socket_path)
         sockets.append(unix)
-    config = uvicorn_config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
+    for each in sockets:
+        each.listen(LISTEN_BACKLOG)
+    server = front(TEST_SERVER, app, sockets, log_level="warning", graceful_s=2)
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:

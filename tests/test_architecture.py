@@ -23,6 +23,7 @@ CORE_MAY_NOT_IMPORT = {
     "docker",
     "httpx",
     "uvicorn",
+    "granian",
     "pydantic",
     "pydantic_settings",
 }
@@ -34,6 +35,8 @@ HOMES = {
     "sqlmodel": ("proxy/storage/",),
     "sqlalchemy": ("proxy/storage/",),
     "tiktoken": ("proxy/tokens.py",),
+    "uvicorn": ("proxy/serving.py",),  # each HTTP server in one adapter, behind serving.Front
+    "granian": ("proxy/granian_front.py",),
     "docker": (),  # containers are the sandbox's business, never the proxy's
 }
 

@@ -19,6 +19,7 @@ import pytest
 
 from proxy import __version__
 from proxy.client import TrainerClient
+from tests.conftest import TEST_SERVER
 
 START_S = 20  # generous: a cold interpreter imports fastapi, sqlalchemy and pydantic
 EXIT_S = 30
@@ -35,7 +36,8 @@ def trajproxy_script() -> str:
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without any TRAJPROXY_* setting but the test run's token file, plus `extra`."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("TRAJPROXY_")}
-    return {**env, "TRAJPROXY_TRAINER_TOKEN_FILE": os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"], **extra}
+    kept = {"TRAJPROXY_TRAINER_TOKEN_FILE": os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"], "TRAJPROXY_SERVER": TEST_SERVER}
+    return {**env, **kept, **extra}
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""No log line holds an episode key or the trainer token: a real `trajproxy serve` logging at debug level, raw
+"""No log line holds an episode key or the trainer token: a real `trajproxy serve` (on TEST_SERVER) at debug level, raw
 WebSocket handshakes on every kind of route, and the real Codex CLI probing its WebSocket transport on a base URL
 that carries the key (`/e/<key>/v1`)."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 import socket
 import subprocess
 from pathlib import Path
+
+import httpx
 
 from proxy.client import TrainerClient
 from tests.test_agent_clis import answer_until_exit, cli, folders, tool_calls
@@ -19,10 +21,12 @@ HANDSHAKE = (
 
 
 def handshake(port: int, path: str, key: str) -> str:
-    """Send a WebSocket handshake; the status line of the answer."""
+    """Send a WebSocket handshake; the status code of the answer (wsproto sends no reason phrase, granian does)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(HANDSHAKE.format(path=path, key=key).encode())
-        return sock.recv(4096).decode("latin-1").split("\r\n", 1)[0].rstrip()  # wsproto sends no reason phrase
+        status_line = sock.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+        assert status_line.startswith("HTTP/1.1 "), status_line
+        return status_line.split()[1]
 
 
 def secrets_in(log: str, *secrets: str) -> list[str]:
@@ -39,8 +43,10 @@ def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with
         token = Path(clean_env()["TRAJPROXY_TRAINER_TOKEN_FILE"]).read_text().strip()
         paths = [f"/e/{key}/v1/responses", f"/e/{key}/v1/chat/completions", "/v1/messages", "/api/turns/next", "/"]
         for path in paths:
-            assert handshake(port, path, key) == "HTTP/1.1 426", path
-        assert handshake(port, "/api/episodes", token) == "HTTP/1.1 426"
+            assert handshake(port, path, key) == "426", path
+        for path in (f"/e/{key}/v1/models", f"/e/{key}/v1/no-such-route"):  # plain requests: no access log line
+            httpx.get(f"{url}{path}", timeout=5)
+        assert handshake(port, "/api/episodes", token) == "426"
     log = served.output()
     assert len(log.splitlines()) > 5, log  # at debug level it says plenty; none of it a secret
     assert secrets_in(log, key, token) == []
