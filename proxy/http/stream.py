@@ -81,6 +81,7 @@ class _Session:
         self._room = asyncio.Event()
         self._room.set()
         self._answering: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     async def run(self, receive: Receive) -> None:
         pusher = asyncio.ensure_future(self._push())
@@ -154,9 +155,14 @@ class _Session:
         await self._message({"type": "error", "id": _id_of(data), "status": status, "error": error})
 
     async def _message(self, value: dict[str, Any]) -> None:
+        if self._closed:  # by `_close`: the server may send nothing after it
+            return
         await self._send({"type": "websocket.send", "text": orjson.dumps(value).decode()})
 
     async def _close(self, reason: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.suppress(OSError):
             reason = reason.encode()[:_MAX_REASON_BYTES].decode(errors="ignore")
             await self._send({"type": "websocket.close", "code": _INTERNAL_ERROR, "reason": reason})
