@@ -109,10 +109,17 @@ class GranianFront:
             *no_tls,
             (None, None),
         )
-        call = _future_watcher_wrapper(_callback_wrapper(self._tracked, {}, state))
+        app = self._on_unix_socket if uds else self._tracked
+        call = _future_watcher_wrapper(_callback_wrapper(app, {}, state))
         scheduler = _new_cbscheduler(self._loop, call, impl_asyncio=True)
         serve = worker.serve_async_uds if uds else worker.serve_async
         serve(scheduler, self._loop, stop)
+
+    async def _on_unix_socket(self, scope: Any, receive: Any, send: Any) -> None:
+        # As uvicorn and the ASGI spec have it: no port, no client address (granian says "0" for both). The app
+        # tells the sandboxes' socket, agents only, by its server having no port.
+        scope["server"], scope["client"] = (scope["server"][0], None), None
+        await self._tracked(scope, receive, send)
 
     async def _tracked(self, scope: Any, receive: Any, send: Any) -> None:
         # Each request runs in an asyncio task of its own (granian's asyncio task mode): kept, to cancel at shutdown.
