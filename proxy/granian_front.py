@@ -49,7 +49,8 @@ class GranianFront:
                 loop.add_signal_handler(signum, self.stop)
             await self.serve()
 
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
 
     def stop(self) -> None:
         """Begin shutting down; safe from any thread."""
@@ -144,6 +145,15 @@ class GranianFront:
             task.cancel()
         if left:
             await asyncio.wait(left, timeout=self.graceful_s)
+
+
+def _loop_factory() -> Any:
+    """uvloop's event loop where it is installed (uvicorn[standard] brings it), as uvicorn and granian's CLI choose."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _native() -> Any:

@@ -39,8 +39,9 @@ POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 # through clean_env): the default unless TRAJPROXY_TEST_SERVER names the other. CI runs the whole suite on the
 # default, then the files below again on the other server: what a server does beneath the app (disconnects, SSE
 # keep-alives, keep-alive connections, WebSocket, the Unix socket, Ctrl-C and SIGTERM while calls are parked, what
-# reaches the log), in about two minutes.
+# reaches the log): 143 tests, about three minutes.
 TEST_SERVER: str = os.environ.get("TRAJPROXY_TEST_SERVER") or Settings.model_fields["server"].default
+OTHER_SERVER = {"granian": "uvicorn", "uvicorn": "granian"}[Settings.model_fields["server"].default]
 ON_BOTH_SERVERS = (
     "tests/test_chat_sdk.py",
     "tests/test_faults.py",
