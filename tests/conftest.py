@@ -39,7 +39,7 @@ POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 # through clean_env): the default unless TRAJPROXY_TEST_SERVER names the other. CI runs the whole suite on the
 # default, then the files below again on the other server: what a server does beneath the app (disconnects, SSE
 # keep-alives, keep-alive connections, WebSocket, the Unix socket, Ctrl-C and SIGTERM while calls are parked, what
-# reaches the log): 143 tests, about three minutes.
+# reaches the log): about 150 tests, three minutes.
 TEST_SERVER: str = os.environ.get("TRAJPROXY_TEST_SERVER") or Settings.model_fields["server"].default
 OTHER_SERVER = {"granian": "uvicorn", "uvicorn": "granian"}[Settings.model_fields["server"].default]
 ON_BOTH_SERVERS = (
@@ -50,6 +50,7 @@ ON_BOTH_SERVERS = (
     "tests/test_stream.py",
     "tests/test_sandbox.py::test_the_sandbox_socket_serves_agents_but_never_the_trainer_api",
     "tests/test_cli.py",
+    "tests/test_launch.py::test_a_stopping_signal_cancels_the_run_and_removes_every_container",
 )
 
 
@@ -60,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     token_file = Path(tempfile.mkdtemp(prefix="tp-token")) / "trainer-token"
     os.environ["TRAJPROXY_TRAINER_TOKEN_FILE"] = str(token_file)
     os.environ.pop("TRAJPROXY_TRAINER_TOKEN", None)
+    os.environ["TRAJPROXY_SERVER"] = TEST_SERVER  # for `trajproxy run`'s embedded proxy too, in or out of process
     kept_token(token_file)
 
 

@@ -348,3 +348,22 @@ def test_litellm_is_not_imported_when_the_server_starts(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("front", ["granian", "uvicorn"])
+def test_the_server_flag_chooses_the_http_server_in_front(tmp_path: Path, front: str) -> None:
+    """`--server` wins over TRAJPROXY_SERVER; either serves, says which it is, and stops on SIGTERM."""
+    port = free_port()
+    other = "uvicorn" if front == "granian" else "granian"
+    args = ["--port", str(port), "--database-url", f"sqlite:///{tmp_path}/x.db", "--server", front]
+    with serving(args, tmp_path, clean_env(TRAJPROXY_SERVER=other)) as served:
+        served.wait_healthy(port)
+        assert served.stop() in (0, -signal.SIGTERM), served.output()
+    assert f"({front})" in served.output()
+    assert "Application shutdown complete" in served.output()
+
+
+def test_an_unknown_server_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = run_cli(["serve", "--port", str(free_port()), "--server", "nginx"], tmp_path)
+    assert done.returncode == 2
+    assert "--server: invalid choice: 'nginx'" in done.stderr

@@ -48,7 +48,7 @@ def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with
             httpx.get(f"{url}{path}", timeout=5)
         assert handshake(port, "/api/episodes", token) == "426"
     log = served.output()
-    assert len(log.splitlines()) > 5, log  # at debug level it says plenty; none of it a secret
+    assert "serving on" in log and "Application shutdown complete" in log, log  # read from start to end: no secret
     assert secrets_in(log, key, token) == []
 
 
