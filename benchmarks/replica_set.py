@@ -17,9 +17,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import sqlalchemy
@@ -39,12 +40,16 @@ class Replica:
     """One `trajproxy serve --shared` process, which can be killed -9 and started again on its port."""
 
     def __init__(self, port: int, database_url: str, flags: Sequence[str], open_files: int) -> None:
-        self.port = port
+        """On `port`, or with 0 on a free one (picked again if another process takes it first)."""
         self._database_url = database_url
         self._flags = list(flags)
         self._open_files = open_files
         self.complaints = Complaints()  # what it logged at ERROR, over all its lives
-        self.process = self.start()
+        self.port, self.process = on_free_port(port, self._started_on)
+
+    def _started_on(self, port: int) -> subprocess.Popen[bytes]:
+        self.port = port
+        return self.start()
 
     def start(self) -> subprocess.Popen[bytes]:
         process = start_server(
@@ -75,21 +80,56 @@ def haproxy() -> str:
 
 
 @contextlib.contextmanager
-def balancer(port: int, backend_ports: Sequence[int], timeout_s: float = 30.0) -> Iterator[subprocess.Popen[bytes]]:
-    """HAProxy on `port` in front of the replicas on `backend_ports`, up once a request through it is answered."""
+def balancer(
+    backend_ports: Sequence[int], port: int = 0, timeout_s: float = 30.0
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """HAProxy on `port` (0: a free one) in front of the replicas on `backend_ports`, up once a request through it
+    is answered; yields the process and its port."""
     servers = "\n".join(f"    server r{p} {HOST}:{p} check" for p in backend_ports)
-    config = f"frontend agents\n    bind {HOST}:{port}\n    default_backend replicas\n\nbackend replicas\n{servers}\n"
-    with tempfile.NamedTemporaryFile("w", suffix=".cfg") as cfg:
-        cfg.write(config)
-        cfg.flush()
-        command = [haproxy(), "-db", "-f", str(DEFAULTS_CFG), "-f", cfg.name]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with tempfile.TemporaryDirectory() as folder:
+
+        def start(port: int) -> subprocess.Popen[bytes]:
+            config = Path(folder) / "balancer.cfg"
+            frontend = f"frontend agents\n    bind {HOST}:{port}\n    default_backend replicas\n\n"
+            config.write_text(f"{frontend}backend replicas\n{servers}\n")
+            command = [haproxy(), "-db", "-f", str(DEFAULTS_CFG), "-f", str(config)]
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                wait_healthy(f"http://{HOST}:{port}/health", process, timeout_s)
+            except RuntimeError:
+                process.kill()
+                process.wait(30)
+                raise
+            return process
+
+        port, process = on_free_port(port, start)
         try:
-            wait_healthy(f"http://{HOST}:{port}/health", process, timeout_s)
-            yield process
+            yield process, port
         finally:
             process.terminate()
             process.wait(30)
+
+
+T = TypeVar("T")
+
+
+def on_free_port(port: int, start: Callable[[int], T]) -> tuple[int, T]:
+    """`start(port)`; with port 0, `start` on a free port, and on another if a process took that one meanwhile (the
+    port is free when picked, not necessarily when bound: other tests run on this machine)."""
+    for _ in range(5 if port == 0 else 1):
+        chosen = port or free_port()
+        try:
+            return chosen, start(chosen)
+        except RuntimeError as e:
+            if port or not any(taken in str(e) for taken in ("Address already in use", "cannot bind")):
+                raise
+    raise RuntimeError("no free port could be bound five times over")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -103,26 +143,15 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -
     raise RuntimeError(f"the balancer did not start: {error}")
 
 
-def ports(count: int, base_port: int = 0) -> list[int]:
-    """`count` ports from `base_port` on; with 0, free ones the system picks (two runs side by side never meet)."""
-    if base_port:
-        return list(range(base_port, base_port + count))
-    with contextlib.ExitStack() as held:  # all bound at once, so that no two are the same
-        probes = [held.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind((HOST, 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-
-
 @contextlib.contextmanager
 def replica_set(
-    replica_ports: Sequence[int], database_url: str, flags: Sequence[str] = (), open_files: int = 4096
+    count: int, database_url: str, flags: Sequence[str] = (), open_files: int = 4096, base_port: int = 0
 ) -> Iterator[list[Replica]]:
-    """A replica on each of `replica_ports`, stopped afterwards."""
+    """`count` replicas on ports `base_port`, `base_port` + 1 … (0: free ones), stopped afterwards."""
     replicas: list[Replica] = []
     try:
-        for port in replica_ports:
-            replicas.append(Replica(port, database_url, flags, open_files))
+        for n in range(count):
+            replicas.append(Replica(base_port + n if base_port else 0, database_url, flags, open_files))
         yield replicas
     finally:
         for replica in replicas:

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import exit_on_sigterm, own_database, percentile, raise_open_files, unpin
-from replica_set import SHARED, Cpu, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, ports, replica_set
+from replica_set import SHARED, Cpu, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, replica_set
 from turns import measure
 
 TURN_TIMEOUT_S = 30.0
@@ -59,13 +59,13 @@ def bench(
     serve_flags: list[str],
 ) -> dict[str, Any]:
     """One figure: `replicas` replicas on a fresh database, `agents` agents, `seconds` measured after `warmup_s`."""
-    port, *replica_ports = ports(replicas + 1, base_port)
     files = 4 * agents + 1024
     # a call the replicas lost ends as expired in TURN_TIMEOUT_S (and counts as unanswered), not as a run that hangs
     flags = [*serve_flags, "--turn-timeout-s", str(TURN_TIMEOUT_S)]
-    with own_database(postgres_url) as url, replica_set(replica_ports, url, flags, files) as started:
+    replicas_from = base_port + 1 if base_port else 0
+    with own_database(postgres_url) as url, replica_set(replicas, url, flags, files, replicas_from) as started:
         trainer_side, agent_side = started[0], started[1:] or started[:1]
-        with balancer(port, [replica.port for replica in agent_side]) as haproxy:
+        with balancer([replica.port for replica in agent_side], base_port) as (haproxy, port):
             meter = CpuMeter(url, started, haproxy.pid)
             window: list[tuple[Cpu, float, float]] = []  # at the start and the end of the measured seconds
 

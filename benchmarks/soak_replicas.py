@@ -33,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, exit_on_sigterm, own_database, raise_open_files, unpin
 from lean_http import Connection, request
-from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, ports, replica_set
+from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, replica_set
 from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, Trainer, chat, content_of, episodes
 from soak_ledger import Call, Row, account, recorded
 
@@ -168,9 +168,9 @@ def drained(database_url: str, timeout_s: float) -> bool:
 def run(postgres_url: str, base_port: int, agents: int, seconds: float, think_s: float, every_s: float) -> int:
     flags = [SHARED, "--retry-grace-s", str(RETRY_GRACE_S), "--keepalive-s", str(KEEPALIVE_S)]
     flags += ["--turn-timeout-s", str(TURN_TIMEOUT_S)]
-    port, *replica_ports = ports(REPLICAS + 1, base_port)
-    with own_database(postgres_url) as url, replica_set(replica_ports, url, flags, 4 * agents + 1024) as replicas:
-        with balancer(port, [replica.port for replica in replicas]):
+    files, replicas_from = 4 * agents + 1024, base_port + 1 if base_port else 0
+    with own_database(postgres_url) as url, replica_set(REPLICAS, url, flags, files, replicas_from) as replicas:
+        with balancer([replica.port for replica in replicas], base_port) as (_, port):
             print(
                 f"soak: {agents} agents for {seconds / 60:.1f} min through HAProxy on {REPLICAS} replicas sharing "
                 f"{url.split('@')[-1]}; a replica is killed -9 every {every_s:g} s and started again",
