@@ -5,7 +5,8 @@ granian's embedded server binds one address of its own and, on shutdown, stops w
 at once; trajproxy needs both of its sockets on one app and parked calls ended (each cleaned up in its `finally`)
 before the store closes. So this runs granian's ASGI worker per socket itself, the lifespan once, and cancels the
 requests still in flight after `graceful_s`. The access log is off (paths carry episode keys) and KeyRedactor sits
-on granian's loggers. Its WebSocket frames are limited to 16 MiB, and it sends no pings (benchmarks/RESULTS.md §13).
+on granian's loggers. Its WebSocket frames are limited to 16 MiB, and it sends no pings (benchmarks/RESULTS.md,
+"A compiled HTTP front").
 """
 
 from __future__ import annotations

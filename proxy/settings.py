@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     public_url: str | None = None
     socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)
-    server: Literal["granian", "uvicorn"] = "uvicorn"  # the HTTP server in front of the app (benchmarks/RESULTS.md)
+    server: Literal["granian", "uvicorn"] = "uvicorn"  # the HTTP server in front (RESULTS.md: "A compiled HTTP front")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     shared: bool = False  # one of several replicas sharing a Postgres database (behind a load balancer)
     replica_dead_s: float = Field(default=10.0, gt=0)  # a replica silent this long is dead: its turns are taken over
