@@ -309,6 +309,8 @@ class Broker:
             self._ledger.observer.settled(failed)
             raise closed_error(live.episode)
         slot = self._lot.park(turn)
+        if self._replicas is not None:  # a trainer elsewhere may have answered it already
+            self._replicas.parked(slot)
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot
         if (answerer := route or live.episode.policy) is not None:  # a model answers: no trainer sees the turn

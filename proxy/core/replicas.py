@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -27,6 +28,8 @@ from proxy.core.shared_turns import Bell, settle_answered
 from proxy.core.values import Turn, TurnStatus
 
 log = logging.getLogger("trajproxy")
+
+_EARLY_KEPT = 65536  # answers heard for turns not held here (most are other replicas'), the latest kept
 
 
 class Replicas:
@@ -59,6 +62,9 @@ class Replicas:
         self._beating: asyncio.Task[None] | None = None
         self._in_order: asyncio.Future[None] | None = None  # the last of the changes made in the order asked
         self._answered: set[str] = set()  # turns held here answered elsewhere, to be read at the next tick
+        # Turns heard answered before this replica held them: a trainer may pull and answer a turn between its
+        # insert's commit and its slot being parked here (the agent's call resumes a moment later).
+        self._early: OrderedDict[str, None] = OrderedDict()
 
     async def start(self) -> int:
         """Join: hear the others, obey the pause, take over what dead replicas left. Returns how many turns."""
@@ -97,6 +103,12 @@ class Replicas:
         self._lot.restore(slot)
         return slot
 
+    def parked(self, slot: Slot) -> None:
+        """A call's turn is parked here: if its answer was heard already, hand it over from the database."""
+        if slot.turn.id in self._early:
+            del self._early[slot.turn.id]
+            self._ledger.submit(self._settle([slot.turn.id]))
+
     def pause(self, mode: str | None, retry_after_s: float) -> None:
         """Tell every replica of a pause (or of its end, None), in the order asked."""
         self._after(lambda: self._queue.set_pause(mode, retry_after_s))
@@ -120,7 +132,11 @@ class Replicas:
     def _heard(self, kind: str, payload: str) -> None:
         if kind == "parked":
             self._bell.ring(payload)
-        elif kind == "answered" and self._lot.get(payload) is not None:
+        elif kind == "answered" and self._lot.get(payload) is None:
+            self._early[payload] = None  # a turn of another replica's, or of a call not parked here yet
+            while len(self._early) > _EARLY_KEPT:
+                self._early.popitem(last=False)
+        elif kind == "answered":
             if not self._answered:  # one read for the answers heard together (a trainer answers in batches)
                 self._ledger.submit(self._settle_answered())
             self._answered.add(payload)
