@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -39,4 +40,5 @@ def bench(agents: int, seconds: float, warmup_s: float, port: int, trainer_kind:
     """The floor's figures under the load `turns.bench` puts on trajproxy (an HTTP trainer: the floor has no
     stream)."""
     server = start_pinned([str(build()), "-port", str(port)], f"http://{HOST}:{port}/health")
-    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, trainer_kind))
+    # SIGTERM: a Go program keeps SIGINT ignored when started with it ignored (a job run in the background)
+    return measured(server, agents, seconds, measure(port, agents, seconds, warmup_s, trainer_kind), signal.SIGTERM)

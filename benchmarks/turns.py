@@ -171,17 +171,26 @@ def bench(
 
 
 def measured(
-    server: subprocess.Popen[bytes], agents: int, seconds: float, load: Coroutine[Any, Any, Run]
+    server: subprocess.Popen[bytes],
+    agents: int,
+    seconds: float,
+    load: Coroutine[Any, Any, Run],
+    stop: signal.Signals = signal.SIGINT,
 ) -> dict[str, float]:
-    """Run the load against the server, then stop the server; the figures, with the CPU each side used."""
+    """Run the load against the server, then stop the server with `stop` (killed if it has not stopped in 30 s);
+    the figures, with the CPU each side used."""
     try:
         load_cpu, server_cpu, wall = time.process_time(), cpu_seconds(server.pid), time.perf_counter()
         run = asyncio.run(load)
         wall = time.perf_counter() - wall
         load_cpu, server_cpu = time.process_time() - load_cpu, cpu_seconds(server.pid) - server_cpu
     finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(30)
+        server.send_signal(stop)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
     return {
         "agents": agents,
         "turns_per_s": run.turns / seconds,
