@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -85,7 +86,9 @@ def shots(tmp_path: Path) -> Callable[[WebDriver, str], None]:
 
 
 def wait(driver: WebDriver, timeout_s: float = 10) -> WebDriverWait[WebDriver]:
-    return WebDriverWait(driver, timeout_s)
+    """Waits that read again when what they found went stale: the lists refresh themselves every two seconds, and a
+    form's post navigates away from the page an element was found on."""
+    return WebDriverWait(driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def log_in(driver: WebDriver, server: Any, path: str = "/ui/") -> None:
@@ -154,17 +157,21 @@ def test_list_episodes_and_open_one_with_tool_calls_and_two_branches(
             trainer.finish(made.id, status, "1 failed")
     other = trainer.create_episode(task="Rename the CLI flag --out to --output", metadata={"split": "eval"})
     log_in(browser, server)
-    rows = wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rows tr"))
-    shown = [row.find_element(By.CSS_SELECTOR, "a.episode").text for row in rows]
+    shown, cells = wait(browser).until(
+        lambda d: (
+            [a.text for a in d.find_elements(By.CSS_SELECTOR, "#rows tr a.episode")],
+            [cell.text for cell in d.find_elements(By.CSS_SELECTOR, "#rows tr:last-child td")],
+        )
+    )
     assert len(shown) == 4 and shown[0] == other.id and shown[-1] == episode.id
-    cells = [cell.text for cell in rows[-1].find_elements(By.TAG_NAME, "td")]
     assert cells[1:6] == ["finished", TASK, "minimal", "1", "4"]
     shots(browser, "ui-episodes")
 
     browser.find_element(By.ID, "where").send_keys("split=eval")
     browser.find_element(By.ID, "filter").click()
     wait(browser).until(shows.url_contains("where=split"))
-    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#rows a.episode")] == [other.id]
+    filtered = wait(browser).until(lambda d: [a.text for a in d.find_elements(By.CSS_SELECTOR, "#rows a.episode")])
+    assert filtered == [other.id]
 
     browser.get(f"{server.url}/ui/episodes/{episode.id}")
     tree = wait(browser).until(shows.presence_of_element_located((By.ID, "tree"))).text
@@ -202,11 +209,10 @@ def test_answer_a_parked_turn_by_hand_while_an_sdk_agent_waits(
     waiting = background(client.chat.completions.create, model="policy", messages=messages, tools=TOOLS)
 
     # The queue shows the call without a reload
-    link = wait(browser).until(shows.presence_of_element_located((By.CSS_SELECTOR, "#rows a.turn")))
+    turn_id = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "#rows a.turn").text)
     assert browser.find_element(By.CSS_SELECTOR, "[data-live=parked]").text == "1"
     shots(browser, "ui-queue")
-    turn_id = link.text
-    link.click()
+    wait(browser).until(lambda d: d.find_element(By.LINK_TEXT, turn_id).click() or True)
 
     # A malformed tool call is refused next to the form; nothing is recorded, the agent still waits
     wait(browser).until(shows.presence_of_element_located((By.ID, "answer-form")))
