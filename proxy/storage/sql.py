@@ -33,6 +33,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql.elements import ColumnClause
 from sqlmodel import SQLModel
 
@@ -325,9 +326,9 @@ class SqlStore:
                     conn.execute(_SCHEMA_LOCK)
                 SQLModel.metadata.create_all(conn)
                 add_missing_columns(conn)  # columns and indexes added since a database was made
-                for table in SQLModel.metadata.sorted_tables:
-                    for index in table.indexes:
-                        index.create(conn, checkfirst=True)
+                for table in SQLModel.metadata.sorted_tables:  # IF NOT EXISTS: reflecting would meet the expression
+                    for index in table.indexes:  # index below, which SQLAlchemy warns it cannot read
+                        conn.execute(CreateIndex(index, if_not_exists=True))
                 dialect = "sqlite" if sqlite else "postgresql"
                 fork_parent = (
                     f"CREATE INDEX IF NOT EXISTS ix_episode_fork_parent ON episode (({_FORK_PARENT[dialect]}))"
