@@ -418,3 +418,87 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     finally:
         with contextlib.suppress(OSError):
             writer.close()
+
+
+# Races between a trainer's answer and a replica taking a turn over, made to happen in order: the test holds the
+# turn's row lock, or answers the turn in the very transaction that takes it (a deferred trigger).
+
+_ANSWERED = """UPDATE turn SET status = 'answered', answered_at = extract(epoch from now()),
+    ended_at = extract(epoch from now()), lease_expires_at = NULL, answered_by = 'trainer',
+    reply = CAST('{"message": {"role": "assistant", "content": "answered meanwhile"}, "finish_reason": "stop"}' AS json)
+WHERE id = :id"""  # in the trigger, NEW.id
+_ANSWER_WHEN_TAKEN = (
+    """CREATE FUNCTION answer_when_taken() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    {answered};
+    RETURN NULL;
+END $$""",
+    """CREATE CONSTRAINT TRIGGER answer_when_taken AFTER UPDATE OF replica ON turn DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (OLD.replica IS DISTINCT FROM NEW.replica) EXECUTE FUNCTION answer_when_taken()""",
+)
+
+
+def hung_up_call(a: Replica, key: str) -> tuple[str, bytes, dict[str, str]]:
+    """A call parked on `a` whose agent hung up (its turn out of every queue, waiting for the retry): its turn's
+    id, body and the retry's headers."""
+    body = b'{"model":"policy","messages":[{"role":"user","content":"are you there?"}]}'
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{a.url}/v1/chat/completions", content=body, headers=headers, timeout=1)
+    until(lambda: turn_rows(a.database_url, "held_for")[0].held_for == "agent", "the turn to leave the queue")
+    [row] = turn_rows(a.database_url, "id")
+    return row.id, body, {**headers, "x-stainless-retry-count": "1"}
+
+
+def test_a_retry_whose_turn_is_answered_while_it_looks_for_it_gets_that_answer_not_a_second_turn(
+    replicas: Any,
+) -> None:
+    a, b = replicas(2, "--retry-grace-s", "60", "--turn-timeout-s", "20")
+    episode = trainer_on(a, replicas).create_episode(task="answered meanwhile")
+    turn_id, body, retried = hung_up_call(a, episode.key)
+    engine = sqlalchemy.create_engine(engine_url(a.database_url))
+    try:
+        with engine.connect() as lock, ThreadPoolExecutor(max_workers=1) as pool:
+            lock.execute(sqlalchemy.text("SELECT id FROM turn WHERE id = :id FOR UPDATE"), {"id": turn_id})
+            me = lock.execute(sqlalchemy.text("SELECT pg_backend_pid()")).scalar()
+            retry = pool.submit(httpx.post, f"{b.url}/v1/chat/completions", content=body, headers=retried, timeout=60)
+
+            def waiting() -> bool:  # asked outside the lock's transaction, which sees one snapshot of the activity
+                with engine.connect() as conn:
+                    blocked = "SELECT count(*) FROM pg_stat_activity WHERE :me = ANY(pg_blocking_pids(pid))"
+                    return bool(conn.execute(sqlalchemy.text(blocked), {"me": me}).scalar())
+
+            # b found no answer for the retry, and waits to take the open turn: a trainer answers it first
+            until(waiting, "b to wait for the turn")
+            lock.execute(sqlalchemy.text(_ANSWERED), {"id": turn_id})
+            lock.commit()
+            assert retry.result(timeout=60).json()["choices"][0]["message"]["content"] == "answered meanwhile"
+    finally:
+        engine.dispose()
+    assert [(row.seq, row.status) for row in turn_rows(a.database_url)] == [(0, "answered")]
+
+
+@pytest.mark.parametrize("taken_by", ["retry", "takeover"])
+def test_an_answer_heard_before_a_replica_takes_its_turn_reaches_the_agent(replicas: Any, taken_by: str) -> None:
+    a, b = replicas(2, "--retry-grace-s", "60", "--turn-timeout-s", "20")
+    episode = trainer_on(a, replicas).create_episode(task="heard early")
+    turn_id, body, retried = hung_up_call(a, episode.key)
+    engine = sqlalchemy.create_engine(engine_url(a.database_url))
+    try:
+        with engine.begin() as conn:  # b hears the answer before it holds the turn (the notice comes first)...
+            conn.execute(sqlalchemy.text("SELECT pg_notify('trajproxy_answered', :id)"), {"id": turn_id})
+            # ...and the answer is committed with the statement that gives b the turn
+            for statement in _ANSWER_WHEN_TAKEN:
+                conn.execute(sqlalchemy.text(statement.replace("{answered}", _ANSWERED.replace(":id", "NEW.id"))))
+    finally:
+        engine.dispose()
+    trainer_on(a, replicas).pause("hold")  # notices arrive in order: once b hears of the pause, it heard the answer
+    until(lambda: b.health()["paused"] == "hold", "b to hear of the pause")
+    trainer_on(a, replicas).resume()
+    until(lambda: b.health()["paused"] is None, "b to hear of the resume")
+    if taken_by == "takeover":
+        a.process.send_signal(signal.SIGKILL)
+        a.process.wait()
+        until(lambda: turn_rows(b.database_url)[0].replica == b.health()["replica"], "b to take the turn over")
+    reply = httpx.post(f"{b.url}/v1/chat/completions", content=body, headers=retried, timeout=60)
+    assert reply.json()["choices"][0]["message"]["content"] == "answered meanwhile"
+    assert [(row.seq, row.status) for row in turn_rows(b.database_url)] == [(0, "answered")]

@@ -24,6 +24,7 @@ from proxy.core.ledger import Ledger
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.pause import Pause
 from proxy.core.ports import SharedQueue, Store
+from proxy.core.retries import replayed
 from proxy.core.shared_turns import Bell, settle_answered
 from proxy.core.values import Turn, TurnStatus
 
@@ -83,9 +84,10 @@ class Replicas:
 
     async def retried(self, found: Slot | None, live: LiveEpisode, wire: bytes) -> Slot | None:
         """An SDK retry, with the turn this replica found for it (see `retries`): back in every replica's queue if
-        its agent had hung up; if this replica found none, the turn its first attempt made on another."""
+        its agent had hung up; if this replica found none, the turn its first attempt made on another, open or (a
+        trainer answered it since this replica looked) answered."""
         if found is None:
-            return await self.attach(live, wire)
+            return await self.attach(live, wire) or await replayed(self._store, live, wire)
         self.away(found, False)
         return found
 
@@ -95,12 +97,19 @@ class Replicas:
         turn = await self._queue.attach(live.episode.id, wire)
         if turn is None:
             return None
-        slot = self._lot.get(turn.id) or self._lot.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
+        slot = self._lot.get(turn.id) or self._adopt(turn)
         slot.exchanges += 1
         if slot.grace_timer is not None:
             slot.grace_timer.cancel()
             slot.grace_timer = None
         self._lot.restore(slot)
+        return slot
+
+    def _adopt(self, turn: Turn) -> Slot:
+        """Hold an open turn another replica held (its agent's retry came here, or that replica died). A trainer may
+        have answered it while the statement that took it ran: the answer's notice then found no slot here."""
+        slot = self._lot.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
+        self.parked(slot)
         return slot
 
     def parked(self, slot: Slot) -> None:
@@ -216,7 +225,7 @@ class Replicas:
                 continue
             # Its agent is not connected here: it waits for the agent's retry, pullable all the while (its lease,
             # if it has one, stands: leases are the database's).
-            slot = self._lot.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
+            slot = self._adopt(turn)
             self._deadlines.after_restart(slot)
             answerer = live.route(turn.request) or live.episode.policy
             if held_for == "model" and answerer is not None:  # a model answers it: it goes to the model again

@@ -31,9 +31,14 @@ async def retried(lot: ParkingLot, store: Store, live: LiveEpisode, wire: bytes)
                 slot.grace_timer = None
             lot.restore(slot)
             return slot
+    return await replayed(store, live, wire)
+
+
+async def replayed(store: Store, live: LiveEpisode, wire: bytes) -> Slot | None:
+    """The answered turn an SDK retry with this exact body belongs to, as a slot that replays its reply."""
     answered = live.last_answered
     if answered is None or answered.wire != wire:  # not the last answer this process gave: ask the store
-        latest = await store.latest_answered(episode_id, RETRY_LOOKBACK)
+        latest = await store.latest_answered(live.episode.id, RETRY_LOOKBACK)
         answered = next((turn for turn in latest if turn.wire == wire), None)
         if answered is None:
             return None
