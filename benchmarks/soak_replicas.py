@@ -11,7 +11,9 @@ a process of its own, answering "re: <text>") pulls through the balancer too; wh
 connection dies it exits and is started again, and the turns it had leased come back when their 2 s lease runs out.
 Accounted at the end (soak_ledger.account): no call lost (each one answered, with its own text, by the one turn the
 database holds for it), none duplicated, no turn unknown to the agents or left open. Each run gets a database of its
-own on the Postgres server at URL. Exits 1 if anything is off.
+own on the Postgres server at URL. Exits 1 if anything is off, and then prints the evidence: for each call lost,
+the row of its turn (status, held_for, holder, deliveries, when it was created, leased, ended), and when each replica
+lived.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
+import sqlalchemy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, exit_on_sigterm, own_database, raise_open_files, unpin
@@ -36,6 +40,8 @@ from lean_http import Connection, request
 from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, replica_set
 from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, Trainer, chat, content_of, episodes
 from soak_ledger import Call, Row, account, recorded
+
+from proxy.storage.sql import engine_url
 
 REPLICAS = 3
 FAILED_OVER = (502, 503)  # the balancer's: the replica died under the call, or none was up for a moment
@@ -51,6 +57,8 @@ class Soak:
     failovers: int = 0  # attempts cut by a kill, and retried
     kills: int = 0
     trainer_restarts: int = 0
+    lives: list[tuple[float, str, str]] = field(default_factory=list)  # (time, "up" or "killed", replica id)
+    stopped_at: float = 0.0  # when the agents stopped making calls (those in flight go on)
     stopping: bool = False
     stopped: asyncio.Event = field(default_factory=asyncio.Event)  # set with `stopping`, for those that wait on it
 
@@ -116,15 +124,24 @@ async def chaos(replicas: list[Replica], soak: Soak, every_s: float) -> None:
             await asyncio.wait_for(soak.stopped.wait(), max(0.0, next_kill_s - time.monotonic()))
             return
         victim = rng.choice(replicas)
+        killed = await replica_id(victim)
         victim.kill()
+        soak.lives.append((time.time(), "killed", killed))
         soak.kills += 1
         await asyncio.to_thread(victim.start)
+        soak.lives.append((time.time(), "up", await replica_id(victim)))
         next_kill_s += every_s
 
 
-async def keep_training(trainer: Trainer, soak: Soak) -> None:
-    """Start the trainer again whenever it exits (its connection went with a killed replica)."""
-    while not soak.stopping:
+async def replica_id(replica: Replica) -> str:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return str((await client.get(f"http://{HOST}:{replica.port}/health")).json()["replica"])
+
+
+async def keep_training(trainer: Trainer, soak: Soak, agents: list[asyncio.Task[None]]) -> None:
+    """Start the trainer again whenever it exits (its connection went with a killed replica), until no agent waits
+    for an answer: the soak's last kill may come as it stops, and calls are still parked then."""
+    while not all(agent.done() for agent in agents):
         if trainer.process.poll() is not None:
             trainer.restart()
             soak.trainer_restarts += 1
@@ -134,16 +151,16 @@ async def keep_training(trainer: Trainer, soak: Soak) -> None:
 async def soak_run(soak: Soak, replicas: list[Replica], trainer: Trainer, seconds: float, every_s: float) -> None:
     limits = httpx.Limits(max_connections=32)
     async with httpx.AsyncClient(base_url=f"http://{HOST}:{soak.port}", limits=limits, timeout=60) as api:
-        background = [
-            asyncio.create_task(chaos(replicas, soak, every_s)),
-            asyncio.create_task(keep_training(trainer, soak)),
-        ]
         post = functools.partial(api_post, api)
         agents = [
             asyncio.create_task(episodes(soak, n, post, functools.partial(call, soak))) for n in range(soak.agents)
         ]
+        background = [
+            asyncio.create_task(chaos(replicas, soak, every_s)),
+            asyncio.create_task(keep_training(trainer, soak, agents)),
+        ]
         await asyncio.sleep(seconds)
-        soak.stopping = True
+        soak.stopping, soak.stopped_at = True, time.time()
         soak.stopped.set()
         done, pending = await asyncio.wait(agents, timeout=TURN_TIMEOUT_S + 60)
         for task in pending:
@@ -177,6 +194,7 @@ def run(postgres_url: str, base_port: int, agents: int, seconds: float, think_s:
                 flush=True,
             )
             soak = Soak(port, agents, think_s)
+            soak.lives += [(time.time(), "up", asyncio.run(replica_id(replica))) for replica in replicas]
             trainer = Trainer(port, quiet=True)
             try:
                 asyncio.run(soak_run(soak, replicas, trainer, seconds, every_s))
@@ -186,7 +204,10 @@ def run(postgres_url: str, base_port: int, agents: int, seconds: float, think_s:
         complained = sum(replica.complaints.count for replica in replicas)
         complaints = "".join(replica.complaints.last() for replica in replicas if replica.complaints.count)
         turns = recorded(url)
-    return report(soak, turns, seconds, settled, complained, complaints)
+        code = report(soak, turns, seconds, settled, complained, complaints)
+        if code:
+            explain(soak, url)
+    return code
 
 
 def report(soak: Soak, turns: list[Row], seconds: float, settled: bool, complained: int, complaints: str) -> int:
@@ -215,6 +236,47 @@ def report(soak: Soak, turns: list[Row], seconds: float, settled: bool, complain
     if complained:
         print(complaints[-3000:])
     return 1 if lost or any(figures.values()) or not settled else 0
+
+
+_LOST = """SELECT id, seq, status, held_for, replica, deliveries, created_at, leased_at, lease_expires_at, ended_at,
+    reason, wire FROM turn WHERE episode_id = ANY(:episodes)"""
+
+
+def explain(soak: Soak, database_url: str, most: int = 20) -> None:
+    """What the database holds for each call lost (the turn's row, times from the start of the run) and when the
+    replicas lived: the evidence to find why its agent was never answered."""
+    lost = {c.text: c for c in soak.calls if c.outcome != "answered" or c.content != f"re: {c.text}"}
+    engine = sqlalchemy.create_engine(engine_url(database_url))
+    try:
+        with engine.connect() as conn:
+            episodes = list({c.episode_id for c in lost.values()})
+            rows = conn.execute(sqlalchemy.text(_LOST), {"episodes": episodes}).all()
+    finally:
+        engine.dispose()
+    start = soak.lives[0][0]
+    ends = {replica: when - start for when, event, replica in soak.lives if event == "killed"}
+    lived = {replica: (when - start, ends.get(replica)) for when, event, replica in soak.lives if event == "up"}
+
+    def at(t: float | None) -> str:
+        return "-" if t is None else f"{t - start:.1f}"
+
+    mine = [
+        (row, lost[text]) for row in rows if (text := orjson.loads(bytes(row.wire))["messages"][-1]["content"]) in lost
+    ]
+    kinds = Counter((row.status, row.held_for, "killed" if row.replica in ends else "alive") for row, _ in mine)
+    print("lost turns by (status, held_for, holder): " + ", ".join(f"{n} {k}" for k, n in kinds.most_common()))
+    print(f"times in s from the start; the agents stopped calling at {at(soak.stopped_at)}")
+    for row, record in sorted(mine, key=lambda pair: pair[0].created_at)[:most]:
+        print(
+            f"  {row.id} seq {row.seq}: {row.status} held_for={row.held_for} replica={row.replica} "
+            f"deliveries={row.deliveries} created {at(row.created_at)} leased {at(row.leased_at)} lease ends "
+            f"{at(row.lease_expires_at)} ended {at(row.ended_at)} ({row.reason}); agent: {record.outcome} after "
+            f"{record.attempts} attempts"
+        )
+    print(
+        "replicas (up-killed): "
+        + ", ".join(f"{r} {up:.1f}-{'' if end is None else f'{end:.1f}'}" for r, (up, end) in lived.items())
+    )
 
 
 def main() -> None:
