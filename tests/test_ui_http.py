@@ -232,6 +232,9 @@ def test_downloads_are_the_exports_lines(
 
 
 def test_live_counts_are_the_brokers(page: httpx.Client, server: Any, trainer: TrainerClient, background: Any) -> None:
-    parked_call(trainer, background)
+    episode, waiting, _ = parked_call(trainer, background)
     health = httpx.get(f"{server.url}/health").json()
     assert page.get("/ui/live").json() == {"parked": 1, "leased": 0, "waiting": health["waiting_pollers"]}
+    trainer.finish(episode.id, "cancelled", "the test is over")  # its agent hears so now, not at its 30 s timeout
+    with pytest.raises(openai.APIStatusError):
+        waiting.result(timeout=10)
