@@ -39,7 +39,7 @@ POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 # through clean_env): the default unless TRAJPROXY_TEST_SERVER names the other. CI runs the whole suite on the
 # default, then the files below again on the other server: what a server does beneath the app (disconnects, SSE
 # keep-alives, keep-alive connections, WebSocket, the Unix socket, Ctrl-C and SIGTERM while calls are parked, what
-# reaches the log): about 150 tests, three minutes.
+# reaches the log), on SQLite only: about 100 tests.
 TEST_SERVER: str = os.environ.get("TRAJPROXY_TEST_SERVER") or Settings.model_fields["server"].default
 OTHER_SERVER = {"granian": "uvicorn", "uvicorn": "granian"}[Settings.model_fields["server"].default]
 ON_BOTH_SERVERS = (
