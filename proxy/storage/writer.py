@@ -2,11 +2,13 @@
 one transaction, so many turns share one fsync; each write's future resolves only once its transaction has
 committed. Writes are data (a prebuilt statement and its rows), so a run of writes with one statement (many
 agents' turns parked at once) executes as one executemany. A batch that fails is retried write by write, so one
-bad write fails alone and the writer lives on."""
+bad write fails alone and the writer lives on; one that fails on a key taken first (shared mode) is retried as one
+transaction with a savepoint per write, so the others still share a commit."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -86,7 +88,26 @@ class Writer:
             if len(ops) == 1:
                 log.exception("database write failed")
                 return [StorageError(f"the database could not record this change: {type(e).__name__}")]
+            if isinstance(e, IntegrityError) and self._engine.dialect.name == "postgresql":
+                with contextlib.suppress(Exception):  # else each write alone, as below
+                    return self._each_saved(ops)
         return [self._commit([op])[0] for op in ops]
+
+    def _each_saved(self, ops: list[Op]) -> list[BaseException | None]:
+        """The batch again as one transaction, each write under a savepoint: a key another replica took first
+        (shared mode, where an agent's calls land on two replicas) fails its write alone, and the others still
+        share one commit. Each write in a transaction of its own would cost a commit (an fsync) apiece, and every
+        write queued behind them (all this replica's new turns) would wait on those commits."""
+        outcomes: list[BaseException | None] = []
+        with self._engine.begin() as conn:
+            for statement, rows in ops:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(statement, rows)
+                    outcomes.append(None)
+                except IntegrityError as e:  # any other error fails the batch: each write is then tried alone
+                    outcomes.append(Stale(f"the database already holds this record: {type(e.orig).__name__}"))
+        return outcomes
 
 
 def _runs(ops: list[Op]) -> Iterator[Op]:
