@@ -6,7 +6,8 @@ Whatever comes in, the answer is a 4xx in the dialect's error shape, or a 2xx fo
 never a 5xx, never a hang (every request has a client timeout, every parked turn a trainer answering it); and
 afterwards the database is consistent: no turn for a refused request, seqs contiguous, every record readable.
 
-Every run here fuzzes on the same fixed seed, so a test fails only for a change in the code, never for a draw.
+Every run here fuzzes on the same fixed seeds (one per database), so a test fails only for a change in the code,
+never for a draw.
 `benchmarks/fuzz.py` runs these same tests longer on a seed of its own (TRAJPROXY_FUZZ_SEED, TRAJPROXY_FUZZ_EXAMPLES).
 """
 
@@ -57,13 +58,16 @@ FUZZ_EXAMPLES = os.environ.get("TRAJPROXY_FUZZ_EXAMPLES")
 T = TypeVar("T")
 
 
-def fuzzing(max_examples: int) -> Callable[[T], T]:
-    """A fuzz test's settings: `max_examples` cases on the fixed seed, or as many as benchmarks/fuzz.py asks
-    for on the seed it chose."""
+def fuzzing(max_examples: int, database_url: str) -> Callable[[T], T]:
+    """A fuzz test's settings: `max_examples` cases in all, half on each database, each half drawn on a fixed seed
+    of its own (the two databases see different cases, and together as many as one run of `max_examples` draws);
+    or as many as benchmarks/fuzz.py asks for, on each, on the seed it chose."""
 
     def apply(test: T) -> T:
-        test = settings(FUZZ, max_examples=int(FUZZ_EXAMPLES or max_examples))(test)
-        return seed(int(FUZZ_SEED))(test) if FUZZ_SEED else test
+        if FUZZ_SEED:
+            return seed(int(FUZZ_SEED))(settings(FUZZ, max_examples=int(FUZZ_EXAMPLES or max_examples))(test))
+        half = settings(FUZZ, max_examples=max(1, max_examples // 2))(test)
+        return seed(1 if database_url.startswith("sqlite") else 2)(half)
 
     return apply
 
@@ -223,7 +227,7 @@ def test_the_trainer_api_answers_every_generated_request_without_a_server_error(
     for operation in operations:
         cases = st.one_of(operation.as_strategy(mode) for mode in GenerationMode)
 
-        @fuzzing(max_examples=40)
+        @fuzzing(max_examples=40, database_url=server.settings.database_url)
         @given(case=cases)
         def fuzz(case: Any) -> None:
             cut_long_polls(case)
@@ -736,7 +740,7 @@ def test_any_json_value_gets_an_answer_or_a_4xx_in_the_dialects_shape(
     fuzz, answerer = agent_fuzz
     objects = st.dictionaries(fields_of(endpoint), JSON_VALUES, max_size=6)
 
-    @fuzzing(max_examples=25)
+    @fuzzing(max_examples=25, database_url=fuzz.server.settings.database_url)
     @given(requests_for(st.one_of(JSON_VALUES, objects).map(encode)))
     def run(requests: list[Request]) -> None:
         fuzz.exchange(endpoint, requests)
@@ -752,7 +756,7 @@ def test_almost_valid_requests_with_wrong_types_get_an_answer_or_a_4xx(
 ) -> None:
     fuzz, answerer = agent_fuzz
 
-    @fuzzing(max_examples=100)
+    @fuzzing(max_examples=100, database_url=fuzz.server.settings.database_url)
     @given(requests_for(almost_valid(endpoint)))
     def run(requests: list[Request]) -> None:
         fuzz.exchange(endpoint, requests)
@@ -768,7 +772,7 @@ def test_huge_strings_are_answered_below_the_body_limit_and_413_above(
 ) -> None:
     fuzz, answerer = agent_fuzz
 
-    @fuzzing(max_examples=12)
+    @fuzzing(max_examples=12, database_url=fuzz.server.settings.database_url)
     @given(requests_for(huge(endpoint)))
     def run(requests: list[Request]) -> None:
         for request, response in fuzz.exchange(endpoint, requests):
@@ -784,7 +788,7 @@ def test_huge_strings_are_answered_below_the_body_limit_and_413_above(
 def test_deep_nesting_gets_an_answer_or_a_400(agent_fuzz: tuple[AgentFuzz, Answerer], endpoint: Endpoint) -> None:
     fuzz, answerer = agent_fuzz
 
-    @fuzzing(max_examples=30)
+    @fuzzing(max_examples=30, database_url=fuzz.server.settings.database_url)
     @given(requests_for(deep(endpoint)))
     def run(requests: list[Request]) -> None:
         for request, response in fuzz.exchange(endpoint, requests):
@@ -800,7 +804,7 @@ def test_deep_nesting_gets_an_answer_or_a_400(agent_fuzz: tuple[AgentFuzz, Answe
 def test_bytes_that_are_not_a_json_object_are_400(agent_fuzz: tuple[AgentFuzz, Answerer], endpoint: Endpoint) -> None:
     fuzz, answerer = agent_fuzz
 
-    @fuzzing(max_examples=30)
+    @fuzzing(max_examples=30, database_url=fuzz.server.settings.database_url)
     @given(requests_for(not_json(endpoint)))
     def run(requests: list[Request]) -> None:
         for _, response in fuzz.exchange(endpoint, requests):
