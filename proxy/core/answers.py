@@ -122,6 +122,11 @@ class Answers:
             raise
         return await self.reply(turn_id, replace(reply, answered_by=f"model:{model}"), lease_id)
 
+    def by_model(self, slot: Slot, route: ModelRoute, since: float | None = None) -> None:
+        """Hold a turn out of the trainers' queue (since `since`, else now) while a model answers it."""
+        self._lot.hold(slot, self._now() if since is None else since)
+        self._ledger.submit(self.from_model(slot, route))
+
     async def from_model(self, slot: Slot, route: ModelRoute) -> None:
         """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
         try:

@@ -21,15 +21,7 @@ from typing import Any
 from proxy.core.answers import Answer, Answers
 from proxy.core.deadlines import Deadlines
 from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
-from proxy.core.errors import (
-    BadRequest,
-    Conflict,
-    EpisodeClosed,
-    NotFound,
-    OverBudget,
-    TrajproxyError,
-    Unauthorized,
-)
+from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, OverBudget, TrajproxyError, Unauthorized
 from proxy.core.forks import Forks
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
 from proxy.core.ledger import Ledger
@@ -166,8 +158,7 @@ class Broker:
         for slot, answerer in adopt(left, self._lot, self._lease_s):
             self._deadlines.after_restart(slot)
             if answerer is not None:  # a model answers it: it goes to the model again
-                self._lot.hold(slot, self._now())
-                self._ledger.submit(self._answers.from_model(slot, answerer))
+                self._answers.by_model(slot, answerer)
         await self._store.save_turns(left.closed)
         if left.episodes:
             log.info("took back %d open turns of %d episodes from the store", len(left.waiting), left.episodes)
@@ -314,8 +305,7 @@ class Broker:
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot
         if (answerer := route or live.episode.policy) is not None:  # a model answers: no trainer sees the turn
-            self._lot.hold(slot, turn.created_at)
-            self._ledger.submit(self._answers.from_model(slot, answerer))
+            self._answers.by_model(slot, answerer, since=turn.created_at)
         else:
             self._pause.hold_if_holding(slot)
         return slot

@@ -229,8 +229,7 @@ class Replicas:
             self._deadlines.after_restart(slot)
             answerer = live.route(turn.request) or live.episode.policy
             if held_for == "model" and answerer is not None:  # a model answers it: it goes to the model again
-                self._lot.hold(slot, self._now())
-                self._ledger.submit(self._answers.from_model(slot, answerer))
+                self._answers.by_model(slot, answerer)
         if failed:
             await self._store.save_turns(failed)
         if taken:
