@@ -870,6 +870,8 @@ FOUND_IN_TRAINER_CALLS = [
     ("/api/episodes", {"task": "\ud800"}, "task"),  # lone surrogates: Python's JSON parser lets them through
     ("/api/episodes", {"task": "fix\x00"}, "task"),  # Postgres text cannot hold U+0000
     ("/api/episodes", {"metadata": {"n": 2**64}}, "metadata"),  # beyond what orjson writes
+    # Postgres cannot read a JSON value holding U+0000, and the database reads metadata (filters, the forks' index)
+    ("/api/episodes", {"metadata": {"log": [{"k\x00": 1}]}}, "metadata"),
     ("/api/episodes", {"max_turns": 2**40}, "max_turns"),  # beyond Postgres INTEGER
     ("/api/episodes", {"policy": "model:gpt\x00"}, "policy"),
     ("/api/episodes/{episode}/finish", {"reason": "\udfff"}, "reason"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -43,14 +44,14 @@ def _no_nul(text: str) -> str:
     return _unicode(text)
 
 
-def _storable(value: Any) -> Any:
+def _storable(value: Any, text: Callable[[str], str] = _unicode) -> Any:
     """Refuse free-form JSON that could not be stored and served back: see the note above. (Nesting is bounded
     before any route reads a body.)"""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            _unicode(item)
+            text(item)
         elif isinstance(item, int) and not _INT64[0] <= item <= _INT64[1]:
             raise ValueError(f"integers must fit in 64 bits; {item} does not")
         elif isinstance(item, dict):
@@ -74,6 +75,9 @@ HttpStatus = Annotated[int, Field(ge=400, le=599), _WHOLE]
 Text = Annotated[str, AfterValidator(_unicode)]
 Name = Annotated[str, AfterValidator(_no_nul)]
 Json = Annotated[dict[str, Any], AfterValidator(_storable)]
+# An episode's metadata is read by the database too (filters, an index finding forks), and Postgres cannot read a
+# JSON value holding U+0000 (it refuses to de-escape \u0000): none anywhere in it, keys included.
+Metadata = Annotated[dict[str, Any], AfterValidator(lambda value: _storable(value, _no_nul))]
 
 
 def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from proxy.wire.fields import (
     HttpStatus,
     Json,
     Limit,
+    Metadata,
     ModelOptions,
     Name,
     Text,
@@ -49,7 +50,7 @@ class RouteIn(_Strict):
 
 class EpisodeCreate(_Strict):
     task: Name = ""
-    metadata: Json = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
     turn_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     policy: Name = Field(
         default="trainer", pattern=r"^(trainer|model:.+)$", description="trainer, or model:NAME (any litellm model)"
