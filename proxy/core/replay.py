@@ -127,7 +127,7 @@ def _first_difference(a: Any, b: Any, ignore: set[str], path: str) -> str | None
         for key in sorted(a.keys() | b.keys(), key=str):
             if key in ignore:
                 continue
-            here = f"{path}.{key}" if path else str(key)
+            here = f"{path}.{_named(key)}" if path else _named(key)
             if key not in a or key not in b:
                 return f"{here} is {'new' if key not in a else 'gone'}"
             if (found := _first_difference(a[key], b[key], ignore, here)) is not None:
@@ -139,6 +139,12 @@ def _first_difference(a: Any, b: Any, ignore: set[str], path: str) -> str | None
                 return found
         return None if len(a) == len(b) else f"{path or 'the call'} has {len(b)} items, not {len(a)}"
     return None if a == b else (path or "the call")
+
+
+def _named(key: Any) -> str:
+    """A key as the path names it: U+0000 written escaped, since the path is stored in the fork's metadata, which
+    Postgres cannot hold with U+0000 in it (the forks' index reads metadata)."""
+    return str(key).replace("\x00", "\\u0000")
 
 
 def _canonical(value: Any, ignore: set[str]) -> str:
