@@ -8,7 +8,6 @@ transaction with a savepoint per write, so the others still share a commit."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import threading
@@ -89,8 +88,10 @@ class Writer:
                 log.exception("database write failed")
                 return [StorageError(f"the database could not record this change: {type(e).__name__}")]
             if isinstance(e, IntegrityError) and self._engine.dialect.name == "postgresql":
-                with contextlib.suppress(Exception):  # else each write alone, as below
+                try:
                     return self._each_saved(ops)
+                except Exception as again:  # another write failed too: writing each alone, below, finds which
+                    log.warning("a batch failed again under savepoints (%s); writing each alone", type(again).__name__)
         return [self._commit([op])[0] for op in ops]
 
     def _each_saved(self, ops: list[Op]) -> list[BaseException | None]:
