@@ -129,7 +129,7 @@ def serve(settings: Settings) -> None:
     except TokenFileError as e:
         sys.exit(f"trajproxy: {e}")
     from proxy.app import create_app
-    from proxy.serving import front, listen
+    from proxy.serving import front, listen, settle_collector
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
@@ -145,6 +145,7 @@ def serve(settings: Settings) -> None:
         settings.server,
     )
     _announce_token(kept)
+    settle_collector()
     front(settings.server, app, sockets, settings.log_level).run()
 
 

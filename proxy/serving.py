@@ -10,6 +10,7 @@ at once with 426, so clients that probe a WebSocket transport (the Codex CLI) fa
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import socket
@@ -110,6 +111,21 @@ class Front(Protocol):
 
     def stop(self) -> None:
         """Begin shutting down; safe from any thread."""
+
+
+# The collector's thresholds while serving. Python's defaults (700, 10, 10) ran a full collection every 2 s or so at
+# 64 agents, each up to 135 ms, over everything alive, imports included: 6% of the core and most of the p99
+# (benchmarks/RESULTS.md, "The garbage collector"). A turn's objects are freed by reference counting; what the
+# collector is for (cycles, such as a failed call's traceback) is still collected, every 50,000 objects' growth.
+GC_THRESHOLDS = (50_000, 20, 10)
+
+
+def settle_collector() -> None:
+    """Leave what start-up made (modules, the app) out of every later collection, and collect young objects less
+    often. For the `trajproxy serve` process only: an embedded server shares its host's collector."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def front(server: str, app: Any, sockets: list[socket.socket], log_level: str, graceful_s: float = 5.0) -> Front:
