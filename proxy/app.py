@@ -8,7 +8,6 @@ as plain ASGI), and FastAPI (the rest of the trainer API, its schema and docs, a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -95,12 +94,10 @@ def create_app(settings: Settings) -> Trajproxy:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await store.open()
-        warm = asyncio.ensure_future(asyncio.to_thread(tokens.warm_up))
         try:
             await broker.recover()  # the open turns a previous run left, for their agents' retries
             yield
         finally:
-            warm.cancel()
             await broker.drain()
             await broker.stop()
             await store.close()

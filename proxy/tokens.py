@@ -1,12 +1,14 @@
 """TiktokenCounter: counts tokens for replies that came without usage; the one module importing tiktoken.
 
 tiktoken downloads its BPE files on first use; on machines without internet it reads them from the
-copies litellm ships, found without importing litellm (which would cost seconds of start-up).
+copies litellm ships, found without importing litellm (which would cost seconds of start-up). An encoding is
+loaded on first need, not at start: o200k_base costs about 80 MiB and a second to load, and a trainer that sends
+usage with its replies never needs one. Until a model's encoding is loaded, `ready` says so, and callers count
+off the event loop.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import threading
@@ -18,6 +20,7 @@ from proxy.core.values import JsonObject
 FALLBACK_ENCODING = "o200k_base"
 _PER_MESSAGE = 3  # OpenAI's accounting: each message costs a few framing tokens
 _REPLY_PRIMER = 3
+_MODELS_KEPT = 64  # model names remembered (tiktoken keeps each encoding once, however many names map to it)
 
 
 def _bundled_bpe_dir() -> str | None:
@@ -31,12 +34,13 @@ def _bundled_bpe_dir() -> str | None:
 class TiktokenCounter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._encodings: dict[str | None, Any] = {}  # by model name (None: the fallback), newest last
         if "TIKTOKEN_CACHE_DIR" not in os.environ and (bundled := _bundled_bpe_dir()):
             os.environ["TIKTOKEN_CACHE_DIR"] = bundled
 
-    def warm_up(self) -> None:
-        """Load the fallback encoding ahead of the first reply (it takes a moment)."""
-        self._encoding(None)
+    def ready(self, model: object) -> bool:
+        """Whether counting for `model` needs no encoding loaded first."""
+        return (model if isinstance(model, str) else None) in self._encodings and None in self._encodings
 
     def count_prompt(self, request: JsonObject) -> int:
         encoding = self._encoding(request.get("model"))
@@ -54,11 +58,15 @@ class TiktokenCounter:
         return sum(len(encoding.encode(text, disallowed_special=())) for text in _texts(message))
 
     def _encoding(self, model: object) -> Any:
+        name = model if isinstance(model, str) else None
         with self._lock:
-            return _encoding_for(model if isinstance(model, str) else None)
+            if (encoding := self._encodings.get(name)) is None:
+                encoding = self._encodings[name] = _encoding_for(name)
+                if len(self._encodings) > _MODELS_KEPT:
+                    del self._encodings[next(oldest for oldest in self._encodings if oldest is not None)]
+            return encoding
 
 
-@functools.lru_cache(maxsize=64)
 def _encoding_for(model: str | None) -> Any:
     import tiktoken
 

@@ -330,14 +330,18 @@ while not server.started and thread.is_alive() and time.monotonic() < deadline:
     time.sleep(0.01)
 port = sock.getsockname()[1]
 assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
-assert TiktokenCounter().count_completion({"role": "assistant", "content": "hello there"}) > 0  # counting too
+assert "tiktoken" not in sys.modules  # an encoding costs ~80 MiB: loaded when a reply first lacks usage
+counter = TiktokenCounter()
+assert not counter.ready("policy")
+assert counter.count_completion({"role": "assistant", "content": "hello there"}) > 0  # counting too
+assert counter.count_prompt({"model": "policy", "messages": []}) > 0 and counter.ready("policy")
 server.should_exit = True
 thread.join(10)
 print(sorted(name for name in sys.modules if name.split(".")[0] == "litellm"))
 """
 
 
-def test_litellm_is_not_imported_when_the_server_starts(tmp_path: Path) -> None:
+def test_neither_litellm_nor_a_token_encoding_is_loaded_when_the_server_starts(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", LITELLM_PROBE, f"sqlite:///{tmp_path}/probe.db"],
         cwd=tmp_path,

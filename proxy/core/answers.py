@@ -180,7 +180,8 @@ class Answers:
             return counted
 
         size = sum(len(replies[i][0].wire) for i in missing)
-        return await asyncio.to_thread(count) if size > _COUNT_OFF_LOOP_BYTES else count()
+        loaded = all(self._tokens.ready(replies[i][0].request.get("model")) for i in missing)
+        return count() if loaded and size <= _COUNT_OFF_LOOP_BYTES else await asyncio.to_thread(count)
 
 
 def _before_restart(turn: Turn, lease_id: str) -> int | None:

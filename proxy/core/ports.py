@@ -62,6 +62,10 @@ class Store(Protocol):
 class TokenCounter(Protocol):
     """Counts tokens for replies whose usage the trainer did not supply."""
 
+    def ready(self, model: object) -> bool:
+        """False while counting for `model` would first load its encoding (a second or so: not on the loop)."""
+        ...
+
     def count_prompt(self, request: JsonObject) -> int: ...
 
     def count_completion(self, message: JsonObject) -> int: ...
