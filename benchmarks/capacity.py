@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -131,7 +132,7 @@ async def wait_parked(port: int, calls: Calls, timeout_s: float) -> int:
         health.close()
 
 
-async def drain(port: int, calls: Calls, batch: int) -> None:
+async def drain(port: int, calls: Calls, batch: int, reply: dict[str, Any]) -> None:
     """Pull parked turns in batches and answer each batch in one call, until every agent has its answer."""
     pulls, replies = await Connection.open(HOST, port), await Connection.open(HOST, port)
     pull = request("GET", f"/api/turns/next?max={batch}&wait=0.5", HOST)
@@ -140,7 +141,7 @@ async def drain(port: int, calls: Calls, batch: int) -> None:
             status, body = await pulls.send(pull)
             turns = orjson.loads(body)["turns"] if status == 200 else []
             if turns:
-                answers = orjson.dumps({"replies": [{"turn_id": turn["id"], **REPLY} for turn in turns]})
+                answers = orjson.dumps({"replies": [{"turn_id": turn["id"], **reply} for turn in turns]})
                 status, _ = await replies.send(request("POST", "/api/turns/replies", HOST, answers))
                 if status != 200:
                     raise RuntimeError(f"POST /api/turns/replies answered {status}")
@@ -150,7 +151,7 @@ async def drain(port: int, calls: Calls, batch: int) -> None:
 
 
 async def measure(
-    port: int, pid: int, count: int, batch: int, connect_at_once: int, timeout_s: float
+    port: int, pid: int, count: int, batch: int, connect_at_once: int, timeout_s: float, reply: dict[str, Any]
 ) -> dict[str, float | str]:
     started = time.perf_counter()
     keys = await create_episodes(port, count)
@@ -166,7 +167,7 @@ async def measure(
     held = memory_kib(pid)
     overflows = listen_overflows() - overflows
     started = time.perf_counter()
-    await asyncio.wait_for(asyncio.gather(drain(port, calls, batch), calls.all_answered.wait()), timeout_s)
+    await asyncio.wait_for(asyncio.gather(drain(port, calls, batch, reply), calls.all_answered.wait()), timeout_s)
     drain_s = time.perf_counter() - started
     await asyncio.gather(*agents)
     wall = park_s + drain_s
@@ -198,13 +199,15 @@ def bench(
     batch: int = 4096,
     connect_at_once: int = 1024,
     timeout_s: float = 300.0,
+    usage: bool = True,
 ) -> dict[str, float | str]:
     raise_open_files(count + SPARE_FILES)
     with fresh_database(database_url) as url:
         flags = ["--turn-timeout-s", str(timeout_s * 3)]
         server = start_server(port, url, flags=flags, open_files=count + SPARE_FILES)
         try:
-            return asyncio.run(measure(port, server.pid, count, batch, connect_at_once, timeout_s))
+            reply = REPLY if usage else {"message": REPLY["message"]}  # without usage, trajproxy counts the tokens
+            return asyncio.run(measure(port, server.pid, count, batch, connect_at_once, timeout_s, reply))
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(60)
@@ -219,6 +222,9 @@ def main() -> None:
     parser.add_argument("--database-url", help="a Postgres (a scratch schema per run; default: a fresh SQLite file)")
     parser.add_argument("--port", type=int, default=18700)
     parser.add_argument("--quick", action="store_true", help="a short smoke: 1000 calls")
+    parser.add_argument(
+        "--without-usage", action="store_true", help="replies carry no usage: trajproxy loads an encoding and counts"
+    )
     args = parser.parse_args()
     if args.quick:
         args.calls = "1000"
@@ -237,6 +243,7 @@ def main() -> None:
             batch=args.batch,
             connect_at_once=args.connect_at_once,
             timeout_s=args.timeout_s,
+            usage=not args.without_usage,
         )
         print(
             f"{count:>5}  {r['parked']:>6}  {r['errors']:>6}  {r['park_s']:>6.2f}  "
