@@ -168,7 +168,11 @@ class UvicornFront:
 def listen(settings: Settings) -> list[socket.socket]:
     """The TCP socket trainers and agents use, and the Unix socket sandboxes' gates relay to, if any."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sockets = [socket.create_server((settings.host, settings.port), family=family, backlog=LISTEN_BACKLOG)]
+    tcp = socket.create_server((settings.host, settings.port), family=family, backlog=LISTEN_BACKLOG)
+    # Accepted connections inherit it. uvicorn sets it on each connection itself; granian leaves its WebSocket
+    # connections without it, and the trainer's stream then waited out delayed ACKs: 44 ms a turn at one agent.
+    tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sockets = [tcp]
     if settings.socket_path:
         path = Path(settings.socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -371,3 +371,16 @@ def test_an_unknown_server_is_refused_in_one_line(tmp_path: Path) -> None:
     done = run_cli(["serve", "--port", str(free_port()), "--server", "nginx"], tmp_path)
     assert done.returncode == 2
     assert "--server: invalid choice: 'nginx'" in done.stderr
+
+
+def test_connections_to_the_served_socket_send_without_delay(tmp_path: Path) -> None:
+    """Every connection `trajproxy serve` accepts has Nagle's algorithm off, whichever server is in front: granian
+    leaves its WebSocket connections as accepted, and a trainer's stream then waited out delayed ACKs (44 ms a turn)."""
+    from proxy.serving import listen
+    from proxy.settings import Settings
+
+    [listening] = listen(Settings(host="127.0.0.1", port=0, database_url=f"sqlite:///{tmp_path}/x.db"))
+    with listening, socket.create_connection(listening.getsockname()[:2]):
+        accepted, _ = listening.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
