@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import anthropic
 
 from proxy.client import TrainerClient
-from proxy.core.branches import Branches
+from proxy.core.branches import HEADS_KEPT, Branches, Place
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.responses import ResponsesDialect
@@ -51,6 +52,57 @@ def test_branches_follow_conversations() -> None:
               {"role": "assistant", "content": None}]  # fmt: skip
     assert place(branches, "t7", {"messages": marked}) == (2, "t5")
     assert place(Branches(next_branch=7), "t8", {"messages": one}) == (7, None)
+
+
+class ScannedBranches:
+    """The rule `Branches` implements, as a scan over every head: the head whose messages the call extends
+    furthest (the oldest branch of those that extend it as far), or a new branch; the newest HEADS_KEPT kept."""
+
+    def __init__(self) -> None:
+        self.heads: list[tuple[int, str, list[Any]]] = []  # branch, turn id, messages; in the order they opened
+        self.next = 0
+
+    def locate(self, request: dict[str, Any]) -> tuple[int, str | None]:
+        messages = request["messages"]
+        extended = [head for head in self.heads if len(head[2]) < len(messages) and messages[: len(head[2])] == head[2]]
+        if not extended:
+            return self.next, None
+        best = max(extended, key=lambda head: (len(head[2]), -head[0]))
+        return best[0], best[1]
+
+    def grow(self, turn_id: str, branch: int, messages: list[Any]) -> None:
+        for i, head in enumerate(self.heads):
+            if head[0] == branch:
+                self.heads[i] = (branch, turn_id, messages)
+                return
+        self.heads.append((branch, turn_id, messages))
+        self.next = max(self.next, branch + 1)
+        if len(self.heads) > HEADS_KEPT:
+            self.heads.pop(0)
+
+
+def test_branches_place_every_call_where_a_scan_over_every_head_would() -> None:
+    """Random episodes (fixed seeds) of calls that extend, repeat, cut back or leave earlier conversations, some
+    with more branches than are kept, and some calls located before the one before them is recorded."""
+    for seed in range(40):
+        rng = random.Random(seed)
+        words = [user("a"), user("b"), assistant("c"), assistant("d")]
+        branches, scanned = Branches(), ScannedBranches()
+        sent: list[list[Any]] = [[]]
+        pending: list[tuple[str, Place, list[Any]]] = []
+        for n in range(rng.choice([20, 200])):
+            base = rng.choice(sent[-8:])
+            messages = base[: rng.randint(0, len(base))] if rng.random() < 0.2 else list(base)
+            messages += [rng.choice(words) for _ in range(rng.choice([0, 1, 1, 2]))]
+            spot = branches.locate({"messages": messages})
+            assert (spot.branch, spot.parent_id) == scanned.locate({"messages": messages}), (seed, n)
+            pending.append((f"t{n}", spot, messages))
+            if rng.random() < 0.8:  # else recorded along with the next call's
+                for turn_id, recorded, its_messages in pending:
+                    branches.grow(turn_id, recorded)
+                    scanned.grow(turn_id, recorded.branch, its_messages)
+                pending.clear()
+            sent.append(messages)
 
 
 def test_the_trajectory_records_branches(server: Any, trainer: TrainerClient, background: Any) -> None:

@@ -27,7 +27,7 @@ class Place:
     prints: tuple[int, ...]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Head:
     branch: int
     turn_id: str
@@ -35,10 +35,15 @@ class _Head:
 
 
 class Branches:
-    """The latest call of each branch of one episode (of its `HEADS_KEPT` newest branches)."""
+    """The latest call of each branch of one episode (of its `HEADS_KEPT` newest branches).
+
+    Heads are kept by branch (oldest first) and by how many messages they hold. A call is placed by looking only at
+    heads shorter than it, longest first: an episode of calls that all repeat one prompt (a sampling loop) has a
+    head per call, all as long as the next call, and none is compared."""
 
     def __init__(self, next_branch: int = 0) -> None:
-        self._heads: list[_Head] = []
+        self._heads: dict[int, _Head] = {}  # by branch, in the order the branches opened
+        self._by_length: dict[int, list[_Head]] = {}  # by len(prints)
         self._next = next_branch
 
     @classmethod
@@ -46,32 +51,43 @@ class Branches:
         """The branches of an episode served before: each turn given is the latest of its branch."""
         branches = cls(next_branch)
         for turn in sorted(heads, key=lambda head: head.branch)[-HEADS_KEPT:]:
-            branches._heads.append(_Head(turn.branch, turn.id, _prints(turn.request)))
+            branches._add(_Head(turn.branch, turn.id, _prints(turn.request)))
         return branches
 
     def locate(self, request: JsonObject) -> Place:
-        """Where a call goes: after the head whose messages it extends furthest, or on a new branch. The call
-        heads its branch only once `grow` says it was recorded (before the next `locate`)."""
+        """Where a call goes: after the head whose messages it extends furthest (the oldest branch of those that
+        extend it as far), or on a new branch. The call heads its branch only once `grow` says it was recorded
+        (before the next `locate`)."""
         prints = _prints(request)
-        best: _Head | None = None
-        for head in self._heads:
-            n = len(head.prints)
-            if n < len(prints) and prints[:n] == head.prints and (best is None or n > len(best.prints)):
-                best = head
-        if best is None:
-            return Place(self._next, None, prints)
-        return Place(best.branch, best.turn_id, prints)
+        for n in sorted((n for n in self._by_length if n < len(prints)), reverse=True):
+            extended = [head for head in self._by_length[n] if head.prints == prints[:n]]
+            if extended:
+                best = min(extended, key=lambda head: head.branch)
+                return Place(best.branch, best.turn_id, prints)
+        return Place(self._next, None, prints)
 
     def grow(self, turn_id: str, place: Place) -> None:
         """The turn `locate` placed is recorded: it is the head of its branch now."""
-        head = next((head for head in self._heads if head.branch == place.branch), None)
-        if head is not None:
-            head.turn_id, head.prints = turn_id, place.prints
+        head = self._heads.get(place.branch)
+        if head is None:
+            self._add(_Head(place.branch, turn_id, place.prints))
+            self._next = max(self._next, place.branch + 1)
             return
-        self._heads.append(_Head(place.branch, turn_id, place.prints))
-        self._next = max(self._next, place.branch + 1)
+        self._unindex(head)
+        head.turn_id, head.prints = turn_id, place.prints
+        self._by_length.setdefault(len(head.prints), []).append(head)
+
+    def _add(self, head: _Head) -> None:
+        self._heads[head.branch] = head
+        self._by_length.setdefault(len(head.prints), []).append(head)
         if len(self._heads) > HEADS_KEPT:
-            self._heads.pop(0)
+            self._unindex(self._heads.pop(next(iter(self._heads))))
+
+    def _unindex(self, head: _Head) -> None:
+        same_length = self._by_length[len(head.prints)]
+        same_length.remove(head)
+        if not same_length:
+            del self._by_length[len(head.prints)]
 
 
 def _prints(request: JsonObject) -> tuple[int, ...]:
