@@ -57,7 +57,7 @@ class Soak:
     failovers: int = 0  # attempts cut by a kill, and retried
     kills: int = 0
     trainer_restarts: int = 0
-    lives: list[tuple[float, str, str]] = field(default_factory=list)  # (time, "up" or "killed", replica id)
+    lives: list[tuple[float, str, str]] = field(default_factory=list)  # (time, "up", "killed" or "trainer", replica)
     stopped_at: float = 0.0  # when the agents stopped making calls (those in flight go on)
     stopping: bool = False
     stopped: asyncio.Event = field(default_factory=asyncio.Event)  # set with `stopping`, for those that wait on it
@@ -145,6 +145,7 @@ async def keep_training(trainer: Trainer, soak: Soak, agents: list[asyncio.Task[
         if trainer.process.poll() is not None:
             trainer.restart()
             soak.trainer_restarts += 1
+            soak.lives.append((time.time(), "trainer", ""))
         await asyncio.sleep(0.2)
 
 
@@ -219,6 +220,11 @@ def report(soak: Soak, turns: list[Row], seconds: float, settled: bool, complain
         f"faults injected: {soak.kills} replicas killed -9 (and started again), {soak.failovers} attempts cut and "
         f"sent again, {soak.trainer_restarts} trainer restarts"
     )
+    since_stop = {
+        event: ", ".join(f"{when - soak.stopped_at:+.1f}" for when, what, _ in soak.lives if what == event) or "none"
+        for event in ("killed", "trainer")
+    }
+    print(f"seconds from the stop: kills {since_stop['killed']}; trainer restarts {since_stop['trainer']}")
     print(
         f"calls: {len(soak.calls)} ({outcomes['answered']} answered, {unanswered} not: "
         + (", ".join(f"{n} {outcome}" for outcome, n in outcomes.items() if outcome != "answered") or "none")
