@@ -17,7 +17,12 @@ from proxy.core.values import Turn, TurnStatus
 
 log = logging.getLogger("trajproxy")
 
+# The settled turns kept at hand: the newest 4,096, fewer when their calls are large (each holds its request, as
+# received and as parsed: a coding agent's call can be a megabyte), but never fewer than the newest 64, so that a
+# turn's latest state stays here until its write is committed.
 _RECENT_TURNS = 4096
+_RECENT_BYTES = 64 * 2**20  # of the calls' bodies as received
+_RECENT_AT_LEAST = 64
 
 
 class Ledger:
@@ -29,6 +34,7 @@ class Ledger:
         self._now = clock
         self.observer: Observer = observer or Unobserved()
         self._recent: OrderedDict[str, Turn] = OrderedDict()
+        self._recent_bytes = 0
         self._background: set[asyncio.Future[Any]] = set()
 
     def close(self, slot: Slot, status: TurnStatus, reason: str | None, **changes: Any) -> Turn | None:
@@ -43,9 +49,15 @@ class Ledger:
 
     def remember(self, turn: Turn) -> None:
         """Keep a settled turn's latest state at hand (its write may still be on the way)."""
+        if (earlier := self._recent.pop(turn.id, None)) is not None:
+            self._recent_bytes -= len(earlier.wire)
         self._recent[turn.id] = turn
-        if len(self._recent) > _RECENT_TURNS:
-            self._recent.popitem(last=False)
+        self._recent_bytes += len(turn.wire)
+        while len(self._recent) > _RECENT_TURNS or (
+            self._recent_bytes > _RECENT_BYTES and len(self._recent) > _RECENT_AT_LEAST
+        ):
+            _, oldest = self._recent.popitem(last=False)
+            self._recent_bytes -= len(oldest.wire)
 
     async def turn(self, turn_id: str) -> Turn:
         """A turn's latest state: open in the lot, settled lately, or as the store has it."""
