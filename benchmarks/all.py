@@ -2,11 +2,12 @@
 
     python benchmarks/all.py [--repeats 3] [--database-url postgresql+psycopg://...] [--quick]
 
-Turns, overhead, capacity, storage, sandbox start, task formats, forks, the web page and replicas behind HAProxy, in
-that order, with the settings their own scripts default to (--quick: the short smoke settings, once each). With
---database-url, turns and storage run on that Postgres too (a scratch schema per run), and so do the replicas (a
-database per run; without it, or without HAProxy, they are left out with a note). The sandbox benchmark is left
-out, with a note, if no Docker engine answers. Each figure is the median of its runs; errors are summed over them.
+Turns, overhead, capacity, large calls, storage, sandbox start, task formats, forks, the web page and replicas behind
+HAProxy, in that order, with the settings their own scripts default to (--quick: the short smoke settings, once
+each). With --database-url, turns and storage run on that Postgres too (a scratch schema per run), and so do the
+replicas (a database per run; without it, or without HAProxy, they are left out with a note). The sandbox benchmark
+is left out, with a note, if no Docker engine answers. Each figure is the median of its runs; errors are summed
+over them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import capacity  # noqa: E402
+import large_calls  # noqa: E402
 import overhead  # noqa: E402
 import storage  # noqa: E402
 import turns  # noqa: E402
@@ -165,6 +167,25 @@ def run_capacity(args: argparse.Namespace) -> list[Result]:
     return table("Capacity: calls parked at once in one process (SQLite, `capacity.py`)", columns, rows)
 
 
+def run_large_calls(args: argparse.Namespace) -> list[Result]:
+    calls, size_kib = (60, 256) if args.quick else (300, 1024)
+
+    def once() -> Result:
+        samples = large_calls.bench(calls, size_kib, None, args.port)
+        middle = samples[len(samples) // 2]
+        return {"calls": calls, "kib": size_kib, "before": samples[0][1], "middle": middle[1], "after": samples[-1][1]}
+
+    columns = [
+        ("calls", "calls", "d"),
+        ("KiB each", "kib", ",d"),
+        ("RSS before MiB", "before", ".0f"),
+        ("RSS halfway MiB", "middle", ".0f"),
+        ("RSS after MiB", "after", ".0f"),
+    ]
+    rows = [repeated(args.repeats, once)]
+    return table("Large calls: memory after many calls (SQLite, `large_calls.py`)", columns, rows)
+
+
 def run_storage(args: argparse.Namespace) -> list[Result]:
     batches, most = ([64], 640) if args.quick else ([1, 64, 1024], 20000)
     columns = [
@@ -275,6 +296,7 @@ BENCHMARKS = {
     "turns": run_turns,
     "overhead": run_overhead,
     "capacity": run_capacity,
+    "large-calls": run_large_calls,
     "storage": run_storage,
     "sandbox": run_sandbox,
     "task-formats": script("task_formats.py", "Task formats"),
