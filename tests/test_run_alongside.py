@@ -32,7 +32,10 @@ def start(name: str, label: str, tmp_path: Path) -> subprocess.Popen[bytes]:
 
 
 def containers(engine: Any, *labels: str) -> set[str]:
-    return {container.id for container in engine.containers.list(all=True, filters={"label": list(labels)})}
+    """The ids of the containers with all these labels. Sparse: a container removed between the engine's list and
+    an inspect of it (a sandbox whose start failed, say) would otherwise fail the listing."""
+    listed = engine.containers.list(all=True, filters={"label": list(labels)}, sparse=True)
+    return {container.id for container in listed}
 
 
 def prune(label: str) -> str:
