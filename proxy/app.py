@@ -23,6 +23,7 @@ from proxy import __version__
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.keys import new_id
+from proxy.core.upstreams import Upstreams
 from proxy.http.agent import AgentRoutes
 from proxy.http.docs import add_docs
 from proxy.http.edge import asks_upgrade, error_body, invalid, redact, refuse_upgrade, status_of
@@ -35,6 +36,7 @@ from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
 from proxy.http.ui import add_ui
 from proxy.metrics import PrometheusMetrics
+from proxy.served import ServedUpstream
 from proxy.settings import Settings
 from proxy.storage.shared import PostgresQueue
 from proxy.storage.sql import SqlStore
@@ -79,10 +81,12 @@ def create_app(settings: Settings) -> Trajproxy:
     store = SqlStore(settings.database_url, on_commit=metrics.committed, replica=replica)
     shared = PostgresQueue(store, dead_after_s=settings.replica_dead_s) if settings.shared else None
     tokens = TiktokenCounter()
+    key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
+    served = ServedUpstream(api_key=key)
     broker = Broker(
         store,
         tokens,
-        LitellmUpstream(),
+        Upstreams({"model": LitellmUpstream(), "vllm": served, "sglang": served}),
         turn_timeout_s=settings.turn_timeout_s,
         lease_s=settings.lease_s,
         retry_grace_s=settings.retry_grace_s,
@@ -100,6 +104,7 @@ def create_app(settings: Settings) -> Trajproxy:
         finally:
             await broker.drain()
             await broker.stop()
+            await served.aclose()
             await store.close()
 
     app = FastAPI(

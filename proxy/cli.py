@@ -7,6 +7,7 @@ status). `sandbox` adds `run`, `agents` and `sandbox` so; proxy itself never imp
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from importlib.metadata import entry_points
@@ -161,3 +162,18 @@ def _announce_token(kept: KeptToken | None) -> None:
         f"from there; elsewhere: export TRAJPROXY_TRAINER_TOKEN=$(cat {kept.path}))",
         flush=True,
     )
+
+
+def key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """`key=value` pairs from a repeated flag; a value that reads as JSON (a number, true, null, a list, a string in
+    quotes) is taken so, any other as text. ValueError names the flag and the pair that is not one."""
+    pairs: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {item!r}: expected key=value")
+        try:
+            pairs[key] = json.loads(raw)
+        except ValueError:
+            pairs[key] = raw
+    return pairs

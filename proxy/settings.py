@@ -18,6 +18,7 @@ class Settings(BaseSettings):
     trainer_token: SecretStr | None = None  # None: the token file's (see proxy/trainer_token.py)
     trainer_token_file: str | None = None  # where a generated token is kept (default ~/.config/trajproxy/trainer-token)
     no_trainer_token: bool = False  # an open trainer API, on loopback only: for a throwaway session
+    policy_api_key: SecretStr | None = None  # sent to a served policy's inference server (vllm:, sglang:), if it asks
     turn_timeout_s: float = Field(default=300.0, gt=0)
     lease_s: float = Field(default=60.0, gt=0)
     keepalive_s: float = Field(default=10.0, gt=0)

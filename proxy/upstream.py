@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from proxy.core.errors import UpstreamError
-from proxy.core.values import JsonObject, Reply, Usage
+from proxy.core.values import JsonObject, ModelRoute, Reply, Usage
 
 # Request fields that describe the agent's HTTP exchange with trajproxy, not the model call.
 _EXCHANGE_FIELDS = frozenset({"model", "stream", "stream_options", "n"})
@@ -22,8 +22,9 @@ class LitellmUpstream:
         self._litellm: Any = None
         self._importing = asyncio.Lock()
 
-    async def complete(self, model: str, request: JsonObject, options: JsonObject) -> Reply:
+    async def complete(self, route: ModelRoute, request: JsonObject) -> Reply:
         litellm = await self._load()
+        model, options = route.model, route.options
         params = {k: v for k, v in request.items() if k not in _EXCHANGE_FIELDS}
         try:
             response = await litellm.acompletion(model=model, **params, **options)

@@ -83,7 +83,20 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     run.add_argument("--model", help="the model name the agent asks for (default: the manifest's, 'policy')")
     run.add_argument("--bundles", help=BUNDLES_HELP)
-    run.add_argument("--policy", default="trainer", help="trainer (default), scripted:FILE or model:NAME")
+    run.add_argument(
+        "--policy",
+        default="trainer",
+        help="trainer (default), scripted:FILE, model:NAME (any litellm model), or vllm:NAME / sglang:NAME (the policy "
+        "being trained on its inference server, its token ids recorded; needs --policy-option api_base=URL)",
+    )
+    run.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of a model or served policy (api_base, temperature, max_tokens, seed, …); a value that "
+        'reads as JSON is taken so (0.7, 256, true, ["\\n"]); repeat for each',
+    )
     run.add_argument("--concurrency", type=int, default=4, help="tasks run at once")
     run.add_argument(
         "--agent-timeout-s", type=float, help="each agent's time limit (default: the task's own, else 1800)"

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from proxy.cli import key_values
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
+from proxy.core.values import SERVED_KINDS
 
 _POLL_S = 1.0
 
@@ -108,13 +110,25 @@ async def _answer(call: Any) -> None:
             raise
 
 
-def policy_from(spec: str, on_failure: OnFailure | None = None) -> Policy:
-    """`trainer`, `scripted:FILE` or `model:NAME` (whose failed calls `on_failure` hears of)."""
+def policy_from(spec: str, options: dict[str, Any] | None = None, on_failure: OnFailure | None = None) -> Policy:
+    """`trainer`, `scripted:FILE`, `model:NAME` or `vllm:NAME` / `sglang:NAME` (a served policy, whose token ids
+    are recorded), with the model's `options`; `on_failure` hears of the calls a model failed."""
     kind, _, argument = spec.partition(":")
+    if options and kind not in ("model", *SERVED_KINDS):
+        raise ValueError(f"--policy-option is for model:, vllm: and sglang: policies, not {kind}")
     if kind == "trainer" and not argument:
         return TrainerPolicy()
     if kind == "scripted" and argument:
         return ScriptedPolicy(argument)
     if kind == "model" and argument:
-        return ModelPolicy(argument, on_failure=on_failure)
-    raise ValueError(f"unknown policy {spec!r}: use trainer, scripted:FILE or model:NAME")
+        return ModelPolicy(argument, options, on_failure=on_failure)
+    if kind in SERVED_KINDS and argument:
+        if not str((options or {}).get("api_base", "")).startswith(("http://", "https://")):
+            raise ValueError(f"--policy {spec} needs --policy-option api_base=URL, its server (http://HOST:PORT/v1)")
+        return ModelPolicy(spec, options, on_failure=on_failure)
+    raise ValueError(f"unknown policy {spec!r}: use trainer, scripted:FILE, model:NAME, vllm:NAME or sglang:NAME")
+
+
+def policy_options(items: list[str]) -> dict[str, Any]:
+    """`--policy-option KEY=VALUE` pairs; a value that reads as JSON (a number, true, a list) is taken so."""
+    return key_values(items, "--policy-option")

@@ -60,7 +60,7 @@ def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
 
 def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskError], Policy, RunConfig]:
     """The tasks, the policy and how to run them, as the command line asks; _Refused says why not."""
-    from sandbox.policies import policy_from
+    from sandbox.policies import policy_from, policy_options
     from sandbox.tasks import read_tasks
 
     def model_failed(episode_id: str, message: str) -> None:
@@ -73,7 +73,7 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
     if not Path(args.tasks).exists():
         raise _Refused(f"no such file or directory: {args.tasks}")
     try:
-        policy = policy_from(args.policy, on_failure=model_failed)
+        policy = policy_from(args.policy, policy_options(args.policy_option), on_failure=model_failed)
         parsed = list(read_tasks(args.tasks, image=args.image, image_template=args.image_template, format=args.format))
         injected = None
         if args.agent and args.agent != ORACLE:

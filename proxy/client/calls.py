@@ -107,13 +107,15 @@ class Calls:
         return Call("POST", f"/api/turns/{turn_id}/reply", wire.Turn.model_validate, json=body)
 
     @staticmethod
-    def pause(mode: str, retry_after_s: float) -> Call[wire.PauseState]:
-        body = {"mode": mode, "retry_after_s": retry_after_s}
-        return Call("POST", "/api/pause", wire.PauseState.model_validate, json=body)
+    def pause(mode: str, retry_after_s: float, drain_s: float) -> Call[wire.PauseState]:
+        body = {"mode": mode, "retry_after_s": retry_after_s, "drain_s": drain_s}
+        timeout_s = drain_s + 30.0 if drain_s else None
+        return Call("POST", "/api/pause", wire.PauseState.model_validate, json=body, timeout_s=timeout_s)
 
     @staticmethod
-    def resume() -> Call[wire.PauseState]:
-        return Call("POST", "/api/resume", wire.PauseState.model_validate, json={})
+    def resume(policy_version: str | None) -> Call[wire.PauseState]:
+        body = {"policy_version": policy_version} if policy_version is not None else {}
+        return Call("POST", "/api/resume", wire.PauseState.model_validate, json=body)
 
     @staticmethod
     def reply_many(replies: Sequence[dict[str, Any]]) -> Call[wire.ReplyResults]:

@@ -90,12 +90,14 @@ class TrainerClient:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
         return self._send(Calls.reply(turn_id, reply_body(content, tool_calls, message, error, extras)))
 
-    def pause(self, mode: str = "hold", retry_after_s: float = 5.0) -> wire.PauseState:
-        """Pause new agent calls for a weight update (hold them, or reject them with 429); see `resume`."""
-        return self._send(Calls.pause(mode, retry_after_s))
+    def pause(self, mode: str = "hold", retry_after_s: float = 5.0, drain_s: float = 0.0) -> wire.PauseState:
+        """Pause new agent calls for a weight update (hold them, or reject them with 429); see `resume`. With
+        `drain_s`, it returns once no turn is in flight (or after that long: `in_flight` says how many are)."""
+        return self._send(Calls.pause(mode, retry_after_s, drain_s))
 
-    def resume(self) -> wire.PauseState:
-        return self._send(Calls.resume())
+    def resume(self, policy_version: str | None = None) -> wire.PauseState:
+        """Release the held calls; replies recorded from now on carry `policy_version` (the new weights' name)."""
+        return self._send(Calls.resume(policy_version))
 
     def stream(self, episode: str | None = None, max: int = 64, lease_s: float | None = None) -> TurnStream:
         """The trainer's stream (a WebSocket): turns pushed as they park, up to `max` awaiting a reply at once,

@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from proxy.core.episodes import LiveEpisodes
-from proxy.core.errors import Conflict, TrajproxyError, TurnClosed, UpstreamError
+from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed, UpstreamError
 from proxy.core.ledger import Ledger
 from proxy.core.parking import ParkingLot, Slot, delivery_of
 from proxy.core.ports import Store, TokenCounter, Upstream
-from proxy.core.values import JsonObject, ModelRoute, Reply, Turn, TurnStatus, Usage
+from proxy.core.values import ModelRoute, Reply, Turn, TurnStatus, Usage
 
 Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
 
@@ -45,6 +45,7 @@ class Answers:
         self._episodes = episodes
         self._now = clock
         self._pending: dict[str, asyncio.Future[None]] = {}  # turn id -> the write recording its reply
+        self.policy_version: str | None = None  # what the trainer's last resume named: replies without one get it
 
     async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:
         """Answer a turn. The same reply again succeeds; a different one is a conflict."""
@@ -69,7 +70,7 @@ class Answers:
                 )
             elif slot is not None:
                 open_.append((i, slot, reply))
-        counted = await self._with_usage([(slot.turn, reply) for _, slot, reply in open_])
+        counted = await self._completed([(slot.turn, reply) for _, slot, reply in open_])
         now = self._now()
         answered: list[tuple[int, Slot, Turn]] = []
         for (i, slot, _), reply in zip(open_, counted, strict=True):
@@ -103,9 +104,7 @@ class Answers:
         assert len(done) == len(answers)
         return done
 
-    async def forward(
-        self, turn_id: str, model: str, options: JsonObject, lease_id: str | None, lease_s: float | None
-    ) -> Turn:
+    async def forward(self, turn_id: str, route: ModelRoute, lease_id: str | None, lease_s: float | None) -> Turn:
         """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
         slot = self._lot.get(turn_id)
         if slot is None:
@@ -116,11 +115,11 @@ class Answers:
         self._lot.hold(slot, self._now())
         lease_id = slot.turn.lease_id
         try:
-            reply = await self._upstream.complete(model, slot.turn.request, options)
+            reply = await self._upstream.complete(route, slot.turn.request)
         except BaseException:  # the model failed: the turn is the trainer's again, under a running lease
             self._lot.renew(slot, lease_s or self._lease_s)
             raise
-        return await self.reply(turn_id, replace(reply, answered_by=f"model:{model}"), lease_id)
+        return await self.reply(turn_id, replace(reply, answered_by=route.spec), lease_id)
 
     def by_model(self, slot: Slot, route: ModelRoute, since: float | None = None) -> None:
         """Hold a turn out of the trainers' queue (since `since`, else now) while a model answers it."""
@@ -130,8 +129,8 @@ class Answers:
     async def from_model(self, slot: Slot, route: ModelRoute) -> None:
         """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
         try:
-            reply = await self._upstream.complete(route.model, slot.turn.request, route.options)
-            await self.reply(slot.turn.id, replace(reply, answered_by=f"model:{route.model}"), slot.turn.lease_id)
+            reply = await self._upstream.complete(route, slot.turn.request)
+            await self.reply(slot.turn.id, replace(reply, answered_by=route.spec), slot.turn.lease_id)
         except UpstreamError as e:
             if (failed := self._ledger.close(slot, TurnStatus.FAILED, e.message)) is not None:
                 await self._store.save_turns([failed])
@@ -164,6 +163,28 @@ class Answers:
             raise TurnClosed(f"turn {turn_id} is not waiting on this proxy any more; its agent is gone")
         raise TurnClosed(f"turn {turn_id} is {turn.status} ({turn.reason}); it can no longer be answered")
 
+    async def _completed(self, replies: list[tuple[Turn, Reply]]) -> list[Reply]:
+        """The replies as recorded: usage counted where missing, the policy version they were answered under, and
+        for replies with prompt ids, whether those extend the ids of the turn their conversation continues."""
+        counted = await self._with_usage(replies)
+        stamped = [
+            reply if reply.policy_version is not None else replace(reply, policy_version=self.policy_version)
+            for reply in counted
+        ]
+        return [await self._chained(turn, reply) for (turn, _), reply in zip(replies, stamped, strict=True)]
+
+    async def _chained(self, turn: Turn, reply: Reply) -> Reply:
+        if reply.prompt_token_ids is None or turn.parent_id is None:
+            return reply
+        try:
+            parent = (await self._ledger.turn(turn.parent_id)).reply
+        except NotFound:
+            return reply
+        if parent is None or parent.prompt_token_ids is None or parent.completion_token_ids is None:
+            return reply
+        drift_at = first_difference(parent.prompt_token_ids + parent.completion_token_ids, reply.prompt_token_ids)
+        return replace(reply, extends_parent=drift_at is None, drift_at=drift_at)
+
     async def _with_usage(self, replies: list[tuple[Turn, Reply]]) -> list[Reply]:
         """The replies with their usage counted where the trainer did not send it (off the loop if large)."""
         missing = [i for i, (_, reply) in enumerate(replies) if reply.usage is None and reply.message is not None]
@@ -195,9 +216,20 @@ def _before_restart(turn: Turn, lease_id: str) -> int | None:
 
 
 def same_reply(recorded: Reply, offered: Reply) -> bool:
+    """Whether a reply offered again is the one recorded, less what trajproxy added to it when it was recorded."""
     if offered.usage is None:
         recorded = replace(recorded, usage=None)
-    return recorded == offered
+    if offered.policy_version is None:
+        recorded = replace(recorded, policy_version=None)
+    return replace(recorded, extends_parent=None, drift_at=None) == offered
+
+
+def first_difference(earlier: Sequence[int], prompt: Sequence[int]) -> int | None:
+    """Where a prompt stops extending an earlier turn's ids token for token; None if it extends them all."""
+    for i, (mine, theirs) in enumerate(zip(earlier, prompt, strict=False)):
+        if mine != theirs:
+            return i
+    return None if len(prompt) >= len(earlier) else len(prompt)
 
 
 def _resolve(slot: Slot, written: asyncio.Future[None], turn: Turn) -> None:

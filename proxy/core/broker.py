@@ -93,7 +93,7 @@ class Broker:
             retry_grace_s=retry_grace_s,
             restart_grace_s=restart_grace_s,
         )
-        self._pause = Pause(self._lot)
+        self._pause = Pause(self._lot, self._answers.by_model)
         self._shared = shared
         self._replicas = None
         if shared is not None:
@@ -124,14 +124,23 @@ class Broker:
     def paused(self) -> str | None:
         return self._pause.mode
 
-    def pause(self, mode: str, retry_after_s: float) -> None:
-        """Stop handing out new agent calls (for a weight update): see `Pause`. Every replica pauses."""
+    @property
+    def policy_version(self) -> str | None:
+        return self._answers.policy_version
+
+    async def pause(self, mode: str, retry_after_s: float, drain_s: float = 0.0) -> int:
+        """Stop handing out new agent calls (for a weight update): see `Pause`. Every replica pauses. Waits up to
+        `drain_s` for the turns in flight on this replica to finish; returns how many still are."""
         self._pause.start(mode, retry_after_s)
         if self._replicas is not None:
             self._replicas.pause(mode, retry_after_s)
+        return await self._pause.drained(drain_s)
 
-    def resume(self) -> int:
-        """Release the calls held while paused; returns how many go to the queue (from this replica)."""
+    def resume(self, policy_version: str | None = None) -> int:
+        """Release the calls held while paused; returns how many go on (from this replica). Replies recorded from
+        now on carry `policy_version` (when given) unless their trainer names another."""
+        if policy_version is not None:
+            self._answers.policy_version = policy_version
         if self._replicas is not None:
             self._replicas.pause(None, 0.0)
         return self._pause.lift()
@@ -304,10 +313,11 @@ class Broker:
             self._replicas.parked(slot)
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot
-        if (answerer := route or live.episode.policy) is not None:  # a model answers: no trainer sees the turn
+        answerer = route or live.episode.policy  # None: a trainer answers
+        if (answerer is None or answerer.served) and self._pause.hold_if_holding(slot, turn.created_at, answerer):
+            return slot  # the policy being trained waits out the pause
+        if answerer is not None:  # a model answers: no trainer sees the turn
             self._answers.by_model(slot, answerer, since=turn.created_at)
-        else:
-            self._pause.hold_if_holding(slot)
         return slot
 
     async def _retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
@@ -364,11 +374,9 @@ class Broker:
         """Answer many turns (`reply` for each), recording them in one write; each succeeds or fails alone."""
         return await self._answers.reply_all(answers)
 
-    async def forward(
-        self, turn_id: str, model: str, options: JsonObject, lease_id: str | None = None, lease_s: float | None = None
-    ) -> Turn:
+    async def forward(self, turn_id: str, route: ModelRoute, lease_id: str | None, lease_s: float | None) -> Turn:
         """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
-        return await self._answers.forward(turn_id, model, options, lease_id, lease_s)
+        return await self._answers.forward(turn_id, route, lease_id, lease_s)
 
     async def add_reward(self, episode_id: str, name: str, value: float, **details: Any) -> Reward:
         """Record a reward of the episode (or of one of its turns: `turn_id`); see `Rewards.add`."""

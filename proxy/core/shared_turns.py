@@ -16,7 +16,7 @@ from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed
 from proxy.core.parking import Slot, delivery_of, lease_of
 from proxy.core.ports import SharedQueue
 from proxy.core.pulls import Pulls
-from proxy.core.values import JsonObject, Reply, Turn, TurnStatus
+from proxy.core.values import ModelRoute, Reply, Turn, TurnStatus
 
 _LEASE_SLACK_S = 0.05  # a waiting pull looks again this long after a running lease should have run out
 
@@ -114,7 +114,7 @@ class SharedAnswers(Answers):
                 asked.append((i, turn, reply, self._delivery(turn_id, lease_id)))
             except Conflict as e:
                 outcomes[i] = e
-        counted = await self._with_usage([(turn, reply) for _, turn, reply, _ in asked])
+        counted = await self._completed([(turn, reply) for _, turn, reply, _ in asked])
         now = self._now()
         answered = [
             replace(turn, status=TurnStatus.ANSWERED, reply=reply, answered_at=now, ended_at=now, reason=None)
@@ -135,9 +135,7 @@ class SharedAnswers(Answers):
             seen.add(done.id)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    async def forward(
-        self, turn_id: str, model: str, options: JsonObject, lease_id: str | None, lease_s: float | None
-    ) -> Turn:
+    async def forward(self, turn_id: str, route: ModelRoute, lease_id: str | None, lease_s: float | None) -> Turn:
         turn = (await self._queue.turns([turn_id])).get(turn_id)
         if turn is None:
             raise NotFound(f"no turn {turn_id!r}")
@@ -145,8 +143,8 @@ class SharedAnswers(Answers):
             raise TurnClosed(f"turn {turn_id} is {turn.status}; it can no longer be answered")
         if lease_id is not None and self._delivery(turn_id, lease_id) != turn.deliveries:
             raise Conflict(f"lease {lease_id} on turn {turn_id} has expired; the turn was not forwarded")
-        reply = await self._upstream.complete(model, turn.request, options)
-        return await self.reply(turn_id, replace(reply, answered_by=f"model:{model}"), lease_id)
+        reply = await self._upstream.complete(route, turn.request)
+        return await self.reply(turn_id, replace(reply, answered_by=route.spec), lease_id)
 
     def _delivery(self, turn_id: str, lease_id: str | None) -> int | None:
         """The delivery a reply's lease names; None for a reply under no lease, or this replica's own hold of a turn

@@ -41,7 +41,9 @@ class TurnStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ModelRoute:
-    """A model (any name litellm knows) that answers some of an episode's calls in the trainer's place.
+    """A model that answers some of an episode's calls in the trainer's place: any name litellm knows (`kind`
+    "model"), or the policy being trained, served by an inference server that returns the token ids it sampled
+    (`kind` "vllm" or "sglang", its `options` holding the server's `api_base` and the sampling parameters).
 
     As an episode's policy it answers every call. As a routing rule it answers the calls that match it: those
     for a model name matching `when_model` (a glob, e.g. `claude-3-5-haiku*`), or whose system prompt contains
@@ -52,6 +54,17 @@ class ModelRoute:
     options: JsonObject = field(default_factory=dict)
     when_model: str | None = None
     when_system: str | None = None
+    kind: str = "model"
+
+    @property
+    def spec(self) -> str:
+        """How the API names it: `model:NAME`, `vllm:NAME`, `sglang:NAME`."""
+        return f"{self.kind}:{self.model}"
+
+    @property
+    def served(self) -> bool:
+        """The policy being trained, on an inference server: its turns wait out a pause like a trainer's."""
+        return self.kind in SERVED_KINDS
 
     def matches(self, request: JsonObject) -> bool:
         if self.when_model is not None:
@@ -59,6 +72,18 @@ class ModelRoute:
             if isinstance(asked, str) and fnmatch.fnmatchcase(asked, self.when_model):
                 return True
         return self.when_system is not None and self.when_system in system_prompt(request)
+
+
+SERVED_KINDS = ("vllm", "sglang")
+POLICY_KINDS = ("model", *SERVED_KINDS)
+
+
+def route_of(spec: str, options: JsonObject, served_only: bool = False) -> ModelRoute | None:
+    """The model a policy spec names (`model:NAME`, `vllm:NAME`, `sglang:NAME`, or with `served_only` the last
+    two alone); None for `trainer` or another spec."""
+    kind, sep, model = spec.partition(":")
+    known = SERVED_KINDS if served_only else POLICY_KINDS
+    return ModelRoute(model, options, kind=kind) if sep and kind in known else None
 
 
 def system_prompt(request: JsonObject) -> str:
@@ -151,6 +176,13 @@ class Reply:
     policy_version: str | None = None
     answered_by: str = "trainer"
     cost_usd: float | None = None  # what the model's call cost, for turns a model answered
+    # Where a served policy answered: what its server was asked (the sampling parameters) and answered, verbatim,
+    # so the turn can be re-scored.
+    served: JsonObject | None = None
+    # Recorded by trajproxy for a reply with prompt ids whose turn extends an earlier one with ids: whether the
+    # prompt ids start with that turn's prompt + completion ids, and if not, the first index where they differ.
+    extends_parent: bool | None = None
+    drift_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

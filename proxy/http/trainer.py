@@ -16,7 +16,7 @@ from proxy import wire
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Turn
+from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Turn, route_of
 from proxy.http.edge import disconnected, status_of
 from proxy.http.views import (
     episode_settings,
@@ -85,12 +85,11 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
 
     @router.post("/episodes/{episode_id}/fork", status_code=201, response_model=wire.Forks)
     async def fork(episode_id: str, body: wire.ForkIn, request: Request) -> Response:
-        kind, _, model = (body.policy or "").partition(":")
         made = await broker.fork(
             episode_id,
             body.at_turn,
             body.n,
-            policy=ModelRoute(model, body.policy_options) if kind == "model" else None,
+            policy=route_of(body.policy or "", body.policy_options),
             inherit_policy=body.policy is None,
             ignore=body.ignore,
             min_similarity=body.min_similarity,
@@ -177,12 +176,15 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     @router.post("/pause", response_model=wire.PauseState)
     async def pause(body: wire.PauseIn) -> Response:
         """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
-        broker.pause(body.mode, body.retry_after_s)
-        return json_response({"paused": broker.paused, "released": 0})
+        in_flight = await broker.pause(body.mode, body.retry_after_s, body.drain_s)
+        return json_response(pause_view(broker, 0, in_flight))
 
     @router.post("/resume", response_model=wire.PauseState)
-    async def resume() -> Response:
-        return json_response({"paused": None, "released": broker.resume()})
+    async def resume(body: wire.ResumeIn | None = None) -> Response:
+        """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
+        it (a weight update's step)."""
+        released = broker.resume(body.policy_version if body else None)
+        return json_response(pause_view(broker, released, 0))
 
     @router.post("/turns/replies", response_model=wire.ReplyResults)
     async def reply_many(
@@ -195,10 +197,16 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
 
     @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
     async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
-        turn = await broker.forward(turn_id, body.model, body.options, body.lease_id)
+        route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
+        turn = await broker.forward(turn_id, route, body.lease_id, None)
         return json_response(turn_view(turn))
 
     return router
+
+
+def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
+    state = {"paused": broker.paused, "policy_version": broker.policy_version}
+    return {**state, "released": released, "in_flight": in_flight}
 
 
 # The two calls a trainer makes for every batch; FastLane serves them without the framework when their input is

@@ -10,7 +10,7 @@ import orjson
 
 from proxy import wire
 from proxy.core.steps import TimeStep
-from proxy.core.values import AgentError, Budget, Episode, JsonObject, ModelRoute, Reply, Reward, Turn, Usage
+from proxy.core.values import AgentError, Budget, Episode, JsonObject, ModelRoute, Reply, Reward, Turn, Usage, route_of
 from proxy.wire import replies
 
 
@@ -26,7 +26,7 @@ def episode_view(episode: Episode) -> JsonObject:
         "started_at": episode.started_at,
         "ended_at": episode.ended_at,
         "reason": episode.reason,
-        "policy": f"model:{episode.policy.model}" if episode.policy else "trainer",
+        "policy": episode.policy.spec if episode.policy else "trainer",
         "policy_options": episode.policy.options if episode.policy else {},
         "routes": [_route_view(route) for route in episode.routes],
         "budget": {
@@ -153,14 +153,16 @@ def _reply_view(reply: Reply) -> JsonObject:
         "policy_version": reply.policy_version,
         "answered_by": reply.answered_by,
         "cost_usd": reply.cost_usd,
+        "extends_parent": reply.extends_parent,
+        "drift_at": reply.drift_at,
+        "served": reply.served,
     }
 
 
 def episode_settings(body: wire.EpisodeCreate) -> JsonObject:
     """The broker's keyword arguments for a new episode's policy, routes and budget."""
-    kind, _, model = body.policy.partition(":")
     return {
-        "policy": ModelRoute(model, body.policy_options) if kind == "model" else None,
+        "policy": route_of(body.policy, body.policy_options),
         "routes": [ModelRoute(r.model, r.options, r.when_model, r.when_system) for r in body.routes],
         "budget": Budget(body.max_turns, body.max_tokens, None, body.on_budget == "finish"),
         "deadline_s": body.deadline_s,

@@ -7,8 +7,12 @@ Three shapes:
   schemas and metadata loads into one Arrow schema.
 - `tokens`: for turns whose reply carried token ids, the branch as one token sequence: `prompt_ids`, then
   `completion_ids` holding the policy's tokens (loss mask 1) and the tokens the environment added between
-  calls (loss mask 0), with `logprobs` aligned to them. Where a call's prompt does not extend the sequence so
-  far (the agent rewrote its history), a new line starts.
+  calls (loss mask 0), with `logprobs` aligned to them. Loss falls only on ids the policy is proven to have
+  sampled in exactly that context: where a call's prompt drifts from the sequence so far (a chat template that
+  drops earlier reasoning, an agent that edits its history) inside what came after the first prompt, the
+  sequence is cut there and goes on with the call's prompt (loss mask 0), so an earlier output is masked from
+  the cut on, and `drifts` says where and how many sampled ids lost their loss; where it drifts inside the
+  first prompt, a new line starts.
 - `atif`: the branch as an Agent Trajectory Interchange Format (v1.7) trajectory (`proxy/storage/atif.py`).
 
 A fork's replayed turns (its parent's replies, `answered_by: replay`) are marked: `weight: 0` on their assistant
@@ -20,7 +24,6 @@ Episodes are read a page at a time and their turns streamed, so memory stays fla
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +37,8 @@ from sqlalchemy import Connection, Engine, and_, create_engine, func, inspect, o
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from proxy.cli import key_values
+from proxy.core.answers import first_difference
 from proxy.core.errors import NotFound, StorageError
 from proxy.core.replay import REPLAYED
 from proxy.core.values import JsonObject, text_of
@@ -136,16 +141,7 @@ def parse_time(text: str) -> float:
 
 def parse_where(items: list[str]) -> dict[str, Any]:
     """`key=value` pairs; a value that reads as JSON (a number, true, null, a string in quotes) is taken so."""
-    wanted: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--where {item!r}: expected key=value")
-        try:
-            wanted[key] = json.loads(raw)
-        except ValueError:
-            wanted[key] = raw
-    return wanted
+    return key_values(items, "--where")
 
 
 # Reading
@@ -281,9 +277,19 @@ class _Sequence:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
     policy_versions: list[str | None] = field(default_factory=list)
+    drifts: list[JsonObject] = field(default_factory=list)
 
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
+
+    def cut(self, at: int, turn_id: str) -> None:
+        """A later prompt differs from the sequence from `at` on: keep what comes before, drop the rest (what was
+        sampled there is not what that prompt holds, so it can have no loss)."""
+        keep = at - len(self.prompt_ids)
+        self.drifts.append({"turn_id": turn_id, "at": at, "masked": sum(self.loss_mask[keep:])})
+        del self.completion_ids[keep:], self.loss_mask[keep:]
+        if self.logprobs is not None:
+            del self.logprobs[keep:]
 
     def add(self, turn: Any, between: list[int]) -> None:
         """The turn's reply after `between`, the tokens the environment added since the last; a reply a fork
@@ -312,8 +318,11 @@ def _token_lines(episode: Any, reward: float | None, ending: dict[str, float], a
         sequence = open_.get(turn.branch)
         if sequence is not None:
             so_far = sequence.tokens()
-            if prompt[: len(so_far)] == so_far:
-                sequence.add(turn, prompt[len(so_far) :])
+            at = first_difference(so_far, prompt)
+            if at is None or at >= len(sequence.prompt_ids):
+                if at is not None:
+                    sequence.cut(at, turn.id)
+                sequence.add(turn, prompt[len(sequence.tokens()) :])
                 continue
             finished.append((turn.branch, sequence))
         sequence = open_[turn.branch] = _Sequence(prompt)
@@ -328,5 +337,6 @@ def _token_lines(episode: Any, reward: float | None, ending: dict[str, float], a
             "branch": branch,
             "turn_ids": sequence.turn_ids,
             "policy_versions": sequence.policy_versions,
+            "drifts": sequence.drifts,
             **_common(episode, reward, ending),
         }

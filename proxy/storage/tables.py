@@ -276,6 +276,9 @@ def _reply_json(reply: Reply) -> JsonObject:
         value = getattr(reply, name)
         if value is not None:
             data[name] = list(value)
+    for name in ("served", "extends_parent", "drift_at"):
+        if (value := getattr(reply, name)) is not None:
+            data[name] = value
     return data
 
 
@@ -299,6 +302,9 @@ def _reply_from(row: Any) -> Reply:
         policy_version=row.policy_version,
         answered_by=row.answered_by or "trainer",
         cost_usd=row.cost_usd,
+        served=data.get("served"),
+        extends_parent=data.get("extends_parent"),
+        drift_at=data.get("drift_at"),
     )
 
 

@@ -81,13 +81,19 @@ Metadata = Annotated[dict[str, Any], AfterValidator(lambda value: _storable(valu
 
 
 def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
-    secret = [name for name in options if any(word in name.lower() for word in ("key", "token", "secret", "pass"))]
+    secret = [name for name in options if _credential(name)]
     if secret:
         raise ValueError(
             f"options {secret} look like credentials, which would be stored with the episode: set them in "
             "trajproxy's environment instead (OPENAI_API_KEY, ANTHROPIC_API_KEY, …), where litellm finds them"
         )
     return options
+
+
+def _credential(name: str) -> bool:
+    """A name that reads as a secret (`api_key`, `access_token`, `password`), not a sampling one (`max_tokens`)."""
+    lowered = name.lower()
+    return lowered.endswith(("key", "token", "secret")) or "passw" in lowered or "secret" in lowered
 
 
 ModelOptions = Annotated[Json, AfterValidator(_no_credentials)]

@@ -29,6 +29,21 @@ def _given(of: str, **types: str) -> JsonDict:
     return {of: [{"required": [name], "properties": {name: {"type": kind}}} for name, kind in types.items()]}
 
 
+POLICY = r"^(trainer|(model|vllm|sglang):.+)$"
+POLICY_MEANS = (
+    "trainer; model:NAME (any litellm model); or vllm:NAME / sglang:NAME, the policy being trained on its inference "
+    "server (policy_options.api_base), its exact token ids recorded"
+)
+
+
+def _check_served(policy: str | None, options: dict[str, object]) -> None:
+    """A served policy names its server: refused at once, not at the agent's first call."""
+    if policy is not None and policy.startswith(("vllm:", "sglang:")):
+        base = options.get("api_base")
+        if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+            raise ValueError(f"policy {policy} needs policy_options.api_base, its server's URL (http://HOST:PORT/v1)")
+
+
 class RouteIn(_Strict):
     """Send the calls that match to `model` (a litellm name), answered without the trainer, not trainable."""
 
@@ -52,23 +67,26 @@ class EpisodeCreate(_Strict):
     task: Name = ""
     metadata: Metadata = Field(default_factory=dict)
     turn_timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
-    policy: Name = Field(
-        default="trainer", pattern=r"^(trainer|model:.+)$", description="trainer, or model:NAME (any litellm model)"
+    policy: Name = Field(default="trainer", pattern=POLICY, description=POLICY_MEANS)
+    policy_options: ModelOptions = Field(
+        default_factory=dict, description="the model's options; a served policy's api_base and sampling parameters"
     )
-    policy_options: ModelOptions = Field(default_factory=dict)
     routes: list[RouteIn] = Field(default_factory=list, max_length=100)
     max_turns: Limit | None = None
     max_tokens: Limit | None = None
     deadline_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="seconds from creation")
     on_budget: Literal["reject", "finish"] = "reject"
 
+    @model_validator(mode="after")
+    def _served_has_server(self) -> EpisodeCreate:
+        _check_served(self.policy, self.policy_options)
+        return self
+
 
 class ForkIn(_Strict):
     at_turn: int = Field(ge=0, le=100_000, description="replay the parent's first at_turn calls; the next is new")
     n: int = Field(default=1, ge=1, le=64, description="how many forks")
-    policy: Name | None = Field(
-        default=None, pattern=r"^(trainer|model:.+)$", description="after the replay (default: the parent's)"
-    )
+    policy: Name | None = Field(default=None, pattern=POLICY, description="after the replay (default: the parent's)")
     policy_options: ModelOptions = Field(default_factory=dict)
     ignore: list[Name] = Field(
         default_factory=list, max_length=100, description="field names left out when a call is matched, anywhere"
@@ -145,11 +163,17 @@ class ReplyIn(_Strict):
 
 
 class ForwardIn(_Strict):
-    """Answer a turn from a model through litellm; `options` go to the call (api_base, temperature, …)."""
+    """Answer a turn from a model through litellm, or from the served policy (`vllm:NAME`, `sglang:NAME`, with
+    `options.api_base`); `options` go to the call (api_base, temperature, …)."""
 
-    model: Name = Field(min_length=1)
+    model: Name = Field(min_length=1, description="a litellm model name, or vllm:NAME / sglang:NAME")
     options: Json = Field(default_factory=dict)
     lease_id: Text | None = None
+
+    @model_validator(mode="after")
+    def _served_has_server(self) -> ForwardIn:
+        _check_served(self.model, self.options)
+        return self
 
 
 class ReplyItem(ReplyIn):
@@ -204,11 +228,23 @@ class PauseIn(_Strict):
 
     mode: Literal["hold", "reject"] = "hold"
     retry_after_s: float = Field(default=5.0, gt=0, le=3600)
+    drain_s: float = Field(
+        default=0.0, ge=0, le=3600, description="wait up to this long for the turns in flight to finish"
+    )
+
+
+class ResumeIn(_Strict):
+    """Resume after a weight update: replies recorded from now on carry `policy_version` (unless a trainer's
+    reply names its own)."""
+
+    policy_version: Name | None = Field(default=None, min_length=1, max_length=200)
 
 
 class PauseState(_Open):
     paused: Literal["hold", "reject"] | None
     released: int = 0
+    in_flight: int = Field(default=0, description="open turns not held by the pause (on the replica answering)")
+    policy_version: str | None = None
 
 
 class StepIn(ReplyIn):

@@ -85,6 +85,13 @@ class ReplyOut(_Open):
     policy_version: str | None
     answered_by: str
     cost_usd: float | None
+    extends_parent: bool | None = Field(
+        default=None, description="whether the prompt ids start with the parent turn's prompt + completion ids"
+    )
+    drift_at: int | None = Field(default=None, description="where not, the first index that differs")
+    served: dict[str, Any] | None = Field(
+        default=None, description="a served policy's sampling parameters and its server's answer, verbatim"
+    )
 
 
 class Reward(_Open):

@@ -1,0 +1,182 @@
+"""ServedUpstream: answers turns from the policy being trained, on its inference server; the one module that speaks
+to vLLM and SGLang.
+
+String in, tokens out: each turn's chat request goes to the server's OpenAI-compatible chat endpoint, which
+renders the prompt with the model's own chat template and samples; the turn records the prompt ids the server
+rendered, the ids it sampled and their logprobs exactly as it returned them, never a re-tokenisation of text.
+The episode's `policy_options` are the sampling parameters (`temperature`, `top_p`, `max_tokens`, `seed`,
+`stop`, or anything else the server takes), sent as they are; `api_base` says where the server is and
+`timeout_s` how long one call may take. The agent's own sampling fields are recorded with its call but not
+sent: the trainer, not the agent, decides how the policy samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from proxy.core.errors import UpstreamError
+from proxy.core.values import JsonObject, ModelRoute, Reply, Usage
+
+_OWN_OPTIONS = frozenset({"api_base", "timeout_s"})  # trajproxy's, not the server's
+_REQUEST_FIELDS = ("messages", "tools", "tool_choice")  # what the policy sees of the agent's call
+_MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content")
+
+
+class ServerDialect(Protocol):
+    """How one inference server's chat endpoint is asked for token ids, and where its answer holds them."""
+
+    name: str
+    enable: str  # what to turn on when a server answers without ids
+
+    def ask(self, body: JsonObject) -> JsonObject: ...
+
+    def ids(self, response: JsonObject) -> tuple[list[int] | None, list[int] | None, list[float] | None]: ...
+
+
+class VllmServer:
+    """vLLM's OpenAI server: `return_token_ids` puts the prompt ids at the top level and the sampled ids on the
+    choice; `logprobs` gives one entry per sampled token."""
+
+    name = "vllm"
+    enable = "vLLM 0.10.2 or later answers `return_token_ids`; older servers cannot give the ids"
+
+    def ask(self, body: JsonObject) -> JsonObject:
+        return {**body, "logprobs": True, "return_token_ids": True}
+
+    def ids(self, response: JsonObject) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
+        choice = response["choices"][0]
+        return response.get("prompt_token_ids"), choice.get("token_ids"), _logprobs(choice)
+
+
+class SglangServer(VllmServer):
+    """SGLang's OpenAI server (documented shapes; untested against a live server here): asked the same way, its
+    ids come back under vLLM's names (`prompt_token_ids` on the response, `token_ids` on the choice) or, in some
+    releases, as `output_ids` on the choice."""
+
+    name = "sglang"
+    enable = "SGLang answers with token ids when asked for `return_token_ids` (and `logprobs`); upgrade the server"
+
+    def ids(self, response: JsonObject) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
+        choice = response["choices"][0]
+        prompt = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        completion = choice.get("token_ids") or choice.get("output_ids")
+        return prompt, completion, _logprobs(choice)
+
+
+SERVERS: Mapping[str, ServerDialect] = {"vllm": VllmServer(), "sglang": SglangServer()}
+
+
+class ServedUpstream:
+    def __init__(self, api_key: str | None = None, timeout_s: float = 600.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
+        self._timeout_s = timeout_s
+
+    async def complete(self, route: ModelRoute, request: JsonObject) -> Reply:
+        server = SERVERS[route.kind]
+        url = _chat_url(route)
+        sampling = {k: v for k, v in route.options.items() if k not in _OWN_OPTIONS}
+        asked = {k: request[k] for k in _REQUEST_FIELDS if request.get(k) is not None}
+        if "tools" not in asked:
+            asked.pop("tool_choice", None)
+        body = server.ask({**asked, **sampling, "model": route.model, "stream": False})
+        response = await self._post(url, body, float(route.options.get("timeout_s") or self._timeout_s))
+        return _reply(server, url, response, sampling)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _post(self, url: str, body: JsonObject, timeout_s: float) -> JsonObject:
+        try:
+            answer = await self._client.post(
+                url, content=orjson.dumps(body), headers={"Content-Type": "application/json"}, timeout=timeout_s
+            )
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"the policy's server at {url} could not be reached: {type(e).__name__}") from e
+        if answer.status_code != 200:
+            raise UpstreamError(f"the policy's server at {url} answered {answer.status_code}: {_why(answer)}")
+        try:
+            response = orjson.loads(answer.content)
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError(f"the policy's server at {url} answered with something other than JSON") from e
+        if not isinstance(response, dict) or not response.get("choices"):
+            raise UpstreamError(f"the policy's server at {url} answered with no choices")
+        return response
+
+
+def _chat_url(route: ModelRoute) -> str:
+    base = route.options.get("api_base")
+    if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+        raise UpstreamError(
+            f"policy {route.spec} needs policy_options.api_base, the server's URL (e.g. http://127.0.0.1:8000/v1)"
+        )
+    return base.rstrip("/") + "/chat/completions"
+
+
+def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: JsonObject) -> Reply:
+    prompt, completion, logprobs = server.ids(response)
+    if not _int_list(prompt) or not _int_list(completion, empty=True):
+        raise UpstreamError(
+            f"the policy's server at {url} answered without the token ids it sampled, which training needs: "
+            f"{server.enable}"
+        )
+    assert prompt is not None and completion is not None
+    if logprobs is not None and len(logprobs) != len(completion):
+        logprobs = None  # not one per sampled token: not to be trusted for a loss
+    choice = response["choices"][0]
+    message = {k: v for k, v in (choice.get("message") or {}).items() if k in _MESSAGE_FIELDS and v is not None}
+    if "reasoning" in (choice.get("message") or {}) and "reasoning_content" not in message:
+        message["reasoning_content"] = choice["message"]["reasoning"]
+    message["role"] = "assistant"
+    message.setdefault("content", None)
+    usage = Usage(len(prompt), len(completion))
+    finish = choice.get("finish_reason") or ("tool_calls" if message.get("tool_calls") else "stop")
+    return Reply(
+        message=message,
+        finish_reason=finish,
+        usage=usage,
+        prompt_token_ids=tuple(prompt),
+        completion_token_ids=tuple(completion),
+        logprobs=tuple(logprobs) if logprobs is not None else None,
+        served={"server": server.name, "sampling": sampling, "response": _kept(response)},
+    )
+
+
+def _kept(response: JsonObject) -> JsonObject:
+    """The server's answer as kept on the turn: verbatim, less the prompt ids the reply holds already."""
+    return {k: v for k, v in response.items() if k != "prompt_token_ids"}
+
+
+def _logprobs(choice: JsonObject) -> list[float] | None:
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None
+    values = [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
+    return [float(v) for v in values if isinstance(v, int | float)] if all(_number(v) for v in values) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _int_list(value: Any, empty: bool = False) -> bool:
+    if not isinstance(value, list) or (not value and not empty):
+        return False
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _why(answer: httpx.Response) -> str:
+    """The server's own one-line reason, from its error body if it has one."""
+    try:
+        error = orjson.loads(answer.content)
+    except orjson.JSONDecodeError:
+        return answer.text[:200] or answer.reason_phrase
+    if isinstance(error, dict):
+        detail = error.get("error", error)
+        message = detail.get("message") if isinstance(detail, dict) else detail
+        return str(message)[:300]
+    return answer.reason_phrase
