@@ -81,7 +81,9 @@ class ServedUpstream:
         url = _chat_url(route)
         sampling = {k: v for k, v in route.options.items() if k not in _OWN_OPTIONS}
         asked = {k: request[k] for k in _REQUEST_FIELDS if request.get(k) is not None}
-        if "tools" not in asked:
+        if tools := _functions(asked.pop("tools", None)):
+            asked["tools"] = tools
+        else:
             asked.pop("tool_choice", None)
         body = server.ask({**asked, **sampling, "model": route.model, "stream": False})
         response = await self._post(url, body, float(route.options.get("timeout_s") or self._timeout_s))
@@ -106,6 +108,18 @@ class ServedUpstream:
         if not isinstance(response, dict) or not response.get("choices"):
             raise UpstreamError(f"the policy's server at {url} answered with no choices")
         return response
+
+
+def _functions(tools: Any) -> list[JsonObject]:
+    """The function tools, in OpenAI's field order (the server renders them as JSON into the prompt, so the order
+    is part of the prompt); tools a served model cannot call (an API's own, like web search) are left out."""
+    kept = []
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            fields = ("name", "description", "parameters", "strict")
+            kept.append({"type": "function", "function": {k: function[k] for k in fields if k in function}})
+    return kept
 
 
 def _chat_url(route: ModelRoute) -> str:

@@ -32,6 +32,7 @@ from proxy.trainer_token import kept_token
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.tasks import Task, read_tasks
 from tests.lanes import LANES, Lane
+from tests.vllm_server import VllmServer, build_tiny_model, copy_model, vllm_server
 
 POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
@@ -258,6 +259,18 @@ def fake_model() -> Iterator[FakeModel]:
     fake.url = running.live.url
     yield fake
     running.stop()
+
+
+# A real inference server: vLLM on the CPU with the tiny model, for the served policy.
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """vLLM serving a private copy of the tiny model (a test reloads weights into it), started once a session:
+    .ci/vllm caches its environment between runs, so the first start costs a minute, not the install."""
+    model = copy_model(build_tiny_model(), tmp_path_factory.mktemp("tiny-model"))
+    with vllm_server(model) as server:
+        yield server
 
 
 # Docker: sandboxes on a real engine.

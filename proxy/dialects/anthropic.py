@@ -186,9 +186,10 @@ def _part(block: Any) -> JsonObject:
 def _tool(tool: Any) -> JsonObject:
     if not isinstance(tool, dict) or "input_schema" not in tool:
         return {"type": tool.get("type", "custom"), **tool} if isinstance(tool, dict) else {"type": "unknown"}
-    function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+    function = {"name": tool.get("name")}  # in OpenAI's order: a chat template renders the tools as JSON
     if "description" in tool:
         function["description"] = tool["description"]
+    function["parameters"] = tool["input_schema"]
     extras = {k: v for k, v in tool.items() if k not in ("name", "description", "input_schema")}
     return {"type": "function", "function": function, **extras}
 

@@ -1,0 +1,331 @@
+"""The served policy against a real vLLM (on the CPU, with the tiny model): agents in every dialect get their
+replies, each turn holds the exact ids the server rendered and sampled, drift is caught, and the tokens export
+puts loss on sampled ids alone."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import openai
+import orjson
+import pytest
+
+from proxy.client import TrainerClient
+from proxy.storage.export import Filters, export, source
+from tests.conftest import FakeModel, LiveServer
+from tests.served_checks import ask
+from tests.vllm_server import copy_model, reload_weights
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
+# A random model calls no tool of its own accord: the server is made to sample this one (its ids are still sampled).
+FORCED = r'<tool_call>\n\{"name": "bash", "arguments": \{"command": "ls"\}\}\n</tool_call>'
+COLOURS = "(red|green|blue)( (red|green|blue)){0,3}"
+
+
+def policy(vllm: Any, **sampling: Any) -> dict[str, Any]:
+    options = {"api_base": vllm.base_url, "temperature": 1.0, "seed": 7, "max_tokens": 48, **sampling}
+    return {"policy": f"vllm:{vllm.served_name}", "policy_options": options}
+
+
+def forcing_the_tool(vllm: Any) -> dict[str, Any]:
+    return policy(vllm, structured_outputs={"regex": FORCED})
+
+
+def chat(episode: Any, stream: bool) -> dict[str, Any]:
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    messages = [{"role": "system", "content": "You list files."}, {"role": "user", "content": "what is here?"}]
+    if not stream:
+        call = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        tool = call.choices[0].message.tool_calls[0]  # type: ignore[index]
+        return {"name": tool.function.name, "arguments": json.loads(tool.function.arguments)}  # type: ignore[union-attr]
+    name, arguments = "", ""
+    for chunk in client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True):  # type: ignore[arg-type]
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            name += delta.function.name or "" if delta.function else ""
+            arguments += delta.function.arguments or "" if delta.function else ""
+    return {"name": name, "arguments": json.loads(arguments)}
+
+
+def responses(episode: Any, stream: bool) -> dict[str, Any]:
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    asked = {"model": "policy", "instructions": "You list files.", "input": "what is here?", "tools": tools}
+    if stream:
+        done = [e for e in client.responses.create(**asked, stream=True) if e.type == "response.completed"]  # type: ignore[call-overload]
+        output = done[0].response.output
+    else:
+        output = client.responses.create(**asked).output  # type: ignore[call-overload]
+    call = next(item for item in output if item.type == "function_call")
+    return {"name": call.name, "arguments": json.loads(call.arguments)}
+
+
+def messages(episode: Any, stream: bool) -> dict[str, Any]:
+    client = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
+    tools = [{"name": "bash", "description": "run a command", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    asked = {
+        "model": "policy",
+        "max_tokens": 256,
+        "system": "You list files.",
+        "messages": [{"role": "user", "content": "what is here?"}],
+        "tools": tools,
+    }
+    if stream:
+        with client.messages.stream(**asked) as events:  # type: ignore[arg-type]
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(**asked)  # type: ignore[call-overload]
+    use = next(block for block in message.content if block.type == "tool_use")
+    return {"name": use.name, "arguments": use.input}
+
+
+AGENTS: dict[str, Callable[[Any, bool], dict[str, Any]]] = {"chat": chat, "responses": responses, "messages": messages}
+
+
+def exported(server: LiveServer, shape: str = "tokens") -> list[dict[str, Any]]:
+    out = io.BytesIO()
+    export(source(server.settings.database_url), out, shape, Filters())  # type: ignore[arg-type]
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+def template_ids(vllm: Any, request: dict[str, Any]) -> list[int]:
+    """The ids the model's chat template gives the request trajproxy sent (text parts joined, as vLLM does)."""
+    flat = [
+        {**m, "content": "\n".join(p["text"] for p in m["content"])} if isinstance(m.get("content"), list) else m
+        for m in request["messages"]
+    ]
+    ids: list[int] = ask(vllm.python, vllm.model_dir, messages=flat, tools=request.get("tools"))["ids"]
+    return ids
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("dialect", sorted(AGENTS))
+def test_every_dialect_is_answered_by_the_served_policy_with_the_ids_it_sampled(
+    vllm: Any, trainer: TrainerClient, dialect: str, stream: bool
+) -> None:
+    episode = trainer.create_episode(**forcing_the_tool(vllm))
+
+    assert AGENTS[dialect](episode, stream) == {"name": "bash", "arguments": {"command": "ls"}}
+    (turn,) = trainer.trajectory(episode.id).turns
+    reply = turn.reply
+    assert reply is not None and reply.answered_by == f"vllm:{vllm.served_name}"
+    assert reply.prompt_token_ids == template_ids(vllm, turn.request)
+    assert reply.completion_token_ids and reply.logprobs is not None
+    assert len(reply.logprobs) == len(reply.completion_token_ids)
+    assert all(logprob <= 0 for logprob in reply.logprobs)
+    text = ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids)["text"]
+    assert '{"name": "bash", "arguments": {"command": "ls"}}' in text
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (
+        len(reply.prompt_token_ids),
+        len(reply.completion_token_ids),
+    )
+    served = reply.served
+    assert served is not None and served["sampling"]["seed"] == 7 and "api_base" not in served["sampling"]
+    assert served["response"]["choices"][0]["token_ids"] == reply.completion_token_ids  # kept verbatim
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_a_plain_reply_decodes_to_its_ids_and_the_export_trains_on_sampled_ids_alone(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": COLOURS}))
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    history: list[Any] = [{"role": "user", "content": "name a colour"}]
+    for question in ("another", "one more"):
+        answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
+        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+    client.chat.completions.create(model="policy", messages=history)
+    trainer.finish(episode.id)
+
+    turns = trainer.trajectory(episode.id).turns
+    sampled: list[int] = []
+    for turn, before in zip(turns, [None, *turns], strict=False):
+        reply = turn.reply
+        assert reply is not None and reply.completion_token_ids is not None
+        assert ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids)["text"] == reply.message["content"]
+        assert reply.prompt_token_ids == template_ids(vllm, turn.request)
+        if before is None:
+            assert reply.extends_parent is None
+            continue
+        earlier = before.reply.prompt_token_ids + before.reply.completion_token_ids
+        extends = reply.prompt_token_ids[: len(earlier)] == earlier
+        assert reply.extends_parent is extends
+        if not extends:
+            assert reply.prompt_token_ids[: reply.drift_at] == earlier[: reply.drift_at]
+            assert reply.prompt_token_ids[reply.drift_at] != earlier[reply.drift_at]
+    for line in exported(server):
+        ids = line["prompt_ids"] + line["completion_ids"]
+        assert len(line["loss_mask"]) == len(line["completion_ids"]) == len(line["logprobs"])
+        trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
+        sampled = [t for turn in turns if turn.id in line["turn_ids"] for t in turn.reply.completion_token_ids]
+        kept = sum(drift["masked"] for drift in line["drifts"])
+        assert len(trained) == len(sampled) - kept
+        assert len(ids) > 0
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_loss(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": COLOURS}))
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    history: list[Any] = [{"role": "user", "content": "name a colour"}]
+    answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
+    assert answer
+    edited = "purple " + answer  # the agent rewrites what the model said before sending it back
+    history += [{"role": "assistant", "content": edited}, {"role": "user", "content": "again"}]
+    client.chat.completions.create(model="policy", messages=history)
+    trainer.finish(episode.id)
+
+    first, second = trainer.trajectory(episode.id).turns
+    assert first.reply is not None and second.reply is not None
+    cut = len(first.reply.prompt_token_ids)  # the edit starts where the sampled output did
+    assert second.reply.extends_parent is False
+    assert second.reply.drift_at == cut
+    (line,) = exported(server)
+    assert line["drifts"] == [
+        {"turn_id": second.id, "at": cut, "masked": len(first.reply.completion_token_ids)},
+    ]
+    assert line["prompt_ids"] == first.reply.prompt_token_ids
+    assert line["prompt_ids"] + line["completion_ids"] == second.reply.prompt_token_ids + (
+        second.reply.completion_token_ids
+    )
+    trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
+    assert trained == second.reply.completion_token_ids  # the first output was edited away: no loss on it
+    assert line["logprobs"][-len(trained) :] == second.reply.logprobs
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_a_template_that_drops_earlier_reasoning_drifts_and_that_output_gets_no_loss(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    thinking = r"<think>[a-z]{1,8}( [a-z]{1,8}){0,2}</think>(red|green|blue)"
+    episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": thinking}))
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    history: list[Any] = [{"role": "user", "content": "think, then name a colour"}]
+    answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
+    assert answer is not None and answer.startswith("<think>")
+    history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "again"}]  # sent back as it was
+    client.chat.completions.create(model="policy", messages=history)
+    trainer.finish(episode.id)
+
+    first, second = trainer.trajectory(episode.id).turns
+    assert first.reply is not None and second.reply is not None
+    cut = len(first.reply.prompt_token_ids)  # the template left the reasoning out: the output differs from its start
+    assert (second.reply.extends_parent, second.reply.drift_at) == (False, cut)
+    (line,) = exported(server)
+    assert line["drifts"] == [{"turn_id": second.id, "at": cut, "masked": len(first.reply.completion_token_ids)}]
+    trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
+    assert trained == second.reply.completion_token_ids
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_weights_change_between_steps_and_every_turn_carries_the_version_it_was_answered_under(
+    vllm: Any, trainer: TrainerClient, background: Any, tmp_path: Any
+) -> None:
+    episode = trainer.create_episode(**policy(vllm, max_tokens=6))
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+
+    def call() -> Any:
+        return client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hello"}])
+
+    call()
+    paused = trainer.pause("hold", drain_s=30)
+    assert (paused.paused, paused.in_flight) == ("hold", 0)
+    held = background(call)
+    time.sleep(1.0)
+    assert not held.done()  # held by the pause: not sent to the server on the old weights
+    before = copy_model(vllm.model_dir, tmp_path / "before")
+    try:
+        ask(vllm.python, vllm.model_dir, perturb=1)
+        reload_weights(vllm)
+        resumed = trainer.resume(policy_version="step-1")
+        assert (resumed.paused, resumed.released, resumed.policy_version) == (None, 1, "step-1")
+        held.result(timeout=60)
+        call()
+        first, second, third = trainer.trajectory(episode.id).turns
+        assert [t.reply.policy_version for t in (first, second, third)] == [None, "step-1", "step-1"]  # type: ignore[union-attr]
+        for turn, weights in ((first, before), (second, vllm.model_dir), (third, vllm.model_dir)):
+            reply = turn.reply
+            assert reply is not None and reply.logprobs is not None
+            ids = [reply.prompt_token_ids, reply.completion_token_ids]
+            assert ask(vllm.python, weights, score=ids)["logprobs"] == pytest.approx(reply.logprobs, abs=1e-3)
+        reply = second.reply
+        old = ask(vllm.python, before, score=[reply.prompt_token_ids, reply.completion_token_ids])["logprobs"]
+        assert old != pytest.approx(reply.logprobs, abs=1e-3)  # the answer came from the new weights, not the old
+    finally:
+        copy_model(before, vllm.model_dir)
+        reload_weights(vllm)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_is_down_reaches_the_agent_at_once_as_a_502_in_its_dialect(trainer: TrainerClient) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    options = {"api_base": f"http://127.0.0.1:{port}/v1", "max_tokens": 8}
+    episode = trainer.create_episode(policy="vllm:tiny", policy_options=options)
+    client = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 502
+    assert "could not be reached" in refused.value.message
+    (turn,) = trainer.trajectory(episode.id).turns
+    assert turn.status == "failed" and "could not be reached" in (turn.reason or "")
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_gives_no_token_ids_is_refused_at_the_first_call_saying_what_to_enable(
+    trainer: TrainerClient, fake_model: FakeModel
+) -> None:
+    options = {"api_base": fake_model.options()["api_base"]}
+    episode = trainer.create_episode(policy="vllm:fake", policy_options=options)
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 502
+    assert "without the token ids" in refused.value.message and "return_token_ids" in refused.value.message
+
+
+def test_a_served_policy_without_its_server_is_refused_when_the_episode_is_made(trainer: TrainerClient) -> None:
+    from proxy.client import TrajproxyAPIError
+
+    with pytest.raises(TrajproxyAPIError) as refused:
+        trainer.create_episode(policy="vllm:tiny", policy_options={"temperature": 0.5})
+    assert refused.value.status == 422 and "api_base" in refused.value.message
+    assert trainer.episodes().episodes == []  # nothing was made
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_a_trainer_forwards_a_turn_to_the_served_policy(vllm: Any, trainer: TrainerClient, background: Any) -> None:
+    episode = trainer.create_episode()
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    call = background(
+        lambda: client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "colour?"}])
+    )
+    (turn,) = trainer.next_turns(wait_s=10)
+    options = policy(vllm, structured_outputs={"regex": COLOURS})["policy_options"]
+    answered = trainer.forward(turn.id, f"vllm:{vllm.served_name}", options, lease_id=turn.lease_id)
+
+    assert answered.reply is not None and answered.reply.answered_by == f"vllm:{vllm.served_name}"
+    assert call.result(timeout=60).choices[0].message.content == answered.reply.message["content"]
+    assert answered.reply.prompt_token_ids == template_ids(vllm, turn.request)
+    assert answered.reply.completion_token_ids and len(answered.reply.logprobs or ()) == len(
+        answered.reply.completion_token_ids
+    )
