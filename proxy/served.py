@@ -52,19 +52,24 @@ class VllmServer:
         return response.get("prompt_token_ids"), choice.get("token_ids"), _logprobs(choice)
 
 
-class SglangServer(VllmServer):
-    """SGLang's OpenAI server (documented shapes; untested against a live server here): asked the same way, its
-    ids come back under vLLM's names (`prompt_token_ids` on the response, `token_ids` on the choice) or, in some
-    releases, as `output_ids` on the choice."""
+class SglangServer:
+    """SGLang's OpenAI server, from 0.5.13 (its documented shapes; no SGLang runs here, so untested live): the ids
+    come with `return_prompt_token_ids` and `return_meta_info`, on the choice: `prompt_token_ids`, and
+    `meta_info.output_token_logprobs` as `[logprob, token_id, text]` (or `{logprob, token_id}`) per sampled token."""
 
     name = "sglang"
-    enable = "SGLang answers with token ids when asked for `return_token_ids` (and `logprobs`); upgrade the server"
+    enable = "SGLang 0.5.13 or later answers `return_prompt_token_ids` and `return_meta_info`; upgrade the server"
+
+    def ask(self, body: JsonObject) -> JsonObject:
+        return {**body, "logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True}
 
     def ids(self, response: JsonObject) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
         choice = response["choices"][0]
-        prompt = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
-        completion = choice.get("token_ids") or choice.get("output_ids")
-        return prompt, completion, _logprobs(choice)
+        meta = choice.get("meta_info")
+        sampled = _sampled(meta.get("output_token_logprobs") if isinstance(meta, dict) else None)
+        if sampled is None:
+            return choice.get("prompt_token_ids"), None, None
+        return choice.get("prompt_token_ids"), *sampled
 
 
 SERVERS: Mapping[str, ServerDialect] = {"vllm": VllmServer(), "sglang": SglangServer()}
@@ -158,6 +163,25 @@ def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: Json
         logprobs=tuple(logprobs) if logprobs is not None else None,
         served={"server": server.name, "sampling": sampling, "response": _kept(response)},
     )
+
+
+def _sampled(entries: Any) -> tuple[list[int], list[float]] | None:
+    """SGLang's `output_token_logprobs`: the ids and logprobs, or None where an entry is not one."""
+    if not isinstance(entries, list):
+        return None
+    ids, logprobs = [], []
+    for entry in entries:
+        if isinstance(entry, dict):
+            token, logprob = entry.get("token_id"), entry.get("logprob")
+        elif isinstance(entry, list) and len(entry) >= 2:
+            logprob, token = entry[0], entry[1]
+        else:
+            return None
+        if not isinstance(token, int) or isinstance(token, bool) or not isinstance(logprob, int | float):
+            return None
+        ids.append(token)
+        logprobs.append(float(logprob))
+    return ids, logprobs
 
 
 def _kept(response: JsonObject) -> JsonObject:

@@ -15,10 +15,11 @@ import anthropic
 import openai
 import orjson
 import pytest
+from fastapi import FastAPI, Request
 
 from proxy.client import TrainerClient
 from proxy.storage.export import Filters, export, source
-from tests.conftest import FakeModel, LiveServer
+from tests.conftest import FakeModel, LiveServer, serve_app
 from tests.served_checks import ask
 from tests.vllm_server import copy_model, reload_weights
 
@@ -329,3 +330,42 @@ def test_a_trainer_forwards_a_turn_to_the_served_policy(vllm: Any, trainer: Trai
     assert answered.reply.completion_token_ids and len(answered.reply.logprobs or ()) == len(
         answered.reply.completion_token_ids
     )
+
+
+@pytest.mark.timeout(60)
+def test_sglang_is_asked_for_its_ids_and_read_as_its_documented_shapes_say(trainer: TrainerClient) -> None:
+    """No SGLang runs on this CPU: a stand-in answering in the shape SGLang 0.5.13 documents (`prompt_token_ids` and
+    `meta_info.output_token_logprobs` on the choice, asked for with `return_prompt_token_ids`/`return_meta_info`)."""
+    seen: list[dict[str, Any]] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> Any:
+        body = await request.json()
+        seen.append(body)
+        if not (body.get("return_prompt_token_ids") and body.get("return_meta_info") and body.get("logprobs")):
+            return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "?"}}]}  # as SGLang does
+        sampled = [[-0.5, 11, "he"], {"logprob": -0.25, "token_id": 12, "token": "llo"}]
+        message = {"role": "assistant", "content": "hello"}
+        meta = {"output_token_logprobs": sampled, "output_ids": [11, 12]}
+        choice = {"index": 0, "message": message, "finish_reason": "stop", "prompt_token_ids": [1, 2, 3]}
+        return {"id": "x", "object": "chat.completion", "choices": [{**choice, "meta_info": meta}]}
+
+    running = serve_app(app)
+    try:
+        options = {"api_base": f"{running.live.url}/v1", "temperature": 0.6, "max_tokens": 9}
+        episode = trainer.create_episode(policy="sglang:policy-7b", policy_options=options)
+        client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+        answer = client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        assert "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices) == "hello"
+    finally:
+        running.stop()
+    (turn,) = trainer.trajectory(episode.id).turns
+    reply = turn.reply
+    assert reply is not None and reply.answered_by == "sglang:policy-7b"
+    assert (reply.prompt_token_ids, reply.completion_token_ids, reply.logprobs) == ([1, 2, 3], [11, 12], [-0.5, -0.25])
+    (asked,) = seen
+    assert (asked["model"], asked["temperature"], asked["max_tokens"], asked["stream"]) == ("policy-7b", 0.6, 9, False)
+    assert asked["messages"] == [{"role": "user", "content": "hi"}] and "api_base" not in asked
