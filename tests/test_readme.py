@@ -22,3 +22,15 @@ def test_the_quickstart_runs_as_written(server: Any) -> None:
     assert done.returncode == 0, done.stderr
     assert "agent got: hello! you said 'hello?'" in done.stdout
     assert '"status": "finished"' in done.stdout
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+@pytest.mark.settings(trainer_token=None)
+def test_the_served_policy_example_runs_as_written(server: Any, vllm: Any) -> None:
+    snippets = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+    (snippet,) = [code for code in snippets if 'policy="vllm:tiny"' in code]
+    code = snippet.replace("http://127.0.0.1:8000", server.url).replace("http://127.0.0.1:8100/v1", vllm.base_url)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ids = re.findall(r"^\[[\d, ]+\] \[[\d, ]+\] \[[-\d., e]+\]$", done.stdout, re.MULTILINE)
+    assert len(ids) == 1, done.stdout  # the prompt ids, the sampled ids and their logprobs, printed
