@@ -7,8 +7,11 @@ from __future__ import annotations
 import io
 import json
 import socket
+import sqlite3
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,8 +22,9 @@ from fastapi import FastAPI, Request
 
 from proxy.client import TrainerClient
 from proxy.storage.export import Filters, export, source
-from tests.conftest import FakeModel, LiveServer, serve_app
+from tests.conftest import EXAMPLE, FakeModel, LiveServer, serve_app
 from tests.served_checks import ask
+from tests.test_launch import RUN, into
 from tests.vllm_server import copy_model, reload_weights
 
 TOOLS = [
@@ -369,3 +373,40 @@ def test_sglang_is_asked_for_its_ids_and_read_as_its_documented_shapes_say(train
     (asked,) = seen
     assert (asked["model"], asked["temperature"], asked["max_tokens"], asked["stream"]) == ("policy-7b", 0.6, 9, False)
     assert asked["messages"] == [{"role": "user", "content": "hi"}] and "api_base" not in asked
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_a_run_of_the_minimal_agent_in_a_sandbox_is_answered_by_the_served_policy(
+    vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
+    database, results = tmp_path / "run.db", tmp_path / "results.jsonl"
+    done_block = r"```bash\necho TASK_COMPLETE\n```"  # the agent's own way to stop: one turn, sampled as forced
+    options = [f"api_base={vllm.base_url}", "temperature=1.0", "seed=3", "max_tokens=40"]
+    options.append("structured_outputs=" + json.dumps({"regex": done_block}))
+    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", f"vllm:{vllm.served_name}"]
+    for option in options:
+        command += ["--policy-option", option]
+    done = subprocess.run(
+        [*command, "--label", label, "--results", str(results), *into(database)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(text) for text in results.read_text().splitlines()]
+    assert line["reward"] == 0.0  # it stopped at once, the task undone: graded, not failed
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT answered_by, reply FROM turn").fetchall()
+    [(answered_by, reply)] = [(by, json.loads(text)) for by, text in rows]
+    assert answered_by == f"vllm:{vllm.served_name}"
+    assert reply["message"]["content"] == "```bash\necho TASK_COMPLETE\n```"
+    assert reply["prompt_token_ids"] and len(reply["logprobs"]) == len(reply["completion_token_ids"])
+    assert not engine.containers.list(all=True, filters={"label": label})
+
+
+def test_a_served_run_without_its_server_is_refused_in_one_line(tmp_path: Path) -> None:
+    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", "vllm:tiny"]
+    done = subprocess.run([*command, *into(tmp_path / "run.db")], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--policy vllm:tiny needs --policy-option api_base=URL" in done.stderr
+    assert "Traceback" not in done.stderr
