@@ -128,6 +128,7 @@ def create_app(settings: Settings) -> Trajproxy:
             "ready_turns": broker.ready_turns,
             "waiting_pollers": broker.waiting_pollers,
             "paused": broker.paused,
+            "policy_version": broker.policy_version,
         }
         if replica is not None:
             status["replica"] = replica

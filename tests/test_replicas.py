@@ -333,6 +333,21 @@ def test_a_pause_on_one_replica_holds_calls_on_every_one_until_resumed_on_any(re
     until(lambda: b.health()["paused"] is None, "b to hear of the resume")
 
 
+def test_a_resume_naming_a_policy_version_on_one_replica_stamps_replies_recorded_on_every_one(replicas: Any) -> None:
+    a, b = replicas(2)
+    episode = trainer_on(a, replicas).create_episode(task="weights")
+    trainer_on(b, replicas).pause("hold")
+    assert trainer_on(b, replicas).resume(policy_version="step-3").policy_version == "step-3"
+    until(lambda: a.health()["policy_version"] == "step-3", "a to hear of the new weights")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        call = pool.submit(ask, agent(b.url, episode.key), "which weights?")
+        [turn] = trainer_on(a, replicas).next_turns(wait_s=60)
+        answered = trainer_on(a, replicas).reply(turn.id, "step 3's", lease_id=turn.lease_id)
+        assert call.result(timeout=60) == "step 3's"
+    assert answered.reply is not None and answered.reply.policy_version == "step-3"
+    assert trainer_on(b, replicas).trajectory(episode.id).turns[0].reply.policy_version == "step-3"  # type: ignore[union-attr]
+
+
 def test_a_lone_process_and_replicas_exclude_each_other_and_sqlite_is_never_shared(
     replicas: Any, shared_url: str, tmp_path: Any
 ) -> None:

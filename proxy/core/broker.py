@@ -138,11 +138,11 @@ class Broker:
 
     def resume(self, policy_version: str | None = None) -> int:
         """Release the calls held while paused; returns how many go on (from this replica). Replies recorded from
-        now on carry `policy_version` (when given) unless their trainer names another."""
+        now on, on every replica, carry `policy_version` (when given) unless their trainer names another."""
         if policy_version is not None:
             self._answers.policy_version = policy_version
         if self._replicas is not None:
-            self._replicas.pause(None, 0.0)
+            self._replicas.pause(None, 0.0, policy_version)
         return self._pause.lift()
 
     async def drain(self) -> None:

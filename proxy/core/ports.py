@@ -138,8 +138,11 @@ class SharedQueue(Protocol):
         """Fail the closed episode's open turns, whichever replica holds them; the holders hear of it."""
         ...
 
-    async def set_pause(self, mode: str | None, retry_after_s: float) -> None:
-        """Pause every replica (`mode`), or resume (None): turns held by the pause become pullable."""
+    async def set_pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
+        """Pause every replica (`mode`), or resume (None): turns held by the pause become pullable; a
+        `policy_version` is what every replica's replies carry from now on."""
         ...
 
-    async def pause_state(self) -> tuple[str, float] | None: ...
+    async def pause_state(self) -> tuple[str | None, float, str | None]:
+        """The pause (its mode, None if none, and Retry-After) and the policy version every replica stamps."""
+        ...

@@ -118,9 +118,9 @@ class Replicas:
             del self._early[slot.turn.id]
             self._ledger.submit(self._settle([slot.turn.id]))
 
-    def pause(self, mode: str | None, retry_after_s: float) -> None:
-        """Tell every replica of a pause (or of its end, None), in the order asked."""
-        self._after(lambda: self._queue.set_pause(mode, retry_after_s))
+    def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
+        """Tell every replica of a pause (or of its end, None, with the policy version it names), in order."""
+        self._after(lambda: self._queue.set_pause(mode, retry_after_s, policy_version))
 
     def away(self, slot: Slot, away: bool) -> None:
         """Keep a turn out of every replica's queue while its agent is away (it hung up), or put it back."""
@@ -196,9 +196,11 @@ class Replicas:
                 slot.fail(error)
 
     async def _obey_pause(self) -> None:
-        state = await self._queue.pause_state()
-        if state is not None:
-            self._pause.start(*state)
+        mode, retry_after_s, policy_version = await self._queue.pause_state()
+        if policy_version is not None:
+            self._answers.policy_version = policy_version
+        if mode is not None:
+            self._pause.start(mode, retry_after_s)
         elif self._pause.mode is not None:
             self._pause.lift()
 

@@ -119,7 +119,11 @@ _PAUSE = text(
 )
 _RESUME = text("DELETE FROM control WHERE name = 'pause'")
 _UNHOLD = text("UPDATE turn SET held_for = NULL WHERE held_for = 'pause' AND status IN ('parked', 'leased')")
-_PAUSE_STATE = text("SELECT value FROM control WHERE name = 'pause'")
+_VERSION = text(
+    "INSERT INTO control (name, value) VALUES ('policy_version', CAST(:value AS json)) "
+    "ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
+)
+_PAUSE_STATE = text("SELECT name, value FROM control WHERE name IN ('pause', 'policy_version')")
 
 
 def wire_hash(wire: bytes) -> str:
@@ -249,8 +253,10 @@ class PostgresQueue:
 
         await self._transaction(run)
 
-    async def set_pause(self, mode: str | None, retry_after_s: float) -> None:
+    async def set_pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
         def run(conn: Connection) -> None:
+            if policy_version is not None:
+                conn.execute(_VERSION, {"value": json.dumps({"version": policy_version})})
             if mode is None:
                 conn.execute(_RESUME)
                 if conn.execute(_UNHOLD).rowcount:
@@ -261,12 +267,13 @@ class PostgresQueue:
 
         await self._transaction(run)
 
-    async def pause_state(self) -> tuple[str, float] | None:
+    async def pause_state(self) -> tuple[str | None, float, str | None]:
         rows = await self._transaction(lambda conn: list(conn.execute(_PAUSE_STATE)))
-        if not rows:
-            return None
-        value = rows[0].value if isinstance(rows[0].value, dict) else json.loads(rows[0].value)
-        return str(value["mode"]), float(value["retry_after_s"])
+        values = {row.name: row.value if isinstance(row.value, dict) else json.loads(row.value) for row in rows}
+        version = values["policy_version"]["version"] if "policy_version" in values else None
+        if "pause" not in values:
+            return None, 0.0, version
+        return str(values["pause"]["mode"]), float(values["pause"]["retry_after_s"]), version
 
     async def _transaction(self, work: Callable[[Connection], T]) -> T:
         engine = self._store.engine
