@@ -159,7 +159,6 @@ def test_a_plain_reply_decodes_to_its_ids_and_the_export_trains_on_sampled_ids_a
     trainer.finish(episode.id)
 
     turns = trainer.trajectory(episode.id).turns
-    sampled: list[int] = []
     for turn, before in zip(turns, [None, *turns], strict=False):
         reply = turn.reply
         assert reply is not None and reply.completion_token_ids is not None
@@ -174,14 +173,35 @@ def test_a_plain_reply_decodes_to_its_ids_and_the_export_trains_on_sampled_ids_a
         if not extends:
             assert reply.prompt_token_ids[: reply.drift_at] == earlier[: reply.drift_at]
             assert reply.prompt_token_ids[reply.drift_at] != earlier[reply.drift_at]
-    for line in exported(server):
-        ids = line["prompt_ids"] + line["completion_ids"]
+    lines = exported(server)
+    assert [turn_id for line in lines for turn_id in line["turn_ids"]] == [turn.id for turn in turns]
+    for line in lines:
         assert len(line["loss_mask"]) == len(line["completion_ids"]) == len(line["logprobs"])
-        trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
-        sampled = [t for turn in turns if turn.id in line["turn_ids"] for t in turn.reply.completion_token_ids]
-        kept = sum(drift["masked"] for drift in line["drifts"])
-        assert len(trained) == len(sampled) - kept
-        assert len(ids) > 0
+        assert_loss_only_on_proven_samples(line, [turn for turn in turns if turn.id in line["turn_ids"]])
+
+
+def assert_loss_only_on_proven_samples(line: dict[str, Any], turns: list[Any]) -> None:
+    """Every id a line trains on is one its turn sampled at that very place, after that turn's exact prompt, with the
+    logprob it was sampled at; and every id the last turn sampled is trained on."""
+    full = line["prompt_ids"] + line["completion_ids"]
+    start = len(line["prompt_ids"])
+    for j, mask in enumerate(line["loss_mask"]):
+        if not mask:
+            continue
+        at = start + j
+        origins = [
+            t.reply
+            for t in turns
+            if full[: len(t.reply.prompt_token_ids)] == t.reply.prompt_token_ids
+            and 0 <= at - len(t.reply.prompt_token_ids) < len(t.reply.completion_token_ids)
+        ]
+        assert len(origins) == 1, f"id {j} of the line has no proven origin"
+        offset = at - len(origins[0].prompt_token_ids)
+        assert full[at] == origins[0].completion_token_ids[offset]
+        assert line["logprobs"][j] == origins[0].logprobs[offset]
+    last = turns[-1].reply
+    assert full[len(last.prompt_token_ids) :] == last.completion_token_ids
+    assert line["loss_mask"][-len(last.completion_token_ids) :] == [1] * len(last.completion_token_ids)
 
 
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
