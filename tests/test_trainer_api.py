@@ -239,6 +239,15 @@ def test_finish_records_status_and_reason_and_is_idempotent(server: Any, trainer
     assert trainer.episode(other.id).status == "pending"
 
 
+def test_a_finish_reason_is_bounded_like_other_free_text(server: Any, trainer: TrainerClient) -> None:
+    episode = trainer.create_episode()
+    long = api(server, "POST", f"/api/episodes/{episode.id}/finish", json={"status": "failed", "reason": "x" * 2001})
+    error = error_of(long, 422)
+    assert "reason" in error["message"] and "\n" not in error["message"] and len(error["message"]) < 300
+    assert trainer.episode(episode.id).status == "pending"
+    assert trainer.finish(episode.id, "failed", reason="y" * 2000).reason == "y" * 2000
+
+
 def test_finishing_an_episode_ends_its_parked_call_and_retires_its_key(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:

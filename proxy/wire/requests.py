@@ -255,7 +255,7 @@ class StepIn(ReplyIn):
 
 class FinishIn(_Strict):
     status: Literal["finished", "failed", "cancelled"] = "finished"
-    reason: Name | None = None
+    reason: Name | None = Field(default=None, max_length=2000)  # repeated in every later error for the episode
 
 
 class RewardIn(_Strict):
