@@ -91,6 +91,12 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--until", help="only episodes created before this (ISO 8601 or unix seconds)")
     export.add_argument("--where", action="append", default=[], help="metadata KEY=VALUE to match (repeatable)")
     export.add_argument("--side-calls", action="store_true", help="include calls routed to a fixed model")
+    export.add_argument(
+        "--for-templates",
+        action="store_true",
+        help="chat shape: the developer role as system and function tools only, as chat templates and SFT loaders "
+        "take them (by default messages and tools are kept as the agent sent them)",
+    )
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     for plugin in entry_points(group=PLUGINS):  # e.g. `trajproxy run`, from the sandbox package
         plugin.load()(commands)

@@ -30,13 +30,23 @@ def export_command(args: argparse.Namespace) -> int:
     except ValueError as e:
         console.print(f"[red]trajproxy export: {e}")
         return 2
+    if args.for_templates and args.shape != "chat":
+        console.print(f"[red]trajproxy export: --for-templates shapes the chat shape only, not --shape {args.shape}")
+        return 2
     try:
         engine = source(args.database_url)
         try:
             total = count_episodes(engine, filters)
             with _output(args.out) as out, _progress(console, args.quiet) as progress:
                 task = progress.add_task("exporting", total=total)
-                counts = export(engine, out, args.shape, filters, lambda done: progress.advance(task, done))
+                counts = export(
+                    engine,
+                    out,
+                    args.shape,
+                    filters,
+                    lambda done: progress.advance(task, done),
+                    for_templates=args.for_templates,
+                )
         finally:
             engine.dispose()
     except (NotFound, StorageError) as e:

@@ -213,3 +213,34 @@ def test_export_memory_stays_flat_as_the_data_grows(tmp_path: Path, shape: str) 
     assert len((tmp_path / "large.jsonl").read_bytes().splitlines()) == 800
     print(f"export --shape {shape} peak RSS: {small_mib:.0f} MiB for 800 turns, {large_mib:.0f} MiB for 16,000")
     assert large_mib < small_mib + 20, (small_mib, large_mib)
+
+
+CODEX_TOOLS = [
+    {"type": "function", "name": "shell", "parameters": {"type": "object"}},
+    {"type": "namespace", "name": "mcp", "tools": []},
+    {"type": "web_search"},
+]
+
+
+def test_chat_shape_keeps_codex_roles_and_tools_unless_asked_for_template_shape(
+    server: Any, trainer: TrainerClient, background: Any, tmp_path: Path
+) -> None:
+    episode = trainer.create_episode(task="codex")
+    developer = {"role": "developer", "content": [{"type": "input_text", "text": "be brief"}]}
+    body = {"model": "m", "input": [developer, {"role": "user", "content": "hi"}], "tools": CODEX_TOOLS}
+    call = background(agent_for(episode).responses.create, **body)
+    [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
+    trainer.reply(parked.id, message={"content": "hello"})
+    call.result(timeout=10)
+    trainer.finish(episode.id)
+    url = server.settings.database_url
+
+    [kept] = lines_of(url, tmp_path)
+    assert [m["role"] for m in kept["messages"]] == ["developer", "user", "assistant"]
+    assert [tool["type"] for tool in json.loads(kept["tools"])] == ["function", "namespace", "web_search"]
+    [shaped] = lines_of(url, tmp_path, "--for-templates")
+    assert [m["role"] for m in shaped["messages"]] == ["system", "user", "assistant"]
+    assert shaped["messages"][0]["content"] == "be brief"
+    assert [tool["function"]["name"] for tool in json.loads(shaped["tools"])] == ["shell"]
+    refused = run_export(url, tmp_path / "t.jsonl", "--shape", "tokens", "--for-templates")
+    assert refused.returncode == 2 and "--for-templates" in refused.stderr

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from itertools import groupby
 from operator import attrgetter
 from pathlib import Path
@@ -99,10 +100,13 @@ def export(
     shape: Shape,
     filters: Filters,
     on_progress: Callable[[int], object] = lambda _episodes: None,
+    for_templates: bool = False,
 ) -> Counts:
-    """Write the matching episodes' conversations to `out`, one JSON object per line."""
+    """Write the matching episodes' conversations to `out`, one JSON object per line; `for_templates`: the chat
+    shape as chat templates take it (see `_chat_lines`)."""
     counts = Counts()
-    lines = {"chat": _chat_lines, "tokens": _token_lines, "atif": atif_lines}[shape]
+    chat = partial(_chat_lines, for_templates=for_templates)
+    lines = {"chat": chat, "tokens": _token_lines, "atif": atif_lines}[shape]
     try:
         with engine.connect() as conn:
             for episode, ending, answered in _episodes(conn, filters, on_progress):
@@ -225,7 +229,12 @@ def _common(episode: Any, reward: float | None, ending: dict[str, float]) -> Jso
     }
 
 
-def _chat_lines(episode: Any, reward: float | None, ending: dict[str, float], answered: list[Any]) -> Iterator[Any]:
+def _chat_lines(
+    episode: Any, reward: float | None, ending: dict[str, float], answered: list[Any], for_templates: bool = False
+) -> Iterator[Any]:
+    """Each branch's last call with its reply. The messages and tools are the agent's own (Codex's `developer`
+    role, its `namespace` and `web_search` tools) unless `for_templates`: then `developer` is `system` and only
+    function tools are kept, which is what chat templates and SFT loaders accept."""
     last: dict[int, Any] = {}
     count: dict[int, int] = {}
     for turn in answered:
@@ -235,15 +244,20 @@ def _chat_lines(episode: Any, reward: float | None, ending: dict[str, float], an
     replayed = _replayed(answered)
     for branch, turn in sorted(last.items()):
         messages = [
-            _message(m) for m in (*turn.request.get("messages", ()), turn.reply["message"]) if isinstance(m, dict)
+            _message(m, for_templates)
+            for m in (*turn.request.get("messages", ()), turn.reply["message"])
+            if isinstance(m, dict)
         ]
+        tools = turn.request.get("tools") or []
+        if for_templates:
+            tools = [tool for tool in tools if isinstance(tool, dict) and tool.get("type") == "function"]
         if replayed:  # a fork: the parent's replies it replayed are not its policy's, so not trained on
             assistant = [message for message in messages if message["role"] == "assistant"]
             for number, message in enumerate(assistant):
                 message["weight"] = 0 if number < replayed.get(branch, 0) else 1
         yield {
             "messages": messages,
-            "tools": orjson.dumps(turn.request.get("tools") or []).decode(),
+            "tools": orjson.dumps(tools).decode(),
             "branch": branch,
             "turns": count[branch],
             "last_turn_id": turn.id,
@@ -262,10 +276,12 @@ def _replayed(answered: list[Any]) -> dict[int, int]:
     return counts
 
 
-def _message(message: JsonObject) -> JsonObject:
+def _message(message: JsonObject, for_templates: bool = False) -> JsonObject:
     """A message as fine-tuning loaders take it: text content, and only the fields they know."""
     shaped = {key: message[key] for key in _MESSAGE_FIELDS if message.get(key) is not None}
     shaped["content"] = text_of(message.get("content"))
+    if for_templates and shaped.get("role") == "developer":  # OpenAI's newer name for the system prompt
+        shaped["role"] = "system"
     return shaped
 
 
