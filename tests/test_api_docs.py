@@ -7,6 +7,10 @@ import re
 from typing import Any
 
 import httpx
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.test_ui import browser, wait  # noqa: F401 (the browser fixture)
 
 
 def test_the_docs_page_loads_everything_from_trajproxy(server: Any) -> None:
@@ -24,3 +28,12 @@ def test_the_docs_page_loads_everything_from_trajproxy(server: Any) -> None:
         assert "javascript" in script.headers["content-type"] and b"SwaggerUIBundle" in script.content
         assert http.get("/docs-assets/nothing-here.js").status_code == 404
         assert http.get("/api/openapi.json").json()["info"]["title"] == "trajproxy"
+
+
+def test_the_docs_page_lists_the_operations_in_a_browser(server: Any, browser: WebDriver) -> None:  # noqa: F811
+    """FastAPI writes OpenAPI 3.1; a Swagger UI before 5 refuses it ("does not specify a valid version field")."""
+    browser.get(f"{server.url}/api/docs")
+    listed = wait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary"))
+    operations = {" ".join(op.text.split()[:2]) for op in listed}
+    assert "POST /api/episodes" in operations and "GET /api/turns/next" in operations, operations
+    assert "valid version field" not in browser.find_element(By.TAG_NAME, "body").text
