@@ -50,7 +50,7 @@ def export_command(args: argparse.Namespace) -> int:
         finally:
             engine.dispose()
     except (NotFound, StorageError) as e:
-        console.print(f"[red]trajproxy export: {e.message}")
+        console.print(f"trajproxy export: {e.message}", style="red", markup=False, soft_wrap=True)
         return 2 if isinstance(e, NotFound) else 1
     where = "standard output" if args.out == "-" else args.out
     console.print(

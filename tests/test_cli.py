@@ -19,7 +19,7 @@ import pytest
 
 from proxy import __version__
 from proxy.client import TrainerClient
-from tests.conftest import TEST_SERVER
+from tests.conftest import EXAMPLE, TEST_SERVER
 
 START_S = 20  # generous: a cold interpreter imports fastapi, sqlalchemy and pydantic
 EXIT_S = 30
@@ -308,6 +308,33 @@ def test_a_database_it_cannot_open_stops_start_up_naming_the_database(tmp_path: 
     assert done.returncode != 0
     assert "cannot open the database" in output
     assert secret not in output
+
+
+BAD_DATABASES = {
+    "postgres-unreachable": "postgres://user:{secret}@127.0.0.1:{port}/db",
+    "not-a-url": "notaurl",
+    "sqlite-in-a-missing-folder": "sqlite:///{folder}/missing/x.db",
+}
+
+
+@pytest.mark.parametrize("command", ["serve", "export", "run"])
+@pytest.mark.parametrize("case", BAD_DATABASES)
+def test_a_bad_database_url_is_one_line_and_nothing_is_said_served(tmp_path: Path, command: str, case: str) -> None:
+    secret = "s3cr3t-password"
+    url = BAD_DATABASES[case].format(secret=secret, port=free_port(), folder=tmp_path)
+    if command == "serve":
+        args = ["serve", "--port", str(free_port()), "--database-url", url]
+    elif command == "export":
+        args = ["export", str(tmp_path / "out.jsonl"), "--database-url", url]
+    else:
+        args = ["run", str(EXAMPLE / "tasks.jsonl"), "--agent-cmd", "true", "--port", str(free_port())]
+        args += ["--database-url", url]
+    done = run_cli(args, tmp_path)
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode != 0, said
+    assert len(said) == 1, said
+    assert "database" in said[0] and "Traceback" not in said[0] and secret not in said[0]
+    assert "serving" not in said[0]
 
 
 LITELLM_PROBE = """

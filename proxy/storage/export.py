@@ -35,7 +35,6 @@ from typing import IO, Any, Literal
 
 import orjson
 from sqlalchemy import Connection, Engine, and_, create_engine, func, inspect, or_, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.cli import key_values
@@ -44,6 +43,7 @@ from proxy.core.errors import NotFound, StorageError
 from proxy.core.replay import REPLAYED
 from proxy.core.values import JsonObject, text_of
 from proxy.storage.atif import atif_lines
+from proxy.storage.sole import database_url, one_line
 from proxy.storage.sql import engine_url, episodes, rewards, turns
 
 Shape = Literal["chat", "tokens", "atif"]
@@ -82,7 +82,7 @@ class Counts:
 
 def source(url: str) -> Engine:
     """The database to export from; NotFound if it does not exist or trajproxy never served it."""
-    parsed = make_url(engine_url(url))
+    parsed = database_url(engine_url(url))
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
         raise NotFound(f"no database at {parsed.database} (see --database-url)")
     engine = create_engine(parsed)
@@ -90,7 +90,7 @@ def source(url: str) -> Engine:
         if not inspect(engine).has_table("turn"):
             raise NotFound(f"{parsed.render_as_string()} holds no trajproxy tables")
     except SQLAlchemyError as e:
-        raise StorageError(f"the database failed: {e}") from e
+        raise StorageError(f"the database failed: {one_line(getattr(e, 'orig', None) or e)}") from e
     return engine
 
 

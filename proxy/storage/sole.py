@@ -12,7 +12,8 @@ import fcntl
 import os
 from typing import Any
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 from proxy.core.errors import StorageError
 
@@ -27,12 +28,28 @@ def driver_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def database_url(url: str) -> URL:
+    """`url` parsed; StorageError, in one line, for text that is not a database URL (never echoed: it may hold a
+    password)."""
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise StorageError(
+            "the database URL is not one: expected sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DATABASE"
+        ) from None
+
+
+def one_line(error: BaseException) -> str:
+    """A driver's message, which may run over several lines, as one."""
+    return " ".join(str(error).split())
+
+
 class SoleServer:
     def __init__(self, url: str, *, shared: bool = False) -> None:
-        parsed = make_url(url)
+        parsed = database_url(url)
         memory = parsed.database in (None, "", ":memory:")
         self._path = None if parsed.get_backend_name() != "sqlite" or memory else parsed.database
-        self._postgres = url if parsed.get_backend_name() == "postgresql" else None
+        self._postgres = url if parsed.get_backend_name() in ("postgresql", "postgres") else None
         self._shared = shared
         self._holding: str | None = None  # the path this store holds
         self._locked: str | None = None  # the Postgres URL this store holds
@@ -48,7 +65,10 @@ class SoleServer:
             fd, holders = _held[path]
             _held[path] = (fd, holders + 1)
         else:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as e:
+                raise StorageError(f"cannot open the SQLite database {self._path}: {e.strerror}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -73,7 +93,8 @@ class SoleServer:
         try:
             session = psycopg.connect(driver_url(url), autocommit=True)
         except psycopg.Error as e:
-            raise StorageError(f"cannot open the database at {make_url(url).render_as_string()!r}: {e}") from e
+            where = make_url(url).render_as_string()
+            raise StorageError(f"cannot open the database at {where!r}: {one_line(e)}") from e
         taken = session.execute(_LOCK.format("_shared" if self._shared else ""), (_LOCK_SPACE,)).fetchone()
         if not (taken and taken[0]):
             session.close()
