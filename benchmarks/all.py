@@ -302,6 +302,7 @@ BENCHMARKS = {
     "task-formats": script("task_formats.py", "Task formats"),
     "fork": script("fork.py", "Forks"),
     "ui": script("ui.py", "The web page"),
+    "served": script("served_overhead.py", "The served policy's overhead over calling vLLM directly"),
     "replicas": run_replicas,
 }
 

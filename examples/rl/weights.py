@@ -11,7 +11,9 @@ it so), which adds the routes used here:
     POST /update_weight_version {"new_version": "..."}  (optional) a tag, read back with GET /weight_info
     POST /resume
 
-On the CPU build this takes about 50 ms for the tiny model. Only the standard library is used for HTTP.
+On the CPU build this takes about 50 ms for the tiny model. Only the standard library is used for HTTP. A model
+whose output layer is tied to its input embedding is not fully reloaded on the CPU build (the output layer's
+prepacked matrix keeps the old weights): serve an untied copy (grpo.py's `served_copy`), or restart the server.
 """
 
 from __future__ import annotations
