@@ -47,6 +47,7 @@ from proxy.storage.sole import database_url, one_line
 from proxy.storage.sql import engine_url, episodes, rewards, turns
 
 Shape = Literal["chat", "tokens", "atif"]
+Lines = Callable[[Any, float | None, dict[str, float], list[Any]], Iterator[Any]]  # one episode's lines in a shape
 _PAGE = 200
 _MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
 
@@ -105,8 +106,8 @@ def export(
     """Write the matching episodes' conversations to `out`, one JSON object per line; `for_templates`: the chat
     shape as chat templates take it (see `_chat_lines`)."""
     counts = Counts()
-    chat = partial(_chat_lines, for_templates=for_templates)
-    lines = {"chat": chat, "tokens": _token_lines, "atif": atif_lines}[shape]
+    chat: Lines = partial(_chat_lines, for_templates=for_templates)
+    lines: Lines = {"chat": chat, "tokens": _token_lines, "atif": atif_lines}[shape]
     try:
         with engine.connect() as conn:
             for episode, ending, answered in _episodes(conn, filters, on_progress):
