@@ -26,6 +26,7 @@ def test_the_quickstart_runs_as_written(server: Any) -> None:
 
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 @pytest.mark.settings(trainer_token=None)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_served_policy_example_runs_as_written(server: Any, vllm: Any) -> None:
     snippets = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
     (snippet,) = [code for code in snippets if 'policy="vllm:tiny"' in code]

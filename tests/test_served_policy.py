@@ -27,6 +27,10 @@ from tests.served_checks import ask
 from tests.test_launch import RUN, into
 from tests.vllm_server import copy_model, reload_weights
 
+# The served path is the same whichever database records it: SQLite alone, but for the test whose data is the most
+# varied (ids, logprobs, the server's whole answer, drifts), which runs on Postgres too.
+ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
 TOOLS = [
     {
         "type": "function",
@@ -117,6 +121,7 @@ def template_ids(vllm: Any, request: dict[str, Any]) -> list[int]:
     return ids
 
 
+@ON_SQLITE
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("dialect", sorted(AGENTS))
@@ -204,6 +209,7 @@ def assert_loss_only_on_proven_samples(line: dict[str, Any], turns: list[Any]) -
     assert line["loss_mask"][-len(last.completion_token_ids) :] == [1] * len(last.completion_token_ids)
 
 
+@ON_SQLITE
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_loss(
     vllm: Any, server: LiveServer, trainer: TrainerClient
@@ -236,6 +242,7 @@ def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_lo
     assert line["logprobs"][-len(trained) :] == second.reply.logprobs
 
 
+@ON_SQLITE
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 def test_a_template_that_drops_earlier_reasoning_drifts_and_that_output_gets_no_loss(
     vllm: Any, server: LiveServer, trainer: TrainerClient
@@ -260,6 +267,7 @@ def test_a_template_that_drops_earlier_reasoning_drifts_and_that_output_gets_no_
     assert trained == second.reply.completion_token_ids
 
 
+@ON_SQLITE
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 def test_weights_change_between_steps_and_every_turn_carries_the_version_it_was_answered_under(
     vllm: Any, trainer: TrainerClient, background: Any, tmp_path: Any
@@ -299,6 +307,7 @@ def test_weights_change_between_steps_and_every_turn_carries_the_version_it_was_
         reload_weights(vllm)
 
 
+@ON_SQLITE
 @pytest.mark.timeout(60)
 def test_a_server_that_is_down_reaches_the_agent_at_once_as_a_502_in_its_dialect(trainer: TrainerClient) -> None:
     with socket.socket() as closed:
@@ -315,6 +324,7 @@ def test_a_server_that_is_down_reaches_the_agent_at_once_as_a_502_in_its_dialect
     assert turn.status == "failed" and "could not be reached" in (turn.reason or "")
 
 
+@ON_SQLITE
 @pytest.mark.timeout(60)
 def test_a_server_that_gives_no_token_ids_is_refused_at_the_first_call_saying_what_to_enable(
     trainer: TrainerClient, fake_model: FakeModel
@@ -328,6 +338,7 @@ def test_a_server_that_gives_no_token_ids_is_refused_at_the_first_call_saying_wh
     assert "without the token ids" in refused.value.message and "return_token_ids" in refused.value.message
 
 
+@ON_SQLITE
 def test_a_served_policy_without_its_server_is_refused_when_the_episode_is_made(trainer: TrainerClient) -> None:
     from proxy.client import TrajproxyAPIError
 
@@ -337,6 +348,7 @@ def test_a_served_policy_without_its_server_is_refused_when_the_episode_is_made(
     assert trainer.episodes().episodes == []  # nothing was made
 
 
+@ON_SQLITE
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 def test_a_trainer_forwards_a_turn_to_the_served_policy(vllm: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
@@ -356,6 +368,7 @@ def test_a_trainer_forwards_a_turn_to_the_served_policy(vllm: Any, trainer: Trai
     )
 
 
+@ON_SQLITE
 @pytest.mark.timeout(60)
 def test_sglang_is_asked_for_its_ids_and_read_as_its_documented_shapes_say(trainer: TrainerClient) -> None:
     """No SGLang runs on this CPU: a stand-in answering in the shape SGLang 0.5.13 documents (`prompt_token_ids` and
