@@ -15,6 +15,7 @@ from proxy.core.broker import Broker
 from proxy.http.ui.actions import action_routes, login_routes
 from proxy.http.ui.auth import LoginNeeded, UiAuth
 from proxy.http.ui.downloads import download_routes
+from proxy.http.ui.headers import UiHeaders
 from proxy.http.ui.pages import HERE, Pages, templates
 from proxy.http.ui.routes import page_routes
 from proxy.storage.sql import SqlStore
@@ -32,3 +33,4 @@ def add_ui(app: FastAPI, broker: Broker, store: SqlStore, token: str | None) -> 
         return Response("log in first: /ui/login", 401, media_type="text/plain")
 
     app.add_exception_handler(LoginNeeded, to_login)  # type: ignore[arg-type]
+    app.add_middleware(UiHeaders)

@@ -90,6 +90,8 @@ def local_path(target: str | None) -> str:
 
 def _same_origin(request: Request) -> bool:
     origin = request.headers.get("origin")
-    if origin is None or origin == "null":  # browsers send an Origin with every cross-site POST
-        return origin is None
+    if origin == "null":  # the page's Referrer-Policy (no-referrer) makes browsers send this on their own forms too
+        return request.headers.get("sec-fetch-site") == "same-origin"
+    if origin is None:  # browsers send an Origin with every cross-site POST
+        return True
     return urlsplit(origin).netloc == request.headers.get("host")
