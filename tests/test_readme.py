@@ -35,3 +35,20 @@ def test_the_served_policy_example_runs_as_written(server: Any, vllm: Any) -> No
     assert done.returncode == 0, done.stderr
     ids = re.findall(r"^\[[\d, ]+\] \[[\d, ]+\] \[[-\d., e]+\]$", done.stdout, re.MULTILINE)
     assert len(ids) == 1, done.stdout  # the prompt ids, the sampled ids and their logprobs, printed
+
+
+def test_each_image_the_readme_builds_is_built_one_way() -> None:
+    """A tag built two ways in the README leaves whichever ran last, and the other section's command then runs on
+    the wrong image."""
+    builds: dict[str, set[str]] = {}
+    for line in README.read_text().splitlines():
+        if found := re.match(r"docker build (.*)-t (\S+)(.*)", line.strip()):
+            builds.setdefault(found.group(2), set()).add(found.group(1) + found.group(3))
+    assert builds and all(len(ways) == 1 for ways in builds.values()), builds
+
+
+def test_the_compose_section_names_the_settings_a_shared_engine_needs() -> None:
+    text = README.read_text()
+    compose = text[text.index("`docker compose up`") :][:1500]
+    for name in ("TRAJPROXY_PORT", "TRAJPROXY_SOCKETS_VOLUME"):
+        assert name in compose, name
