@@ -1,7 +1,8 @@
 """The app factory: builds the adapters once, wires them into the broker and the routes.
 
 An agent's call goes straight to its handler (`AgentRoutes`). The trainer's WebSocket stream meets TrainerGate
-(the token) and TurnStream; any other WebSocket handshake is refused with 426. Anything else meets, in order:
+(the token) and TurnStream; any other WebSocket handshake is refused with 426. On the sandboxes' Unix socket,
+nothing else is served (`sandbox_door`). Anything else meets, in order:
 TrainerGate (the trainer API's token, query names and body limit), FastLane (the trainer's batch pull and reply,
 as plain ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
 """
@@ -31,6 +32,7 @@ from proxy.http.fast import FastLane
 from proxy.http.gate import TrainerGate
 from proxy.http.metrics import add_metrics
 from proxy.http.queries import DeclaredQueries
+from proxy.http.sandbox_door import from_sandbox, sandbox_door
 from proxy.http.stream import PATH as STREAM_PATH
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
@@ -70,6 +72,8 @@ class Trajproxy:
             await refuse_upgrade(scope, send)
         elif scope["type"] == "http" and (agent_call := self._agents.route(scope)) is not None:
             await agent_call(scope, receive, send)
+        elif scope["type"] == "http" and from_sandbox(scope):
+            await sandbox_door(scope, send)
         else:
             await self._rest(scope, receive, send)
 

@@ -4,6 +4,7 @@ is shown again with the reason next to it, and nothing is recorded."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -15,36 +16,47 @@ from starlette.responses import RedirectResponse, Response
 from proxy import wire
 from proxy.core.errors import NotFound, TrajproxyError
 from proxy.core.values import Turn
-from proxy.http.ui.auth import local_path
+from proxy.http.ui.auth import check_door, local_path
 from proxy.http.ui.forms import Refused, hand_answer, hand_error, hand_reward
 from proxy.http.ui.pages import Pages, field, form
 from proxy.http.ui.routes import guard, turn_page
+from proxy.http.ui.throttle import LoginThrottle, retry_after
 from proxy.http.views import reply_from
 
 HUMAN = "human"  # answered_by of a turn answered on the page
+log = logging.getLogger("trajproxy")
 
 
 def login_routes(pages: Pages) -> APIRouter:
     router = APIRouter(prefix="/ui", include_in_schema=False)
+    throttle = LoginThrottle()
 
     @router.get("/login")
     async def login_form(request: Request, next: str = "/ui/") -> Response:
+        check_door(request)
         return pages.render(request, "login.html", target=local_path(next), refused="", live=None)
 
     @router.post("/login")
     async def log_in(request: Request) -> Response:
+        check_door(request)
+        client = request.client.host if request.client else "an unknown address"
+        if (wait_s := throttle.wait_s(client)) > 0:  # not even checked: guessing costs time, however parallel
+            message = f"too many failed logins from {client}; try again in {retry_after(wait_s)} s"
+            return Response(message, 429, {"retry-after": retry_after(wait_s)}, media_type="text/plain")
         fields = await form(request)
         target = local_path(field(fields, "next"))
         response = RedirectResponse(target, 303)
         if pages.auth.log_in(field(fields, "token"), response, request):
+            throttle.succeeded(client)
             return response
+        log.warning("a login to the page from %s failed (%d in a row)", client, throttle.failed(client))
         refused = "That is not the trainer token."
         return pages.render(request, "login.html", 401, target=target, refused=refused, live=None)
 
     @router.post("/logout")
-    async def log_out() -> Response:
+    async def log_out(request: Request) -> Response:
         response = RedirectResponse("/ui/login", 303)
-        pages.auth.log_out(response)
+        pages.auth.log_out(request, response)
         return response
 
     return router

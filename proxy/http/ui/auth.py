@@ -1,17 +1,19 @@
 """Who may see the page: whoever holds the trainer token, as an `Authorization: Bearer` header or as the session
 cookie the login form sets.
 
-The cookie holds no token: it holds an HMAC of a fixed label keyed by the token, so it opens the page and nothing
-else (not /api), and a new token ends every session. It is HttpOnly (no script reads it), SameSite=Strict (no other
-site's page or form sends it) and Secure on https. The token comes in a POST body only, never a URL, so it is never
-in an access log. A form POST from another origin is refused even so. Like /api, the page is not served on the
+The cookie holds no token: it holds a random session id, one per login, kept in this process's memory (a bounded
+number, oldest forgotten first; a restart ends them all) until it expires or its holder logs out. It opens the page
+and nothing else (not /api). It is HttpOnly (no script reads it), SameSite=Strict (no other site's page or form
+sends it) and Secure on https. The token comes in a POST body only, never a URL, so it is never in an access log. A
+form POST from another origin is refused even so, logging out too. Like /api, the page is not served on the
 sandboxes' Unix socket: an agent must not answer its own calls.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import secrets
+import time
+from collections import OrderedDict
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -23,8 +25,8 @@ from proxy.http.edge import parse_bearer
 from proxy.http.metrics import on_sandbox_socket
 
 COOKIE = "trajproxy_ui"
-_LABEL = b"trajproxy /ui session"
 _SESSION_S = 7 * 86400
+SESSIONS_KEPT = 1000  # logins remembered at once; the oldest is logged out past that
 
 
 class LoginNeeded(Exception):
@@ -38,7 +40,7 @@ class LoginNeeded(Exception):
 class UiAuth:
     def __init__(self, token: str | None) -> None:
         self._token = token
-        self._session = hmac.new(token.encode(), _LABEL, hashlib.sha256).hexdigest() if token else None
+        self._sessions: OrderedDict[str, float] = OrderedDict()  # session id -> when it expires (monotonic s)
 
     @property
     def open(self) -> bool:
@@ -47,27 +49,35 @@ class UiAuth:
 
     def check(self, request: Request) -> None:
         """Let the request through, or raise LoginNeeded, or Forbidden (the sandbox socket; a cross-site POST)."""
-        if on_sandbox_socket(request):
-            raise Forbidden("the page is not served on the sandbox socket; use trajproxy's TCP address")
-        if request.method == "POST" and not _same_origin(request):
-            raise Forbidden("a form posted from another site is refused")
-        if self._token is None or self._session is None:
+        check_door(request)
+        if self._token is None:
             return
         given = parse_bearer(request.headers.get("authorization"))
         if given is not None and same_secret(given, self._token):
             return
-        cookie = request.cookies.get(COOKIE)
-        if cookie is not None and same_secret(cookie, self._session):
+        if self._in_session(request.cookies.get(COOKIE)):
             return
         raise LoginNeeded(request.url.path)
 
-    def log_in(self, given: str, response: Response, request: Request) -> bool:
-        """Set the session cookie on `response` if `given` is the token; whether it was."""
-        if self._token is None or self._session is None or not same_secret(given.strip(), self._token):
+    def _in_session(self, cookie: str | None) -> bool:
+        if not cookie or (expires := self._sessions.get(cookie)) is None:
             return False
+        if expires > time.monotonic():
+            return True
+        del self._sessions[cookie]
+        return False
+
+    def log_in(self, given: str, response: Response, request: Request) -> bool:
+        """Start a session and set its cookie on `response` if `given` is the token; whether it was."""
+        if self._token is None or not same_secret(given.strip(), self._token):
+            return False
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = time.monotonic() + _SESSION_S
+        while len(self._sessions) > SESSIONS_KEPT:
+            self._sessions.popitem(last=False)
         response.set_cookie(
             COOKIE,
-            self._session,
+            session,
             max_age=_SESSION_S,
             path="/ui",
             httponly=True,
@@ -76,9 +86,19 @@ class UiAuth:
         )
         return True
 
-    @staticmethod
-    def log_out(response: Response) -> None:
+    def log_out(self, request: Request, response: Response) -> None:
+        """End the request's session (its cookie opens nothing from now on) and delete its cookie."""
+        check_door(request)
+        self._sessions.pop(request.cookies.get(COOKIE) or "", None)
         response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+
+
+def check_door(request: Request) -> None:
+    """Forbidden on the sandbox socket, and for a form posted from another site; before any token is looked at."""
+    if on_sandbox_socket(request):
+        raise Forbidden("the page is not served on the sandbox socket; use trajproxy's TCP address")
+    if request.method == "POST" and not _same_origin(request):
+        raise Forbidden("a form posted from another site is refused")
 
 
 def local_path(target: str | None) -> str:
