@@ -19,13 +19,20 @@ from proxy import __version__
 from proxy.settings import Settings
 
 PLUGINS = "trajproxy.commands"
+DESCRIPTION = (
+    "Turn unmodified LLM agents into RL environments: `trajproxy serve` runs the proxy that parks each agent's "
+    "calls for a trainer to answer and records them; `trajproxy run` runs an agent on each task in a Docker "
+    "sandbox and grades its work; `trajproxy export` writes what was recorded as training data; `trajproxy "
+    "agents` builds and lists agent bundles; `trajproxy sandbox prune` removes containers that runs left. "
+    "`trajproxy COMMAND --help` says more."
+)
 
 if TYPE_CHECKING:
     from proxy.trainer_token import KeptToken
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trajproxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="trajproxy", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"trajproxy {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(

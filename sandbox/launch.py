@@ -133,6 +133,12 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "or failed with a reward; cancelled ones, and failed ones with no reward, run again",
     )
     batch.add_argument(
+        "--progress-every-s",
+        type=float,
+        default=30.0,
+        help="off a terminal (a CI log, a batch job's file), print a progress line this often",
+    )
+    batch.add_argument(
         "--keep-serving",
         action="store_true",
         help="after the last task, keep the embedded trajproxy up for a trainer to read what it recorded, "

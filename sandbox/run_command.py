@@ -11,10 +11,13 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.run_report import ResultsFile, exit_status, status_line, summarise
+from sandbox.resume import RAN_BY, RUN
+from sandbox.run_identity import RunIdentity
+from sandbox.run_report import ResultsFile, exit_status, progress_text, status_line, summarise
 from sandbox.run_report import console as _console
 from sandbox.runner import Runner
 from sandbox.signals import Interrupted, until_signalled, until_stopped
@@ -89,6 +92,7 @@ def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConf
 
     given = Limits()
     return RunConfig(
+        metadata={RAN_BY: ran_by(args), RUN: RunIdentity.current().labels()},
         agent_cmd=args.agent_cmd or "",
         agent=injected,
         oracle=args.agent == ORACLE,
@@ -103,6 +107,16 @@ def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConf
             pids=args.pids,
         ),
     )
+
+
+def ran_by(args: argparse.Namespace) -> dict[str, str]:
+    """Who runs the tasks, as each episode records it: what makes a task done for `--resume`."""
+    return {
+        "agent": args.agent or f"--agent-cmd {args.agent_cmd}",
+        "model": args.model or "",
+        "policy": args.policy,
+        "grading": args.grading or "the format's",
+    }
 
 
 def _results_file(args: argparse.Namespace) -> ResultsFile | None:
@@ -147,23 +161,25 @@ async def _run(
         sandboxes = DockerSandboxes(socket_source, labels=labels, counter=counter)  # counted when served here
         async with AsyncTrainerClient(url, token=token) as trainer:
             forks: list[EpisodeCreated] = []
+            skipped: list[Outcome] = []
             if args.fork is not None:  # the forked episode's task, n times, each in a fork
                 tasks, forks = await _forks(trainer, args, tasks)
                 rejected = []
             elif args.resume:
-                tasks = await _resumed(console, trainer, args, tasks)
+                tasks, skipped = await _resumed(console, trainer, args, tasks)
             for error in rejected:
                 console.print(f"[red]skipped: {error}")
                 episode = await trainer.create_episode(task=str(error), metadata={"rejected": True})
                 await trainer.finish(episode.id, "failed", str(error))
                 if results is not None:
                     results.rejected(error, episode.id)
-            if args.policy == "trainer":
+            if args.policy == "trainer" and not config.oracle and tasks:  # the oracle asks no policy
                 console.print(f"waiting for a trainer at {url}/api (GET /api/turns/next)")
             runner = functools.partial(Runner, trainer, sandboxes, policy, config)
             on_outcome = results.outcome if results is not None else None
-            outcomes = await _run_tasks(console, url, runner, on_outcome, tasks, args.concurrency, forks)
-            summarise(console, outcomes, rejected)
+            running = _Running(runner, on_outcome, tasks, args.concurrency, forks)
+            outcomes = await _run_tasks(console, url, running, args.progress_every_s)
+            summarise(console, outcomes, rejected, skipped)
             if args.keep_serving:
                 await _keep_serving(console, url)
             return exit_status(outcomes, rejected)
@@ -181,44 +197,70 @@ async def _keep_serving(console: Any, url: str) -> None:
     await until_stopped()
 
 
-async def _run_tasks(
-    console: Any,
-    url: str,
-    runner: Callable[..., Runner],
-    on_outcome: Callable[[Outcome], None] | None,
-    tasks: list[Task],
-    concurrency: int,
-    forks: list[EpisodeCreated],
-) -> list[Outcome]:
-    """Run the tasks with their counts shown live (the calls parked on a reply read from trajproxy's /health)."""
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """What `_run_tasks` runs: the runner to make, where each outcome goes, the tasks and how."""
+
+    runner: Callable[..., Runner]
+    on_outcome: Callable[[Outcome], None] | None
+    tasks: list[Task]
+    concurrency: int
+    forks: list[EpisodeCreated]
+
+
+async def _run_tasks(console: Any, url: str, run: _Running, progress_every_s: float) -> list[Outcome]:
+    """Run the tasks with their counts shown live (the calls parked on a reply read from trajproxy's /health); off
+    a terminal, where rich shows only the last frame, a plain progress line every `progress_every_s`."""
     from rich.live import Live
 
     from sandbox.runner import Progress
 
     try:
-        with Live(status_line(Progress(total=len(tasks))), console=console, refresh_per_second=4) as live:
+        with Live(status_line(Progress(total=len(run.tasks))), console=console, refresh_per_second=4) as live:
 
             def show(progress: Progress) -> None:
                 live.update(status_line(progress))
 
-            running = runner(show, on_outcome=on_outcome)
-            watching = asyncio.create_task(_watch_parked(url, running.progress, show))
+            running = run.runner(show, on_outcome=run.on_outcome)
+            watching = [asyncio.create_task(_watch_parked(url, running.progress, show))]
+            if not console.is_terminal:
+                watching.append(asyncio.create_task(_tell_progress(console, running.progress, progress_every_s)))
             try:
-                return await running.run_many(tasks, concurrency, forks)
+                return await running.run_many(run.tasks, run.concurrency, run.forks)
             finally:
-                watching.cancel()
+                for watcher in watching:
+                    watcher.cancel()
     finally:
         if not console.is_terminal:  # off a terminal, rich leaves the last frame's line unended
             console.line()
 
 
-async def _resumed(console: Any, trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> list[Task]:
-    """The tasks not done yet in the trainer's database (see sandbox.resume for which count as done)."""
-    from sandbox.resume import done_tasks, still_to_run
+async def _tell_progress(console: Any, progress: Progress, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        console.print(progress_text(progress), markup=False, highlight=False, soft_wrap=True)
 
-    todo = still_to_run(tasks, await done_tasks(trainer, (task.id for task in tasks)))
-    console.print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} task(s) done already, {len(todo)} to run")
-    return todo
+
+async def _resumed(
+    console: Any, trainer: Any, args: argparse.Namespace, tasks: list[Task]
+) -> tuple[list[Task], list[Outcome]]:
+    """The tasks not done yet in the trainer's database by this run's agent, model, policy and grading (see
+    sandbox.resume for which count as done), and an outcome for each skipped, saying why; a killed run's
+    unfinished episodes of these tasks are closed as cancelled."""
+    from sandbox.resume import cancel_abandoned, done_tasks, still_to_run
+    from sandbox.runner import Outcome
+
+    who = ran_by(args)
+    ids = [task.id for task in tasks]
+    if closed := await cancel_abandoned(trainer, ids, who, RunIdentity.current()):
+        console.print(f"resuming: {closed} episode(s) a killed run left unfinished recorded as cancelled")
+    todo, done = still_to_run(tasks, await done_tasks(trainer, ids, who))
+    console.print(
+        f"resuming: {len(done)} of {len(tasks)} task(s) done already by this agent, policy and grading, "
+        f"{len(todo)} to run"
+    )
+    said = "done already (--resume) by this agent, model, policy and grading"
+    return todo, [Outcome(task, episode_id, "skipped", None, said) for task, episode_id in done]
 
 
 async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> tuple[list[Task], list[Any]]:

@@ -62,15 +62,31 @@ def status_line(progress: Progress) -> Table:
         f"[yellow]{progress.parked}[/] parked",
         f"[green]{progress.finished}[/] finished",
         f"[red]{progress.failed}[/] failed",
+        *([f"[yellow]{progress.cancelled}[/] cancelled"] if progress.cancelled else []),
         f"mean reward [bold]{mean}[/]",
     )
     return table
 
 
-def summarise(console: Any, outcomes: list[Outcome], rejected: list[TaskError]) -> None:
+def progress_text(progress: Progress) -> str:
+    """The status line as one plain line, for a log: what a run off a terminal prints every so often."""
+    mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
+    return (
+        f"{progress.finished + progress.failed}/{progress.total} done, {progress.running} running, "
+        f"{progress.parked} parked, {progress.finished} finished, {progress.failed} failed, "
+        f"{progress.cancelled} cancelled, mean reward {mean}"
+    )
+
+
+def summarise(
+    console: Any, outcomes: list[Outcome], rejected: list[TaskError], skipped: list[Outcome] | None = None
+) -> None:
+    """The end-of-run table: each task run, and each `--resume` skipped (status `skipped`, with the episode that
+    did it and why); then the output of the agents that failed, and the totals."""
     from rich.table import Column, Table
 
-    ids = [outcome.episode_id or "-" for outcome in outcomes]
+    skipped = skipped or []
+    ids = [outcome.episode_id or "-" for outcome in [*skipped, *outcomes]]
     table = Table(
         Column("task", overflow="fold"),
         Column("episode", no_wrap=True, min_width=max(map(len, ids), default=1)),  # an id is never cut
@@ -78,10 +94,10 @@ def summarise(console: Any, outcomes: list[Outcome], rejected: list[TaskError]) 
         Column("reward", no_wrap=True),
         Column("reason", overflow="fold"),
     )
-    for outcome, episode_id in zip(outcomes, ids, strict=True):
+    for outcome, episode_id in zip([*skipped, *outcomes], ids, strict=True):
         reward = "-" if outcome.reward is None else f"{outcome.reward:g}"
         table.add_row(outcome.task.where, episode_id, outcome.status, reward, outcome.reason)
-    if outcomes:
+    if outcomes or skipped:
         console.print(table)
     for outcome in outcomes:
         if outcome.status == "failed" and outcome.agent_output.strip():
@@ -93,6 +109,7 @@ def summarise(console: Any, outcomes: list[Outcome], rejected: list[TaskError]) 
     console.print(
         f"{len(outcomes) - unrun} task(s) run, {len(rejected)} rejected, "
         + (f"{unrun} could not run, " if unrun else "")
+        + (f"{len(skipped)} skipped as done already, " if skipped else "")
         + f"mean reward {mean}"
     )
 

@@ -53,6 +53,7 @@ class RunConfig:
     grading: GradingMode | None = None  # None: the task format's own
     limits: Limits | None = None  # None: the task's own, else Limits()
     episode: dict[str, Any] = field(default_factory=dict)  # for each episode: policy, routes, budgets (see the API)
+    metadata: dict[str, Any] = field(default_factory=dict)  # in each episode's metadata: who ran it (sandbox.resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,7 @@ class Progress:
     parked: int = 0  # LLM calls waiting on a reply (set by whoever watches the proxy)
     finished: int = 0
     failed: int = 0
+    cancelled: int = 0  # stopped by a signal: neither done nor failed
     rewards: list[float] = field(default_factory=list)
 
     @property
@@ -121,7 +123,8 @@ class Runner:
 
     async def open(self, task: Task) -> wire.EpisodeCreated:
         """A new episode for the task, as `run` would create."""
-        metadata = {**task.metadata, "task_id": task.id, "label": task.label, "line": task.line}
+        metadata = {**task.metadata, **self._config.metadata}
+        metadata |= {"task_id": task.id, "label": task.label, "line": task.line}
         options = dict(self._config.episode)
         if (agent := self._config.agent) is not None:
             metadata["agent"] = agent.record
@@ -279,10 +282,7 @@ class Runner:
             except TrajproxyAPIError as e:
                 if e.status != 409:  # 409: closed already (its budget finished it): that record stands
                     raise
-        if outcome.status == "finished":
-            self._count(finished=1)
-        else:
-            self._count(failed=1)
+        self._count(**{outcome.status: 1})  # finished, failed or cancelled
         if outcome.reward is not None:
             self.progress.rewards.append(outcome.reward)
             self._on_change(self.progress)

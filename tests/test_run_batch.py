@@ -5,6 +5,7 @@ restarted with --resume runs only what is not done, the exit status says whether
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -66,20 +67,50 @@ def test_a_killed_run_keeps_its_results_and_a_resumed_run_runs_only_what_is_not_
     assert MISSING_IMAGE in missing["reason"]
 
     again = subprocess.run(
-        [*RUN, str(tasks), "--agent-cmd", "true", "--resume", *options], capture_output=True, text=True, timeout=200
-    )
+        [*RUN, str(tasks), "--agent-cmd", AGENT, "--agent-timeout-s", "5", "--resume", *options],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )  # the same agent (a task is done for the agent that ran it), cut short: the slow task ends graded, failed
     assert again.returncode == 1, again.stderr  # the missing image's task still could not run
-    assert "resuming: 1 of 3 task(s) done already, 2 to run" in again.stderr
+    assert "resuming: 1 episode(s) a killed run left unfinished recorded as cancelled" in again.stderr
+    assert "resuming: 1 of 3 task(s) done already by this agent, policy and grading, 2 to run" in again.stderr
     assert "1 task(s) run, 0 rejected, 1 could not run" in again.stderr
     later = lines_of(results)[2:]  # appended to what the killed run wrote
-    assert sorted((line["task"], line["status"]) for line in later) == [("line 2", "finished"), ("line 3", "failed")]
+    assert sorted((line["task"], line["status"]) for line in later) == [("line 2", "failed"), ("line 3", "failed")]
     assert episodes_by_line(database) == [
         (1, "finished"),  # done: not run again
-        (2, "finished"),
-        (2, "pending"),  # the killed run's (its agent never called), left as it was
+        (2, "cancelled"),  # the killed run's (its agent never called), closed by the run that resumed
+        (2, "failed"),  # ran past its time, graded
         (3, "failed"),
         (3, "failed"),  # failed with no reward: run again
     ]
+
+
+@pytest.mark.timeout(240)
+def test_a_task_is_done_for_the_agent_that_ran_it_and_a_resumed_run_says_what_it_skipped(
+    tmp_path: Path, task_image: str, label: str
+) -> None:
+    tasks = EXAMPLE / "tasks.jsonl"
+    options = ["--label", label, *into(tmp_path / "run.db")]
+
+    def run(agent_cmd: str) -> subprocess.CompletedProcess[str]:
+        command = [*RUN, str(tasks), "--agent-cmd", agent_cmd, "--resume", *options]
+        env = {**os.environ, "COLUMNS": "200"}
+        return subprocess.run(command, capture_output=True, text=True, timeout=200, env=env)
+
+    first = run("true")  # graded: reward 0, done for this agent
+    assert first.returncode == 0 and "1 task(s) run" in first.stderr, first.stderr
+    other = run("true # another agent")
+    assert other.returncode == 0, other.stderr
+    assert "0 of 1 task(s) done already by this agent, policy and grading, 1 to run" in other.stderr
+    assert "1 task(s) run" in other.stderr
+    same = run("true # another agent")
+    assert same.returncode == 0, same.stderr
+    assert "1 of 1 task(s) done already by this agent, policy and grading, 0 to run" in same.stderr
+    [row] = [line for line in same.stderr.splitlines() if "skipped" in line and "│" in line]
+    assert "done already" in row and re.search(r"ep_\w+", row), row
+    assert "0 task(s) run, 0 rejected, 1 skipped as done already" in same.stderr
 
 
 @pytest.mark.timeout(240)
