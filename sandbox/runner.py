@@ -34,6 +34,7 @@ APPLY_DIFF = (
     f"git apply --whitespace=nowarn {DIFF_FILE} || "
     f"(command -v patch >/dev/null && patch --batch --fuzz=5 -p1 -i {DIFF_FILE})"
 )
+DIFF_KEPT = 1024 * 1024  # of the agent's diff, recorded with its reward for the episode page (characters)
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 DEFAULT_GRADE_TIMEOUT_S = 600.0
 _GIT_S = 120.0
@@ -185,6 +186,7 @@ class Runner:
             "grading": mode,
             "agent_exit_code": agent.exit_code,
             "agent_output": output,
+            "diff": diff if len(diff) <= DIFF_KEPT else diff[:DIFF_KEPT] + "\n… (cut: the diff ran to more)\n",
         }
         for name, value in grade.rewards.items():
             await self._trainer.add_reward(episode_id, value, name, source="grader", info=info)

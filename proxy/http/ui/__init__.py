@@ -14,17 +14,20 @@ from starlette.responses import RedirectResponse, Response
 from proxy.core.broker import Broker
 from proxy.http.ui.actions import action_routes, login_routes
 from proxy.http.ui.auth import LoginNeeded, UiAuth
+from proxy.http.ui.closing import closing_routes
 from proxy.http.ui.downloads import download_routes
 from proxy.http.ui.headers import UiHeaders
 from proxy.http.ui.pages import HERE, Pages, templates
 from proxy.http.ui.routes import page_routes
+from proxy.http.ui.summary import summary_routes
 from proxy.storage.sql import SqlStore
 
 
 def add_ui(app: FastAPI, broker: Broker, store: SqlStore, token: str | None) -> None:
     pages = Pages(broker, store, UiAuth(token), templates())
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")  # no data: no token
-    for router in (login_routes(pages), page_routes(pages), action_routes(pages), download_routes(pages, store)):
+    routers = (login_routes(pages), page_routes(pages), action_routes(pages), closing_routes(pages))
+    for router in (*routers, summary_routes(pages), download_routes(pages, store)):
         app.include_router(router)
 
     async def to_login(request: Request, needed: LoginNeeded) -> Response:

@@ -17,6 +17,7 @@ from proxy.core.broker import Broker
 from proxy.core.catalog import Catalog
 from proxy.http.edge import read_body
 from proxy.http.ui.auth import UiAuth
+from proxy.http.ui.diffs import diff_lines
 from proxy.http.ui.views import moment
 
 HERE = Path(__file__).parent
@@ -27,6 +28,7 @@ def templates() -> Jinja2Templates:
     made = Jinja2Templates(directory=HERE / "templates")
     made.env.globals["version"] = __version__
     made.env.filters["moment"] = moment
+    made.env.filters["diff_lines"] = diff_lines
     return made
 
 

@@ -54,7 +54,7 @@ def page_routes(pages: Pages) -> APIRouter:
         return json_response(pages.live())
 
     @router.get("/episodes/{episode_id}")
-    async def episode(request: Request, episode_id: str, refused: str = "") -> Response:
+    async def episode(request: Request, episode_id: str, refused: str = "", not_closed: str = "") -> Response:
         try:
             found, turns, rewards = await pages.broker.trajectory(episode_id)
         except NotFound:
@@ -75,6 +75,7 @@ def page_routes(pages: Pages) -> APIRouter:
             output=output,
             diff=diff,
             refused=refused,
+            not_closed=not_closed,
             lineage=forks,
         )
 
@@ -104,11 +105,7 @@ def turn_page(
     pages: Pages, request: Request, turn: Turn, status: int = 200, form: dict[str, Any] | None = None
 ) -> Response:
     """One turn: the conversation its call sends, the tools it offers, and an answer form while it is open."""
-    tools = [
-        (str(tool.get("function", {}).get("name", "?")), str(tool.get("function", {}).get("description", "")))
-        for tool in turn.request.get("tools") or ()
-        if isinstance(tool, dict)
-    ]
+    tools = views.offered_tools(turn.request)
     answer = views.step(turn, None).reply
     return pages.render(
         request,

@@ -41,6 +41,52 @@ class Branch:
     children: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    name: str
+    kind: str  # its JSON Schema type, or ''
+    required: bool
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool a call offers, as the hand-answer form lists it: what its arguments object takes."""
+
+    name: str
+    description: str
+    parameters: list[Parameter]
+
+
+def offered_tools(request: JsonObject) -> list[Tool]:
+    """The function tools a call offers (normalised to OpenAI's shape), each with its parameters."""
+    found = []
+    for tool in request.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict):
+            continue
+        schema = function.get("parameters")
+        schema = schema if isinstance(schema, dict) else {}
+        properties, required = schema.get("properties"), schema.get("required")
+        required = set(required) if isinstance(required, list) else set()
+        parameters = [
+            Parameter(str(name), _kind(spec), name in required, str(spec.get("description", "")))
+            for name, spec in (properties.items() if isinstance(properties, dict) else ())
+            if isinstance(spec, dict)
+        ]
+        found.append(Tool(str(function.get("name", "?")), str(function.get("description", "")), parameters))
+    return found
+
+
+def _kind(spec: JsonObject) -> str:
+    kind = spec.get("type")
+    if isinstance(kind, list):
+        return " or ".join(map(str, kind))
+    if "enum" in spec and isinstance(spec["enum"], list):
+        return "one of " + ", ".join(orjson.dumps(value).decode() for value in spec["enum"][:10])
+    return str(kind) if kind else ""
+
+
 def age(at: float | None, now: float) -> str:
     if at is None:
         return ""
