@@ -68,6 +68,8 @@ def test_the_summary_tallies_agents_and_tasks_and_draws_the_rewards(
 
     finished = page.get("/ui/summary", params={"status": "finished"})
     assert [row[:4] for row in rows(finished.text, "agents")] == [["a", "2", "2", "2"], ["b", "1", "1", "1"]]
+    listed = page.get("/ui/", params={"status": "finished"}).text
+    assert '<a id="summary-link" href="/ui/summary?status=finished">' in listed  # the list's filters carry over
     refused = page.get("/ui/summary", params={"min_reward": "lots"})
     assert refused.status_code == 400 and "minimum reward must be a number" in html.unescape(refused.text)
 
