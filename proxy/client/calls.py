@@ -114,8 +114,7 @@ class Calls:
 
     @staticmethod
     def resume(policy_version: str | None) -> Call[wire.PauseState]:
-        body = {"policy_version": policy_version} if policy_version is not None else {}
-        return Call("POST", "/api/resume", wire.PauseState.model_validate, json=body)
+        return Call("POST", "/api/resume", wire.PauseState.model_validate, json={"policy_version": policy_version})
 
     @staticmethod
     def reply_many(replies: Sequence[dict[str, Any]]) -> Call[wire.ReplyResults]:

@@ -180,10 +180,10 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         return json_response(pause_view(broker, 0, in_flight))
 
     @router.post("/resume", response_model=wire.PauseState)
-    async def resume(body: wire.ResumeIn | None = None) -> Response:
+    async def resume(body: wire.ResumeIn) -> Response:
         """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
         it (a weight update's step)."""
-        released = broker.resume(body.policy_version if body else None)
+        released = broker.resume(body.policy_version)
         return json_response(pause_view(broker, released, 0))
 
     @router.post("/turns/replies", response_model=wire.ReplyResults)
