@@ -2,7 +2,8 @@
 
 TrajproxyError
 ├── BadRequest          the input is malformed or invalid
-│   └── PayloadTooLarge the body is over the configured limit
+│   ├── PayloadTooLarge the body is over the configured limit
+│   └── BodyStalled     the body stopped arriving before it was whole
 ├── Unauthorized        unknown episode key or bad trainer token
 ├── Forbidden           the caller may not use this route this way
 ├── NotFound            no such episode, turn or route
@@ -11,6 +12,7 @@ TrajproxyError
 ├── EpisodeClosed       the episode is finished, failed or cancelled
 ├── Paused              new calls are refused while the trainer updates its policy
 ├── OverBudget          the episode has used its turns, tokens or time
+├── Busy                the episode has as many of these calls running as it may: retry in a moment
 ├── TurnTimeout         nobody answered the turn within its timeout
 ├── NoTurnYet           the agent made no call within the time a trainer would wait
 ├── StorageError        the database could not record a change
@@ -35,6 +37,10 @@ class BadRequest(TrajproxyError):
 
 class PayloadTooLarge(BadRequest):
     kind = "request_too_large"
+
+
+class BodyStalled(BadRequest):
+    kind = "request_timeout"
 
 
 class Unauthorized(TrajproxyError):
@@ -75,6 +81,10 @@ class OverBudget(TrajproxyError):
 
 class NoTurnYet(TrajproxyError):
     kind = "no_turn_yet"
+
+
+class Busy(TrajproxyError):
+    kind = "rate_limit_error"
 
 
 class TurnTimeout(TrajproxyError):

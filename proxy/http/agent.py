@@ -6,11 +6,9 @@ framework layers between the server and the broker.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 
-import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.core.broker import Broker
@@ -20,6 +18,7 @@ from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
 from proxy.dialects.responses import ResponsesDialect
+from proxy.http.counting import CountTokens
 from proxy.http.edge import JSON, agent_key, error_headers, read_json, redact, respond, status_of
 from proxy.http.parked import ParkedReply
 from proxy.settings import Settings
@@ -42,11 +41,12 @@ class AgentRoutes:
         self._broker = broker
         self._settings = settings
         chat, self._anthropic, self._responses = ChatDialect(), AnthropicDialect(), ResponsesDialect()
+        counting = CountTokens(broker, self._anthropic, settings.max_body_bytes)
         self._routes: dict[str, tuple[str, Dialect, Handler]] = {
             "/v1/chat/completions": ("POST", chat, self._calls(chat)),
             "/v1/messages": ("POST", self._anthropic, self._calls(self._anthropic)),
             "/v1/responses": ("POST", self._responses, self._calls(self._responses, self._continue_response)),
-            "/v1/messages/count_tokens": ("POST", self._anthropic, self._count_tokens),
+            "/v1/messages/count_tokens": ("POST", self._anthropic, counting),
             "/v1/models": ("GET", chat, self._models),
         }
 
@@ -89,18 +89,6 @@ class AgentRoutes:
 
     async def _models(self, _key: str | None, _scope: Scope, _receive: Receive, send: Send) -> None:
         await respond(send, 200, MODELS)
-
-    async def _count_tokens(self, key: str | None, scope: Scope, receive: Receive, send: Send) -> None:
-        """Anthropic's token counter: the same count trajproxy puts in replies' usage; nothing is parked."""
-        try:
-            await self._broker.authenticate(agent_key(key, dict(scope["headers"])))
-            _, body = await read_json(scope, receive, self._settings.max_body_bytes)
-            parsed = self._anthropic.parse(body)
-        except TrajproxyError as e:
-            await refuse(send, self._anthropic, e)
-            return
-        tokens = await asyncio.to_thread(self._broker.count_tokens, parsed.request)
-        await respond(send, 200, orjson.dumps({"input_tokens": tokens}))
 
     async def _continue_response(self, episode: Episode, body: JsonObject, parsed: Call) -> Call:
         """With previous_response_id, the earlier turn of this episode that the call continues."""

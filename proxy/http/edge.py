@@ -13,6 +13,7 @@ from proxy.core.values import JsonObject
 
 STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.PayloadTooLarge: 413,
+    errors.BodyStalled: 408,
     errors.BadRequest: 400,
     errors.Unauthorized: 401,
     errors.Forbidden: 403,
@@ -21,6 +22,7 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.EpisodeClosed: 410,
     errors.Paused: 429,
     errors.OverBudget: 429,
+    errors.Busy: 429,
     errors.NoTurnYet: 408,
     errors.TurnTimeout: 504,
     errors.StorageError: 503,
@@ -32,6 +34,8 @@ def error_headers(error: errors.TrajproxyError) -> list[tuple[bytes, bytes]]:
     """Headers for an agent-facing error: when to retry, or that retrying will not help."""
     if isinstance(error, errors.Paused):
         return [(b"retry-after", f"{max(1, round(error.retry_after_s))}".encode())]
+    if isinstance(error, errors.Busy):
+        return [(b"retry-after", b"1")]
     return [(b"x-should-retry", b"false")]
 
 
@@ -106,6 +110,11 @@ def nested_too_deep(value: Any) -> bool:
 async def read_json(scope: Scope, receive: Receive, limit_bytes: int) -> tuple[bytes, JsonObject]:
     """Read the body (refusing it past `limit_bytes`) and parse it as a JSON object of bounded nesting."""
     raw = await read_body(scope, receive, limit_bytes)
+    return raw, parse_json(raw)
+
+
+def parse_json(raw: bytes) -> JsonObject:
+    """A body as a JSON object of bounded nesting; BadRequest if it is not one."""
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -116,7 +125,7 @@ async def read_json(scope: Scope, receive: Receive, limit_bytes: int) -> tuple[b
         raise errors.BadRequest(TOO_DEEP)
     if not isinstance(body, dict):
         raise errors.BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
-    return raw, body
+    return body
 
 
 def parse_bearer(header: str | None) -> str | None:
