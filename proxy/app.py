@@ -33,6 +33,7 @@ from proxy.http.gate import TrainerGate
 from proxy.http.metrics import add_metrics
 from proxy.http.queries import DeclaredQueries
 from proxy.http.sandbox_door import from_sandbox, sandbox_door
+from proxy.http.stalls import timed_body
 from proxy.http.stream import PATH as STREAM_PATH
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
@@ -66,6 +67,8 @@ class Trajproxy:
         self._stream = TrainerGate(TurnStream(broker), token=token, max_body_bytes=0, queries=queries)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            receive, send = timed_body(receive, send, self.settings.body_read_timeout_s)
         if scope["type"] == "websocket" and scope["path"] == STREAM_PATH:
             await self._stream(scope, receive, send)
         elif scope["type"] == "websocket" or (scope["type"] == "http" and asks_upgrade(scope)):

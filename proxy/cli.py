@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         "--restart-grace-s", type=float, help="seconds a turn taken back at start-up waits for its agent's retry (60)"
     )
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 32 MiB)")
+    serve.add_argument(
+        "--body-read-timeout-s", type=float, help="seconds a request body may send nothing before it gets 408 (30)"
+    )
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
     serve.add_argument("--server", choices=["granian", "uvicorn"], help="the HTTP server in front (default uvicorn)")

@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     retry_grace_s: float = Field(default=5.0, ge=0)  # how long a hung-up agent's turn waits for its SDK's retry
     restart_grace_s: float = Field(default=60.0, ge=0)  # how long a turn taken back at start-up waits for its retry
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that sends nothing this long is answered 408
     public_url: str | None = None
     socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)
     server: Literal["granian", "uvicorn"] = "uvicorn"  # the HTTP server in front (RESULTS.md: "A compiled HTTP front")

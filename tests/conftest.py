@@ -51,6 +51,7 @@ ON_BOTH_SERVERS = (
     "tests/test_stream.py",
     "tests/test_sandbox.py::test_the_sandbox_socket_serves_agents_but_never_the_trainer_api",
     "tests/test_socket_door.py",
+    "tests/test_stalls.py",
     "tests/test_cli.py",
     "tests/test_launch.py::test_a_stopping_signal_cancels_the_run_and_removes_every_container",
 )
