@@ -135,3 +135,26 @@ def test_a_run_whose_model_fails_hands_its_agent_the_502_and_prints_it(
         turns = db.execute("SELECT status, reply FROM turn").fetchall()
     assert turns and all(status == "answered" and "failed" in reply for status, reply in turns), turns
     assert not engine.containers.list(all=True, filters={"label": label})
+
+
+def test_a_run_passes_its_policy_options_to_the_model(
+    tmp_path: Path, task_image: str, engine: Any, label: str, fake_model: FakeModel
+) -> None:
+    """`--policy-option KEY=VALUE` reaches the model's call: here its api_base (the fake provider) and temperature,
+    which before could be given only through litellm's own environment variables."""
+    database = tmp_path / "run.db"
+    env = {**os.environ, "OPENAI_API_KEY": "sk-offline", "TRAJPROXY_TURN_TIMEOUT_S": str(TURN_TIMEOUT_S)}
+    options = [f"api_base={fake_model.url}/v1", "temperature=0.25", "max_retries=0"]
+    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", "model:openai/fake-teacher"]
+    for option in options:
+        command += ["--policy-option", option]
+    done = subprocess.run(
+        [*command, "--label", label, *into(database)], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert fake_model.seen, "the model was never called"
+    assert {(asked["model"], asked["temperature"]) for asked in fake_model.seen} == {("fake-teacher", 0.25)}
+    with sqlite3.connect(database) as db:
+        answered_by = {by for (by,) in db.execute("SELECT answered_by FROM turn")}
+    assert answered_by == {"model:openai/fake-teacher"}
+    assert not engine.containers.list(all=True, filters={"label": label})
