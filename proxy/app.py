@@ -134,8 +134,8 @@ def create_app(settings: Settings) -> Trajproxy:
             "open_turns": broker.open_turns,
             "ready_turns": broker.ready_turns,
             "waiting_pollers": broker.waiting_pollers,
-            "paused": broker.paused,
-            "policy_version": broker.policy_version,
+            "paused": broker.weights.paused,
+            "policy_version": broker.weights.policy_version,
         }
         if replica is not None:
             status["replica"] = replica

@@ -48,6 +48,7 @@ from proxy.core.values import (
     Turn,
     TurnStatus,
 )
+from proxy.core.weights import WeightSync
 
 log = logging.getLogger("trajproxy")
 
@@ -99,6 +100,7 @@ class Broker:
         if shared is not None:
             parts = (self._episodes, self._answers, self._deadlines, self._pause, bell, clock)
             self._replicas = Replicas(shared, self._lot, self._ledger, store, *parts, lease_s=lease_s)
+        self.weights = WeightSync(self._pause, self._answers, self._replicas)  # the trainer's weight-update cycle
 
     @property
     def open_turns(self) -> int:
@@ -119,31 +121,6 @@ class Broker:
     def queue(self, limit: int) -> list[Turn]:
         """Up to `limit` open turns (parked or leased) as they stand now, oldest first."""
         return self._lot.turns(limit)
-
-    @property
-    def paused(self) -> str | None:
-        return self._pause.mode
-
-    @property
-    def policy_version(self) -> str | None:
-        return self._answers.policy_version
-
-    async def pause(self, mode: str, retry_after_s: float, drain_s: float = 0.0) -> int:
-        """Stop handing out new agent calls (for a weight update): see `Pause`. Every replica pauses. Waits up to
-        `drain_s` for the turns in flight on this replica to finish; returns how many still are."""
-        self._pause.start(mode, retry_after_s)
-        if self._replicas is not None:
-            self._replicas.pause(mode, retry_after_s)
-        return await self._pause.drained(drain_s)
-
-    def resume(self, policy_version: str | None = None) -> int:
-        """Release the calls held while paused; returns how many go on (from this replica). Replies recorded from
-        now on, on every replica, carry `policy_version` (when given) unless their trainer names another."""
-        if policy_version is not None:
-            self._answers.policy_version = policy_version
-        if self._replicas is not None:
-            self._replicas.pause(None, 0.0, policy_version)
-        return self._pause.lift()
 
     async def drain(self) -> None:
         """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""

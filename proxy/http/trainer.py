@@ -176,14 +176,14 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     @router.post("/pause", response_model=wire.PauseState)
     async def pause(body: wire.PauseIn) -> Response:
         """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
-        in_flight = await broker.pause(body.mode, body.retry_after_s, body.drain_s)
+        in_flight = await broker.weights.pause(body.mode, body.retry_after_s, body.drain_s)
         return json_response(pause_view(broker, 0, in_flight))
 
     @router.post("/resume", response_model=wire.PauseState)
     async def resume(body: wire.ResumeIn) -> Response:
         """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
         it (a weight update's step)."""
-        released = broker.resume(body.policy_version)
+        released = broker.weights.resume(body.policy_version)
         return json_response(pause_view(broker, released, 0))
 
     @router.post("/turns/replies", response_model=wire.ReplyResults)
@@ -205,7 +205,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
 
 
 def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
-    state = {"paused": broker.paused, "policy_version": broker.policy_version}
+    state = {"paused": broker.weights.paused, "policy_version": broker.weights.policy_version}
     return {**state, "released": released, "in_flight": in_flight}
 
 
