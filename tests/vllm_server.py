@@ -224,7 +224,8 @@ def post(server: VllmServer | str, path: str, body: dict[str, Any] | None = None
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             raw = reply.read()
     except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"POST {path}: {exc.code} {exc.read().decode(errors='replace')[:2000]}") from exc
+        hint = " (is the server running with VLLM_SERVER_DEV_MODE=1?)" if exc.code == 404 else ""
+        raise RuntimeError(f"POST {path}: {exc.code} {exc.read().decode(errors='replace')[:2000]}{hint}") from exc
     return json.loads(raw) if raw.strip() else None
 
 

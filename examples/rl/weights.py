@@ -18,38 +18,15 @@ prepacked matrix keeps the old weights): serve an untied copy (grpo.py's `served
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.vllm_server import reload_weights  # the one recipe, shared with the tests
+
 WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json")
-
-
-def _root(base_url: str) -> str:
-    return base_url.rstrip("/").removesuffix("/v1")
-
-
-def _post(base_url: str, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
-    request = urllib.request.Request(
-        _root(base_url) + path,
-        data=json.dumps(body or {}).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            raw = reply.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:2000]
-        hint = " (is the server running with VLLM_SERVER_DEV_MODE=1?)" if exc.code == 404 else ""
-        raise RuntimeError(f"POST {path}: {exc.code} {detail}{hint}") from exc
-    return json.loads(raw) if raw.strip() else None
 
 
 def save_weights(model: Any, model_dir: str | os.PathLike[str]) -> None:
@@ -72,22 +49,6 @@ def save_weights(model: Any, model_dir: str | os.PathLike[str]) -> None:
             for old in model_dir.glob(pattern):
                 if old.name not in new:
                     old.unlink()
-
-
-def reload_weights(base_url: str, *, version: str | None = None, timeout: float = 120.0) -> float:
-    """Makes the server read its model folder's weights again; returns the seconds it took."""
-    began = time.perf_counter()
-    _post(base_url, "/pause?mode=wait", timeout=timeout)
-    try:
-        _post(base_url, "/collective_rpc", {"method": "reload_weights", "timeout": timeout}, timeout=timeout)
-        reset = _post(base_url, "/reset_prefix_cache", timeout=timeout)
-        if not (reset or {}).get("success", True):
-            raise RuntimeError(f"the server did not reset its prefix cache: {reset}")
-        if version is not None:
-            _post(base_url, "/update_weight_version", {"new_version": version}, timeout=timeout)
-    finally:
-        _post(base_url, "/resume", timeout=timeout)
-    return time.perf_counter() - began
 
 
 def push_weights(model: Any, model_dir: str | os.PathLike[str], base_url: str, *, version: str | None = None) -> float:
