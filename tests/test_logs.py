@@ -33,7 +33,7 @@ def secrets_in(log: str, *secrets: str) -> list[str]:
     return [line for line in log.splitlines() if any(secret in line for secret in secrets)]
 
 
-def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with_a_key(tmp_path: Path) -> None:
+def test_handshakes_are_refused_at_once_with_426_and_no_key_is_logged_from_a_path_or_a_query(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with serving(["--port", str(port), "--log-level", "debug"], tmp_path) as served:
@@ -46,6 +46,13 @@ def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with
             assert handshake(port, path, key) == "426", path
         for path in (f"/e/{key}/v1/models", f"/e/{key}/v1/no-such-route"):  # plain requests: no access log line
             httpx.get(f"{url}{path}", timeout=5)
+        # Google's SDKs may send the key as a query parameter: counted, refused or not found, never logged.
+        gemini = f"{url}/v1beta/models/policy"
+        body = {"contents": [{"parts": [{"text": "x"}]}]}
+        counted = httpx.post(f"{gemini}:countTokens", params={"key": key}, json=body)
+        assert counted.status_code == 200, counted.text
+        assert httpx.post(f"{gemini}:generateContent", params={"key": key}, content=b"{").status_code == 400
+        assert httpx.post(f"{gemini}:embedContent", params={"key": key, "alt": "sse"}, json={}).status_code == 404
         assert handshake(port, "/api/episodes", token) == "426"
     log = served.output()
     assert "serving on" in log and "Application shutdown complete" in log, log  # read from start to end: no secret
