@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from google import genai
 from google.genai import errors, types
@@ -116,6 +117,35 @@ def test_streaming_over_sse_with_keepalives_while_parked(server: Any, trainer: T
     assert [(part.text, part.thought) for part in parts] == [("new thought", True), ("now this", None)]
     usage = chunk.usage_metadata
     assert (usage.prompt_token_count, usage.candidates_token_count, usage.total_token_count) == (12, 4, 16)
+
+
+@pytest.mark.settings(keepalive_s=0.1)
+def test_the_raw_streams_blank_lines_while_parked_then_one_event_or_without_sse_a_json_array(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    episode = trainer.create_episode()
+    url = f"{server.url}/v1beta/models/policy:streamGenerateContent"
+    body = {"contents": [{"role": "user", "parts": [{"text": "x"}]}]}
+
+    def call(alt: dict[str, str]) -> tuple[str, bytes]:
+        with httpx.stream("POST", url, params=alt, json=body, headers={"x-goog-api-key": episode.key}) as response:
+            return response.headers["content-type"], response.read()
+
+    for alt in ({"alt": "sse"}, {}):
+        answered = background(call, alt)
+        turn = trainer.next_turns(wait_s=5)[0]
+        time.sleep(0.4)
+        trainer.reply(turn.id, "ok")
+        kind, raw = answered.result(timeout=5)
+        if alt:  # blank lines, which Google's SDKs skip (a comment line would stall them), then one event
+            assert kind == "text/event-stream" and raw.startswith(b"\n\n") and raw.count(b"data: ") == 1
+            [data] = [line for line in raw.splitlines() if line]
+            chunk = orjson.loads(data.removeprefix(b"data: "))
+        else:
+            assert kind == "application/json"
+            [chunk] = orjson.loads(raw)
+        assert chunk["candidates"][0]["content"] == {"role": "model", "parts": [{"text": "ok"}]}
+    assert len(trainer.trajectory(episode.id).turns) == 2
 
 
 def test_count_tokens_matches_the_usage_replies_carry(server: Any, trainer: TrainerClient, background: Any) -> None:
