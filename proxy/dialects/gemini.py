@@ -5,9 +5,10 @@ Inbound, `contents` become OpenAI chat shape: `systemInstruction` a system messa
 message (its `functionCall` parts tool calls, its `thought` parts `reasoning_content`), `functionResponse` parts
 tool messages (the response object as JSON text). A part's `thoughtSignature` is kept verbatim where Google's own
 OpenAI-compatible API keeps it, under `extra_content.google.thought_signature` of the tool call (or of the message,
-for a signature on another part), and is rendered back onto the part it came with. Parts chat has no word for
-(`inlineData`, `fileData`, ...) pass through unchanged. The model is named by the path, not the body, so each call
-gets a dialect of its own (`for_call`).
+for a signature on another part), and is rendered back onto the part it came with. A user's parts that chat has
+no word for (`inlineData`, `fileData`, ...) pass through unchanged. Field names are read in either of the spellings
+Google's API reads (`functionCall`, `function_call`). The model and method are named by the path, not the body, so
+each call gets a dialect of its own.
 """
 
 from __future__ import annotations

@@ -60,11 +60,13 @@ class AgentRoutes:
         if path.startswith("/e/"):
             key, _, rest = path[3:].partition("/")
             path = "/" + rest
-        route = self._routes.get(path) or self._gemini(path, scope)
+        route = self._routes.get(path)
+        if route is None and path.startswith(GEMINI_PREFIXES) and ":" in path:
+            query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
+            route = self._gemini(path, query)
+            key = key or query.get("key")  # Google's SDKs may send the key as a query parameter
         if route is None:
             return None
-        if isinstance(route[1], GeminiDialect):  # Google's SDKs may send the key as a query parameter
-            key = key or dict(parse_qsl(scope["query_string"].decode("latin-1"))).get("key")
         method, dialect, handler = route
         if scope["method"] != method:
             return partial(_not_allowed, dialect, method)
@@ -92,12 +94,9 @@ class AgentRoutes:
 
         return call
 
-    def _gemini(self, path: str, scope: Scope) -> tuple[str, Dialect, Handler] | None:
+    def _gemini(self, path: str, query: Mapping[str, str]) -> tuple[str, Dialect, Handler]:
         """The route of a Gemini API call, `/v1beta/models/{model}:{method}`: a dialect for its model and method."""
-        if not path.startswith(GEMINI_PREFIXES):
-            return None
         model, _, method = path.split("/models/", 1)[1].rpartition(":")
-        query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
         dialect = GeminiDialect(model=model or "trajproxy", method=method, sse=query.get("alt") == "sse")
         if method == "countTokens":
             return "POST", dialect, partial(self._counting, dialect)
