@@ -52,7 +52,10 @@ def test_a_function_calling_round_trip_with_a_system_instruction_and_a_thought_s
     assert turn.wire is not None and turn.wire["systemInstruction"]["parts"] == [{"text": "You are terse."}]
     signed = {"id": "call_1", "function": {"name": "run_shell_command", "arguments": {"command": "ls"}}}
     signed["extra_content"] = {"google": {"thought_signature": "c2lnLTE="}}
-    trainer.reply(turn.id, message={"content": "Let me look.", "tool_calls": [signed]})
+    [result] = trainer.reply_many(
+        [{"turn_id": turn.id, "message": {"content": "Let me look.", "tool_calls": [signed]}}]
+    )
+    assert result.status == 200, result
 
     response = first.result(timeout=5)
     assert response.text == "Let me look."
@@ -110,11 +113,17 @@ def test_streaming_over_sse_with_keepalives_while_parked(server: Any, trainer: T
         "reasoning_content": "earlier thought",
     }
     time.sleep(0.5)  # parked across several keep-alive intervals
-    answer = {"content": "now this", "reasoning_content": "new thought"}
+    signed = {
+        "id": "call_7",
+        "function": {"name": "f", "arguments": "{}"},
+        "extra_content": {"google": {"thought_signature": "c2ln"}},
+    }
+    answer = {"content": "now this", "reasoning_content": "new thought", "tool_calls": [signed]}
     trainer.reply(turn.id, message=answer, usage={"prompt_tokens": 12, "completion_tokens": 4})
     [chunk] = chunks.result(timeout=5)
     parts = chunk.candidates[0].content.parts
-    assert [(part.text, part.thought) for part in parts] == [("new thought", True), ("now this", None)]
+    assert [(part.text, part.thought) for part in parts[:2]] == [("new thought", True), ("now this", None)]
+    assert (parts[2].function_call.id, parts[2].thought_signature) == ("call_7", b"sig")
     usage = chunk.usage_metadata
     assert (usage.prompt_token_count, usage.candidates_token_count, usage.total_token_count) == (12, 4, 16)
 
