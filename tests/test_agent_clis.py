@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,10 +230,12 @@ def test_mini_swe_agent_completes_a_task_in_three_calls_with_its_default_tool_ca
     assert [turn.request["messages"][-1]["role"] for turn in turns] == ["user", "tool", "tool"]
 
 
+@pytest.mark.settings(keepalive_s=0.05)
 def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
     server: Any, trainer: TrainerClient, tmp_path: Path
 ) -> None:
-    """Configured as its preset configures it (agents/gemini-cli.toml: env and settings file), on the host's Node."""
+    """Configured as its preset configures it (agents/gemini-cli.toml: env and settings file), on the host's Node;
+    each answer comes after its stream has carried keep-alives."""
     gemini = cli("gemini")
     episode = trainer.create_episode(task=TASK)
     work, home = folders(tmp_path, "work", "home")
@@ -246,7 +249,7 @@ def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
         cwd=work, env={**os.environ, **preset.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     policy = tool_calls("run_shell_command", {"command": "echo hi > hello.txt"}, {"command": "echo bye > bye.txt"})
-    seen = answer_until_exit(trainer, agent, policy)
+    seen = answer_until_exit(trainer, agent, lambda turn: time.sleep(0.2) or policy(turn))
     stdout, stderr = agent.communicate()
     assert agent.returncode == 0, stderr[-2000:]
     assert json.loads(stdout)["response"] == "Done: hello.txt and bye.txt created."
