@@ -12,13 +12,13 @@ import functools
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy import wire
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
-from sandbox.containers import ExecResult, Limits, Sandbox, SandboxError, SandboxSpec
+from sandbox.containers import SCRATCH_BYTES, ExecResult, Limits, ReadOnlyRoot, Sandbox, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.injection import InjectedAgent, launch_script
 from sandbox.manifests import TASK_FILE
@@ -53,6 +53,8 @@ class RunConfig:
     grade_timeout_s: float | None = None  # None: the task's own, else DEFAULT_GRADE_TIMEOUT_S
     grading: GradingMode | None = None  # None: the task format's own
     limits: Limits | None = None  # None: the task's own, else Limits()
+    read_only: bool | None = None  # the agent's root filesystem read-only; None: as the task says, else writable
+    scratch_bytes: int = SCRATCH_BYTES  # of a read-only root: the size of each scratch folder (/tmp)
     episode: dict[str, Any] = field(default_factory=dict)  # for each episode: policy, routes, budgets (see the API)
     metadata: dict[str, Any] = field(default_factory=dict)  # in each episode's metadata: who ran it (sandbox.resume)
 
@@ -255,7 +257,11 @@ class Runner:
             "ANTHROPIC_API_KEY": key,
         }
         agent = None if self._config.oracle else self._config.agent
-        return self._spec(task, episode_id, env=env, proxy=True, agent=agent)
+        spec = self._spec(task, episode_id, env=env, proxy=True, agent=agent)
+        if self._config.read_only if self._config.read_only is not None else task.read_only:
+            root = ReadOnlyRoot(scratch=("/tmp", *task.scratch), scratch_bytes=self._config.scratch_bytes)
+            spec = replace(spec, read_only=root)
+        return spec
 
     def _agent_timeout_s(self, task: Task) -> float:
         return self._config.agent_timeout_s or task.agent_timeout_s or DEFAULT_AGENT_TIMEOUT_S
