@@ -115,13 +115,9 @@ def assert_trainable(turns: list[Any], dialect: str, calls: int = 3) -> None:
         ), turn.seq
 
 
-def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
-    server: Any, trainer: TrainerClient, tmp_path: Path
-) -> None:
-    claude = cli("claude")
-    episode = trainer.create_episode(task=TASK)
-    work, home = folders(tmp_path, "work", "home")
-    env = {
+def claude_env(episode: Any, home: Path) -> dict[str, str]:
+    """Claude Code's environment for an episode: trajproxy as its API, a HOME of its own, no traffic elsewhere."""
+    return {
         **os.environ,
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": episode.env["ANTHROPIC_BASE_URL"],
@@ -130,6 +126,15 @@ def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
+
+
+def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
+    server: Any, trainer: TrainerClient, tmp_path: Path
+) -> None:
+    claude = cli("claude")
+    episode = trainer.create_episode(task=TASK)
+    work, home = folders(tmp_path, "work", "home")
+    env = claude_env(episode, home)
     agent = subprocess.Popen(
         [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -232,15 +237,7 @@ def test_a_claude_code_episode_with_a_sub_agent_splits_its_reward_over_its_two_b
     claude = cli("claude")
     episode = trainer.create_episode(task="Create hello.txt containing hi")
     work, home = folders(tmp_path, "work", "home")
-    env = {
-        **os.environ,
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": episode.env["ANTHROPIC_BASE_URL"],
-        "ANTHROPIC_API_KEY": episode.env["ANTHROPIC_API_KEY"],
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
+    env = claude_env(episode, home)
     sequences: dict[int, list[int]] = {}  # each branch's token ids so far, as a served policy would have them
 
     def policy(turn: Any) -> dict[str, Any]:
