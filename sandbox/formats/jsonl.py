@@ -61,6 +61,8 @@ def parse(data: Any, *, line: int = 0, image: str | None = None) -> Task:
     remote = metadata.get("remote_env_info") or {}
     if not isinstance(remote, dict):
         raise TaskError(f"{where}: 'metadata.remote_env_info' must be an object")
+    if metadata.get("pre_commands") or remote.get("pre_commands"):
+        raise TaskError(f"{where}: pre_commands are not run by trajproxy; build them into the task's image")
     prompt = metadata.get("problem_statement") or data.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise TaskError(f"{where}: needs a 'prompt' (or metadata.problem_statement)")
