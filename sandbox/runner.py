@@ -38,6 +38,7 @@ DIFF_KEPT = 1024 * 1024  # of the agent's diff, recorded with its reward for the
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 DEFAULT_GRADE_TIMEOUT_S = 600.0
 _GIT_S = 120.0
+SETUP_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,7 @@ class Runner:
         timings["start_s"] = round(time.monotonic() - clock, 3)
         try:
             clock = time.monotonic()
+            await _set_up(box, task)
             agent = await self._act(box, task, episode_id, key)
             timings["agent_s"] = round(time.monotonic() - clock, 3)
             diff = await self._diff(box, task, needed=mode == "fresh")
@@ -239,6 +241,7 @@ class Runner:
         """Apply the diff to a fresh container of the task's image (no network) and grade it there."""
         box = await self._sandboxes.start(self._spec(task, episode_id, env={}, proxy=False))
         try:
+            await _set_up(box, task)
             if diff.strip():
                 await box.upload(DIFF_FILE, diff.encode())
                 applied = await box.exec(APPLY_DIFF, timeout_s=_GIT_S)
@@ -299,6 +302,16 @@ class Runner:
         for name, change in changes.items():
             setattr(self.progress, name, getattr(self.progress, name) + change)
         self._on_change(self.progress)
+
+
+async def _set_up(box: Sandbox, task: Task) -> None:
+    """Run the task's setup, if it has one, where the agent will work and where its diff is graded: both start
+    from the same state, so the diff applies."""
+    if task.setup:
+        done = await box.exec(f"bash -ec {shlex.quote(task.setup)}", timeout_s=SETUP_TIMEOUT_S)
+        if not done.ok:
+            said = _last_line(done.output)
+            raise SandboxError(f"the task's setup failed (exit {done.exit_code})" + (f": {said}" if said else ""))
 
 
 def _last_line(text: str) -> str:

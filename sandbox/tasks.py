@@ -72,6 +72,7 @@ class Task:
     grade_timeout_s: float | None = None
     read_only: bool = False  # the agent's root read-only, but for its workdir and scratch (unless the run says)
     scratch: tuple[str, ...] = ()  # folders besides /tmp the format's own tools write in a read-only sandbox
+    setup: str = ""  # bash, run in the working directory before the agent, and before a fresh grade applies its diff
 
     @property
     def where(self) -> str:

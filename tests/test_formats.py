@@ -232,7 +232,7 @@ def test_swebench_instances_are_graded_by_the_swebench_harness(
 F2P_SCRIPT = """import os, sys, tempfile
 import pytest
 
-TEST = "from calc import add\\n\\n\\ndef test_add():\\n    assert add(2, 3) == 5\\n"
+TEST = "from calc import add, sub\\n\\n\\ndef test_add():\\n    assert add(2, 3) == 5 and sub(3, 1) == 2\\n"
 path = os.path.join(tempfile.mkdtemp(), "test_f2p.py")
 with open(path, "w") as f:
     f.write(TEST)
@@ -244,7 +244,8 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     proxied: Any, sandboxes: DockerSandboxes, swe_images: str, minimal: InjectedAgent, tmp_path: Path
 ) -> None:
     """A row shaped like slime's SWE rows, taken as it is: no eval_cmd, no image or workdir in `metadata`, but
-    `remote_env_info` with `image_url`, `workdir`, `instance_id` and `f2p_script`, which grades the agent's work."""
+    `remote_env_info` with `image_url`, `workdir`, `instance_id` and `f2p_script`, which grades the agent's work,
+    and `pre_commands` (here they commit a `sub` that the tests need), run before the agent and before the grade."""
     row = {
         "prompt": "unused: metadata.problem_statement is the task",
         "label": "calc__calc-1",
@@ -255,6 +256,10 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
                 "image_url": swe_images.format(instance_id="calc__calc-1"),
                 "workdir": "/testbed",
                 "f2p_script": F2P_SCRIPT,
+                "pre_commands": [
+                    "printf 'def sub(a, b):\\n    return -(b - a)\\n' >> calc.py",
+                    "git -c user.email=t@example.com -c user.name=t commit -qam 'the base: sub added'",
+                ],
             },
         },
     }
@@ -267,6 +272,8 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     )
     assert (solved.status, solved.reward, solved.reason) == ("finished", 1.0, "tests pass"), solved.agent_output
     assert (wrong.status, wrong.reward) == ("finished", 0.0)
+    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]  # type: ignore[arg-type]
+    assert "def sub(a, b)" in str(seen["content"]) and "def sub" not in solved.diff  # `cat calc.py` after the setup
     said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info  # type: ignore[arg-type]
     assert "1 failed" in said["grader"]["output"]  # pytest's own summary: the script ran its test
 

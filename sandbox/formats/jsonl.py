@@ -3,7 +3,7 @@ the work (1.0 when it exits 0).
 
 slime's SWE-bench-style rows are taken as they are: where `metadata` lacks `eval_cmd`, `image`, `workdir` or
 `instance_id`, its `remote_env_info` gives them (`f2p_script`, `image_url`, `workdir`, `instance_id`), as slime's
-coding-agent example reads them."""
+coding-agent example reads them; `pre_commands` (in either) run before the agent and before the grade."""
 
 from __future__ import annotations
 
@@ -61,8 +61,6 @@ def parse(data: Any, *, line: int = 0, image: str | None = None) -> Task:
     remote = metadata.get("remote_env_info") or {}
     if not isinstance(remote, dict):
         raise TaskError(f"{where}: 'metadata.remote_env_info' must be an object")
-    if metadata.get("pre_commands") or remote.get("pre_commands"):
-        raise TaskError(f"{where}: pre_commands are not run by trajproxy; build them into the task's image")
     prompt = metadata.get("problem_statement") or data.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise TaskError(f"{where}: needs a 'prompt' (or metadata.problem_statement)")
@@ -80,6 +78,7 @@ def parse(data: Any, *, line: int = 0, image: str | None = None) -> Task:
         line,
         id=_id_of(data, remote, line),
         read_only=read_only(metadata.get("read_only", False), f"{where}: metadata.read_only"),
+        setup=_setup(metadata.get("pre_commands") or remote.get("pre_commands"), where),
     )
 
 
@@ -94,6 +93,17 @@ def _grader(metadata: dict[str, Any], remote: dict[str, Any], where: str) -> Gra
         f"{where}: needs metadata.eval_cmd, the command whose exit code grades the work "
         "(or metadata.remote_env_info.f2p_script, a Python file that does)"
     )
+
+
+def _setup(pre_commands: Any, where: str) -> str:
+    """slime's `pre_commands` as one script: a list of commands, or a string whose escaped newlines are lines."""
+    if not pre_commands:
+        return ""
+    if isinstance(pre_commands, str):
+        return pre_commands.replace("\\n", "\n")
+    if isinstance(pre_commands, list) and all(isinstance(command, str) for command in pre_commands):
+        return "\n".join(command for command in pre_commands if command)
+    raise TaskError(f"{where}: pre_commands must be a list of commands or a string, not {pre_commands!r:.80}")
 
 
 def read(path: Path, *, image: str | None = None) -> Iterator[Task | TaskError]:
