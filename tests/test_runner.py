@@ -151,7 +151,7 @@ def test_task_files_explain_what_is_wrong(tmp_path: Path) -> None:
     assert isinstance(parsed[6], Task) and parsed[6].read_only and not parsed[5].read_only
     assert isinstance(parsed[7], TaskError) and "metadata.read_only must be true or false, not 'yes'" in str(parsed[7])
     assert isinstance(parsed[8], Task) and parsed[8].setup == "x" and parsed[8].image == "i"
-    assert [t.image for t in read_tasks(path, image="forced") if isinstance(t, Task)] == ["forced"] * 5
+    assert [t.image for t in read_tasks(path, image="forced") if isinstance(t, Task)] == ["forced"] * 6
 
 
 def _fields(task: Task) -> dict[str, Any]:
