@@ -107,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
         help="chat shape: the developer role as system and function tools only, as chat templates and SFT loaders "
         "take them (by default messages and tools are kept as the agent sent them)",
     )
+    export.add_argument(
+        "--split-reward",
+        action="store_true",
+        help="chat and tokens shapes: each line's reward is the episode's divided by its K trainable lines (as slime "
+        "splits an episode over its sub-agent and compaction branches), 0 on its others; lines say K in "
+        "reward_split_over (by default every line carries the episode's whole reward)",
+    )
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     for plugin in entry_points(group=PLUGINS):  # e.g. `trajproxy run`, from the sandbox package
         plugin.load()(commands)

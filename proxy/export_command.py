@@ -33,6 +33,9 @@ def export_command(args: argparse.Namespace) -> int:
     if args.for_templates and args.shape != "chat":
         console.print(f"[red]trajproxy export: --for-templates shapes the chat shape only, not --shape {args.shape}")
         return 2
+    if args.split_reward and args.shape == "atif":
+        console.print("[red]trajproxy export: --split-reward splits the chat and tokens shapes' reward, not atif's")
+        return 2
     try:
         engine = source(args.database_url)
         try:
@@ -46,6 +49,7 @@ def export_command(args: argparse.Namespace) -> int:
                     filters,
                     lambda done: progress.advance(task, done),
                     for_templates=args.for_templates,
+                    split_reward=args.split_reward,
                 )
         finally:
             engine.dispose()

@@ -21,6 +21,18 @@ class Limits:
     pids: int = 512
 
 
+SCRATCH_BYTES = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyRoot:
+    """A root filesystem the agent cannot write, but for its working directory (holding the image's files there)
+    and `scratch`, empty folders of at most `scratch_bytes` each (/tmp, where the agent's HOME is)."""
+
+    scratch: tuple[str, ...] = ("/tmp",)
+    scratch_bytes: int = SCRATCH_BYTES
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
     """What to start: an image, its working directory, and the environment the agent gets."""
@@ -33,6 +45,7 @@ class SandboxSpec:
     proxy: bool = True  # reach trajproxy (and nothing else); False: no network at all
     mounts: dict[str, str] = field(default_factory=dict)  # host folder -> path in the container, read-only
     arch: str | None = None  # the architecture the mounts' programs need (amd64); None: any
+    read_only: ReadOnlyRoot | None = None  # None: the root filesystem is writable
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ import docker
 import docker.errors
 
 from sandbox.containers import ExecResult, SandboxCounter, SandboxError, SandboxSpec
+from sandbox.docker_read_only import archive_root, read_only_options, writable_paths
 from sandbox.gate import RELAYING
 from sandbox.images import MANAGED, build_image, ensure_image
 from sandbox.run_identity import RunIdentity
@@ -143,15 +144,20 @@ class DockerSandboxes:
         if spec.arch is not None:
             _check_arch(client, spec.image, spec.arch)
         made: list[Any] = []  # every container created, so that a start failing at any later step leaves none
+        options: dict[str, Any] = {}
+        if spec.read_only is not None:
+            workdir = spec.workdir or client.images.get(spec.image).attrs["Config"].get("WorkingDir") or "/"
+            options = read_only_options(spec.read_only, workdir)
         try:
-            agent, gate = self._create(client, spec, made)
+            agent, gate = self._create(client, spec, made, options)
         except BaseException:
             _remove(*made)
             raise
-        return DockerSandbox(agent, gate, spec.workdir, self._threads)
+        return DockerSandbox(agent, gate, spec.workdir, self._threads, writable_paths(options))
 
-    def _create(self, client: Any, spec: SandboxSpec, made: list[Any]) -> tuple[Any, Any]:
-        """The agent's container and its gate (None without `spec.proxy`), started, the gate relaying."""
+    def _create(self, client: Any, spec: SandboxSpec, made: list[Any], options: dict[str, Any]) -> tuple[Any, Any]:
+        """The agent's container (with `options`) and its gate (None without `spec.proxy`), started, the gate
+        relaying."""
         labels = {**spec.labels, **self.labels}  # a spec's labels never hide whose the container is
         hardening: dict[str, Any] = {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "labels": labels}
         gate = None
@@ -183,6 +189,7 @@ class DockerSandboxes:
                 nano_cpus=int(limits.cpus * 1e9),
                 pids_limit=limits.pids,
                 **hardening,
+                **options,
             )
             made.append(agent)
             try:
@@ -215,11 +222,14 @@ class DockerSandboxes:
 
 
 class DockerSandbox:
-    def __init__(self, agent: Any, gate: Any, workdir: str | None, threads: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, agent: Any, gate: Any, workdir: str | None, threads: ThreadPoolExecutor, writable: tuple[str, ...] = ()
+    ) -> None:
         self._agent = agent
         self._gate = gate
         self._workdir = workdir
         self._threads = threads
+        self._writable = writable  # a read-only root's writable folders; empty: all of it
 
     @property
     def id(self) -> str:
@@ -251,20 +261,22 @@ class DockerSandbox:
 
     async def upload(self, path: str, content: bytes) -> None:
         target = PurePosixPath(path)
+        root = archive_root(target, self._writable)
         buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:  # relative to "/": parents are created
-            info = tarfile.TarInfo(str(target.relative_to(target.anchor)))
+        with tarfile.open(fileobj=buffer, mode="w") as archive:  # relative to the root: parents are created
+            info = tarfile.TarInfo(str(target.relative_to(root)))
             info.size = len(content)
             info.mtime = int(time.time())
             archive.addfile(info, io.BytesIO(content))
         try:
-            await _blocking(self._threads, self._agent.put_archive, "/", buffer.getvalue())
+            await _blocking(self._threads, self._agent.put_archive, str(root), buffer.getvalue())
         except docker.errors.DockerException as e:
             raise SandboxError(f"could not upload {path} to sandbox {self.id[:12]}: {e}") from e
 
     async def upload_tree(self, path: str, folder: Path) -> None:
         """Copy the host folder `folder` to `path` in the sandbox (made if missing), modes kept, owned by root."""
-        target = PurePosixPath(path).relative_to("/")
+        root = archive_root(PurePosixPath(path), self._writable)
+        target = PurePosixPath(path).relative_to(root)
         buffer = io.BytesIO()
 
         def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -275,7 +287,7 @@ class DockerSandbox:
         with tarfile.open(fileobj=buffer, mode="w") as archive:
             archive.add(folder, arcname=str(target), filter=as_root)
         try:
-            await _blocking(self._threads, self._agent.put_archive, "/", buffer.getvalue())
+            await _blocking(self._threads, self._agent.put_archive, str(root), buffer.getvalue())
         except docker.errors.DockerException as e:
             raise SandboxError(f"could not upload {folder} to {path} in sandbox {self.id[:12]}: {e}") from e
 
@@ -326,13 +338,13 @@ def _raise_if_exited(gate: Any) -> None:
 
 
 def _remove(*containers: Any) -> None:
-    """Remove the containers (None: none there), each even if removing another failed."""
+    """Remove the containers (None: none there) and their anonymous volumes, each even if removing another failed."""
     errors = []
     for container in containers:
         if container is None:
             continue
         try:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:

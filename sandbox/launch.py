@@ -105,6 +105,19 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument("--cpus", type=float, help="CPUs per sandbox (default: the task's own, else 1)")
     run.add_argument("--memory-mb", type=int, help="memory per sandbox (default: the task's own, else 2048)")
     run.add_argument("--pids", type=int, default=512, help="processes per sandbox")
+    run.add_argument(
+        "--read-only",
+        action=argparse.BooleanOptionalAction,
+        help="the agent's root filesystem read-only, but for the task's working directory (a copy of the image's, on "
+        "a volume), /tmp (where the agent's HOME is) and a format's own folders (Harbor's /logs, /tests, /solution); "
+        "--no-read-only: writable, whatever a task says (default: each task's own read_only, else writable)",
+    )
+    run.add_argument(
+        "--scratch-mb",
+        type=_positive,
+        default=1024,
+        help="with --read-only: the size of /tmp and each other scratch folder",
+    )
     run.add_argument("--proxy-url", help="a running trajproxy's URL (default: run one for this run)")
     run.add_argument(
         "--trainer-token", help="its trainer token (default: TRAJPROXY_TRAINER_TOKEN, or the token file it keeps)"
@@ -202,6 +215,12 @@ def main(args: argparse.Namespace) -> int:
         _report(console, asyncio.run(DockerSandboxes("unused", labels=labels).prune()))
         return 0
     return run_command(args, labels)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number above 0")
+    return int(text)
 
 
 def fork_spec(text: str) -> tuple[str, int]:

@@ -106,6 +106,8 @@ def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConf
             memory_bytes=args.memory_mb * 1024**2 if args.memory_mb else given.memory_bytes,
             pids=args.pids,
         ),
+        read_only=args.read_only,
+        scratch_bytes=args.scratch_mb * 1024**2,
     )
 
 

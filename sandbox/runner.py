@@ -12,13 +12,13 @@ import functools
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy import wire
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
-from sandbox.containers import ExecResult, Limits, Sandbox, SandboxError, SandboxSpec
+from sandbox.containers import SCRATCH_BYTES, ExecResult, Limits, ReadOnlyRoot, Sandbox, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.injection import InjectedAgent, launch_script
 from sandbox.manifests import TASK_FILE
@@ -38,6 +38,7 @@ DIFF_KEPT = 1024 * 1024  # of the agent's diff, recorded with its reward for the
 DEFAULT_AGENT_TIMEOUT_S = 1800.0
 DEFAULT_GRADE_TIMEOUT_S = 600.0
 _GIT_S = 120.0
+SETUP_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,8 @@ class RunConfig:
     grade_timeout_s: float | None = None  # None: the task's own, else DEFAULT_GRADE_TIMEOUT_S
     grading: GradingMode | None = None  # None: the task format's own
     limits: Limits | None = None  # None: the task's own, else Limits()
+    read_only: bool | None = None  # the agent's root filesystem read-only; None: as the task says, else writable
+    scratch_bytes: int = SCRATCH_BYTES  # of a read-only root: the size of each scratch folder (/tmp)
     episode: dict[str, Any] = field(default_factory=dict)  # for each episode: policy, routes, budgets (see the API)
     metadata: dict[str, Any] = field(default_factory=dict)  # in each episode's metadata: who ran it (sandbox.resume)
 
@@ -168,6 +171,7 @@ class Runner:
         timings["start_s"] = round(time.monotonic() - clock, 3)
         try:
             clock = time.monotonic()
+            await _set_up(box, task)
             agent = await self._act(box, task, episode_id, key)
             timings["agent_s"] = round(time.monotonic() - clock, 3)
             diff = await self._diff(box, task, needed=mode == "fresh")
@@ -237,6 +241,7 @@ class Runner:
         """Apply the diff to a fresh container of the task's image (no network) and grade it there."""
         box = await self._sandboxes.start(self._spec(task, episode_id, env={}, proxy=False))
         try:
+            await _set_up(box, task)
             if diff.strip():
                 await box.upload(DIFF_FILE, diff.encode())
                 applied = await box.exec(APPLY_DIFF, timeout_s=_GIT_S)
@@ -257,7 +262,11 @@ class Runner:
             "GEMINI_API_KEY": key,
         }
         agent = None if self._config.oracle else self._config.agent
-        return self._spec(task, episode_id, env=env, proxy=True, agent=agent)
+        spec = self._spec(task, episode_id, env=env, proxy=True, agent=agent)
+        if self._config.read_only if self._config.read_only is not None else task.read_only:
+            root = ReadOnlyRoot(scratch=("/tmp", *task.scratch), scratch_bytes=self._config.scratch_bytes)
+            spec = replace(spec, read_only=root)
+        return spec
 
     def _agent_timeout_s(self, task: Task) -> float:
         return self._config.agent_timeout_s or task.agent_timeout_s or DEFAULT_AGENT_TIMEOUT_S
@@ -295,6 +304,16 @@ class Runner:
         for name, change in changes.items():
             setattr(self.progress, name, getattr(self.progress, name) + change)
         self._on_change(self.progress)
+
+
+async def _set_up(box: Sandbox, task: Task) -> None:
+    """Run the task's setup, if it has one, where the agent will work and where its diff is graded: both start
+    from the same state, so the diff applies."""
+    if task.setup:
+        done = await box.exec(f"bash -ec {shlex.quote(task.setup)}", timeout_s=SETUP_TIMEOUT_S)
+        if not done.ok:
+            said = _last_line(done.output)
+            raise SandboxError(f"the task's setup failed (exit {done.exit_code})" + (f": {said}" if said else ""))
 
 
 def _last_line(text: str) -> str:

@@ -70,6 +70,9 @@ class Task:
     limits: Limits | None = None  # the task's own resources; None: the run's
     agent_timeout_s: float | None = None  # the task's own budgets; None: the run's
     grade_timeout_s: float | None = None
+    read_only: bool = False  # the agent's root read-only, but for its workdir and scratch (unless the run says)
+    scratch: tuple[str, ...] = ()  # folders besides /tmp the format's own tools write in a read-only sandbox
+    setup: str = ""  # bash, run in the working directory before the agent, and before a fresh grade applies its diff
 
     @property
     def where(self) -> str:
@@ -107,6 +110,13 @@ def _format_of(path: Path) -> str:
     from sandbox.formats import swebench
 
     return "swebench" if swebench.looks_like(path) else "jsonl"
+
+
+def read_only(value: Any, where: str) -> bool:
+    """A task's own read_only setting, checked."""
+    if not isinstance(value, bool):
+        raise TaskError(f"{where} must be true or false, not {value!r}")
+    return value
 
 
 def tail(text: str) -> str:

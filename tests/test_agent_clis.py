@@ -1,7 +1,8 @@
 """Real agent CLIs, unmodified, through trajproxy: each completes a task in three calls (two tool calls, then the
 answer), answered by a scripted trainer over the trainer API. What the agent did and what was recorded are both
 checked, and the recording is what a trainer can train on: one branch whose turns each extend the one before, with
-every message in the role the agent sent it in."""
+every message in the role the agent sent it in. Claude Code's sub-agent runs on a branch of its own, and the export
+splits the episode's reward over both."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from proxy.client import TrainerClient
 from sandbox.manifests import load
+from tests.test_export import lines_of
 
 CLIS = Path(__file__).parent.parent / "agents" / "cli"
 BIN = CLIS / "node_modules" / ".bin"
@@ -122,13 +124,9 @@ def assert_trainable(turns: list[Any], dialect: str, calls: int = 3) -> None:
         ), turn.seq
 
 
-def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
-    server: Any, trainer: TrainerClient, tmp_path: Path
-) -> None:
-    claude = cli("claude")
-    episode = trainer.create_episode(task=TASK)
-    work, home = folders(tmp_path, "work", "home")
-    env = {
+def claude_env(episode: Any, home: Path) -> dict[str, str]:
+    """Claude Code's environment for an episode: trajproxy as its API, a HOME of its own, no traffic elsewhere."""
+    return {
         **os.environ,
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": episode.env["ANTHROPIC_BASE_URL"],
@@ -137,6 +135,15 @@ def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
+
+
+def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
+    server: Any, trainer: TrainerClient, tmp_path: Path
+) -> None:
+    claude = cli("claude")
+    episode = trainer.create_episode(task=TASK)
+    work, home = folders(tmp_path, "work", "home")
+    env = claude_env(episode, home)
     agent = subprocess.Popen(
         [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -263,3 +270,66 @@ def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
     assistant, tool = turns[1].request["messages"][2:4]
     assert assistant["tool_calls"][0]["function"]["name"] == "run_shell_command"
     assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"] == f"call_{seen[0].seq}"
+
+
+def test_a_claude_code_episode_with_a_sub_agent_splits_its_reward_over_its_two_branches(
+    server: Any, trainer: TrainerClient, tmp_path: Path
+) -> None:
+    """Claude Code hands the work to a sub-agent (its Agent tool), which runs in a conversation of its own: a second
+    branch. With token ids on every reply (each branch's prompt extending what came before on it), both shapes
+    write one line per branch, each with half the reward and the episode's one rollout_id."""
+    claude = cli("claude")
+    episode = trainer.create_episode(task="Create hello.txt containing hi")
+    work, home = folders(tmp_path, "work", "home")
+    env = claude_env(episode, home)
+    sequences: dict[int, list[int]] = {}  # each branch's token ids so far, as a served policy would have them
+
+    def policy(turn: Any) -> dict[str, Any]:
+        results = sum(message["role"] == "tool" for message in turn.request["messages"])
+        if turn.branch == 0:  # the main agent: hand the task over and wait for it, then say done
+            arguments = {"description": "Create hello.txt", "prompt": "Create hello.txt containing hi"}
+            arguments |= {"subagent_type": "general-purpose", "run_in_background": False}
+            call = {"id": f"call_{turn.seq}", "function": {"name": "Agent", "arguments": arguments}}
+            message = {"content": "Handing it over.", "tool_calls": [call]} if not results else {"content": "Done."}
+        elif not results:  # the sub-agent: do it, then report
+            arguments = {"command": "echo hi > hello.txt", "description": "Create hello.txt"}
+            message = {
+                "content": "On it.",
+                "tool_calls": [{"id": f"call_{turn.seq}", "function": {"name": "Bash", "arguments": arguments}}],
+            }
+        else:
+            message = {"content": "hello.txt holds hi."}
+        prompt = [*sequences.get(turn.branch, []), 1000 + turn.seq]
+        completion = [2000 + turn.seq, 3000 + turn.seq]
+        sequences[turn.branch] = prompt + completion
+        return {
+            "message": message,
+            "prompt_token_ids": prompt,
+            "completion_token_ids": completion,
+            "logprobs": [-0.5, -0.5],
+        }
+
+    agent = subprocess.Popen(
+        [claude, "-p", "Create hello.txt containing hi", "--allowedTools", "Bash Agent", "--output-format", "json"],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    answer_until_exit(trainer, agent, policy)
+    _, stderr = agent.communicate()
+    assert agent.returncode == 0, stderr[-2000:]
+    assert (work / "hello.txt").read_text() == "hi\n"
+    turns = trainer.trajectory(episode.id).turns
+    # the main conversation, the sub-agent's two calls, the main one's last: its reply seeing the sub-agent's report
+    assert [turn.branch for turn in turns] == [0, 1, 1, 0] and turns[3].parent_id == turns[0].id
+    trainer.add_reward(episode.id, 1.0, source="grader")
+    trainer.finish(episode.id)
+
+    url = server.settings.database_url  # sqlite: the agent CLIs' tests run on one store
+    for shape in ("chat", "tokens"):
+        lines = lines_of(url, tmp_path, "--shape", shape, "--split-reward")
+        assert [(line["branch"], line["reward"], line["reward_split_over"]) for line in lines] == [
+            (0, 0.5, 2),
+            (1, 0.5, 2),
+        ]
+        assert len({line["rollout_id"] for line in lines}) == 1
+        if shape == "tokens":  # each branch one sequence, its two calls' sampled ids under loss
+            assert [line["loss_mask"] for line in lines] == [[1, 1, 0, 1, 1], [1, 1, 0, 1, 1]]

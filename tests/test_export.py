@@ -244,3 +244,25 @@ def test_chat_shape_keeps_codex_roles_and_tools_unless_asked_for_template_shape(
     assert [tool["function"]["name"] for tool in json.loads(shaped["tools"])] == ["shell"]
     refused = run_export(url, tmp_path / "t.jsonl", "--shape", "tokens", "--for-templates")
     assert refused.returncode == 2 and "--for-templates" in refused.stderr
+
+
+def test_split_reward_shares_an_episodes_reward_over_its_trainable_branches(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """slime's fan-out: `--split-reward` gives each of an episode's K trainable lines reward / K (the good episode:
+    its main branch and its compacted one), and every line carries the episode's stable `rollout_id`."""
+    for shape in ("chat", "tokens"):
+        whole = lines_of(recorded["url"], tmp_path, "--shape", shape)
+        split = lines_of(recorded["url"], tmp_path, "--shape", shape, "--split-reward")
+        assert [line["reward"] for line in whole if line["episode_id"] == recorded["good"]] == [1.5, 1.5]
+        assert [(line["reward"], line["reward_split_over"]) for line in split] == [
+            (0.75, 2),
+            (0.75, 2),
+            *([(0.0, 1), (None, 1)] if shape == "chat" else []),
+        ]
+        assert [line["rewards"] for line in split][:2] == [{"reward": 1.0, "style": 0.5}] * 2  # named: whole
+        ids = {line["episode_id"]: line["rollout_id"] for line in split}
+        assert [line["rollout_id"] for line in whole] == [line["rollout_id"] for line in split]  # stable
+        assert len(set(ids.values())) == len(ids) and all(isinstance(i, int) and 0 <= i < 2**63 for i in ids.values())
+    refused = run_export(recorded["url"], tmp_path / "a.jsonl", "--shape", "atif", "--split-reward")
+    assert refused.returncode == 2 and "--split-reward splits the chat and tokens shapes" in refused.stderr

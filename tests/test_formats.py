@@ -129,6 +129,32 @@ def test_a_verifier_that_writes_no_number_grades_zero_and_says_why(
     assert verdicts["broken-json"][0] == 0.0 and "not valid JSON" in verdicts["broken-json"][1]
 
 
+def test_harbor_tasks_run_with_a_read_only_root_per_task_or_per_run(
+    proxied: Any, sandboxes: DockerSandboxes, tmp_path: Path
+) -> None:
+    """A read-only root (task.toml's `read_only = true`, or the run's `--read-only`): the image's own working directory
+    keeps its files and can be changed, the oracle's /solution and the verifier's /tests and /logs can be copied in
+    and written, and nothing else can: the verifier below grades 0 if its root takes a write."""
+    hello = _copy(HARBOR / "hello-world", tmp_path / "hello-world")  # the same name and image as the example's
+    (hello / "task.toml").write_text((hello / "task.toml").read_text() + "read_only = true\n")  # in [environment]
+    fix = _copy(HARBOR / "fix-calc", tmp_path / "fix-calc")
+    refused = "touch /usr/trajproxy-probe 2>&1 | grep -q 'Read-only file system'"
+    for verifier in (hello / "tests" / "test.sh", fix / "tests" / "test.sh"):
+        verifier.write_text(
+            f"#!/bin/bash\n{refused} || {{ echo 0 > /logs/verifier/reward.txt; exit; }}\n{verifier.read_text()}"
+        )
+    [per_task] = tasks_at(hello)
+    assert per_task.read_only and not harbor.parse(fix).read_only
+    outcomes = run(proxied, sandboxes, [per_task], TrainerPolicy(), oracle=True)
+    outcomes += run(proxied, sandboxes, tasks_at(fix), TrainerPolicy(), oracle=True, read_only=True)
+    assert [(o.task.id, o.status, o.reward) for o in outcomes] == [
+        ("hello-world", "finished", 1.0),
+        ("fix-calc", "finished", 1.0),  # its oracle edited /app/calc.py, a file the image shipped
+    ], [o.reason for o in outcomes]
+    [writable] = run(proxied, sandboxes, tasks_at(fix), TrainerPolicy(), oracle=True)  # the default: a writable root
+    assert (writable.status, writable.reward) == ("finished", 0.0)
+
+
 def test_a_task_image_is_built_once_for_its_content(engine: Any, sandboxes: DockerSandboxes, tmp_path: Path) -> None:
     folder = _copy(HARBOR / "hello-world", tmp_path / "cached")
     dockerfile = folder / "environment" / "Dockerfile"
@@ -201,6 +227,55 @@ def test_swebench_instances_are_graded_by_the_swebench_harness(
     assert [(o.reward, o.reason) for o in gold] == [(1.0, "resolved")] * 2
     [in_place] = run(proxied, sandboxes, tasks[:1], TrainerPolicy(), oracle=True, grading="in-place")
     assert (in_place.reward, in_place.reason) == (1.0, "resolved")
+
+
+F2P_SCRIPT = """import os, sys, tempfile
+import pytest
+
+TEST = "from calc import add, sub\\n\\n\\ndef test_add():\\n    assert add(2, 3) == 5 and sub(3, 1) == 2\\n"
+path = os.path.join(tempfile.mkdtemp(), "test_f2p.py")
+with open(path, "w") as f:
+    f.write(TEST)
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", path]))
+"""
+
+
+def test_slimes_swe_rows_are_graded_by_their_f2p_script(
+    proxied: Any, sandboxes: DockerSandboxes, swe_images: str, minimal: InjectedAgent, tmp_path: Path
+) -> None:
+    """A row shaped like slime's SWE rows, taken as it is: no eval_cmd, no image or workdir in `metadata`, but
+    `remote_env_info` with `image_url`, `workdir`, `instance_id` and `f2p_script`, which grades the agent's work,
+    and `pre_commands` (here they commit a `sub` that the tests need), run before the agent and before the grade."""
+    row = {
+        "prompt": "unused: metadata.problem_statement is the task",
+        "label": "calc__calc-1",
+        "metadata": {
+            "problem_statement": "add() in calc.py returns the wrong result. Make it return the sum.",
+            "remote_env_info": {
+                "instance_id": "calc__calc-1",
+                "image_url": swe_images.format(instance_id="calc__calc-1"),
+                "workdir": "/testbed",
+                "f2p_script": F2P_SCRIPT,
+                "pre_commands": [
+                    "printf 'def sub(a, b):\\n    return -(b - a)\\n' >> calc.py",
+                    "git -c user.email=t@example.com -c user.name=t commit -qam 'the base: sub added'",
+                ],
+            },
+        },
+    }
+    (tmp_path / "slime.jsonl").write_text(json.dumps(row) + "\n")
+    [task] = tasks_at(tmp_path / "slime.jsonl")
+    assert (task.id, task.workdir, task.prompt) == ("calc__calc-1", "/testbed", row["metadata"]["problem_statement"])
+    solved, wrong = (
+        run(proxied, sandboxes, [task], ScriptedPolicy(script), agent=minimal)[0]
+        for script in (SWEBENCH / "solve.script.jsonl", ROOT / "examples" / "tasks" / "calc" / "wrong.script.jsonl")
+    )
+    assert (solved.status, solved.reward, solved.reason) == ("finished", 1.0, "tests pass"), solved.agent_output
+    assert (wrong.status, wrong.reward) == ("finished", 0.0)
+    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]  # type: ignore[arg-type]
+    assert "def sub(a, b)" in str(seen["content"]) and "def sub" not in solved.diff  # `cat calc.py` after the setup
+    said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert "1 failed" in said["grader"]["output"]  # pytest's own summary: the script ran its test
 
 
 def test_swebench_instances_explain_what_is_wrong(tmp_path: Path) -> None:

@@ -139,12 +139,15 @@ class Scripted:
                 await trainer.reply(turn.id, message=self.answer(turn), lease_id=turn.lease_id)
 
 
-def run_one(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image: str, policy: Any) -> Outcome:
-    task = Task(TASK, image, "/repo", ExitCode("sh test.sh"))
+def run_one(
+    proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image: str, policy: Any, task: Task | None = None,
+    **config: Any,
+) -> Outcome:  # fmt: skip
+    task = task or Task(TASK, image, "/repo", ExitCode("sh test.sh"))
 
     async def main() -> Outcome:
         async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
-            runner = Runner(trainer, sandboxes, Scripted(policy), RunConfig(agent=agent, agent_timeout_s=180))
+            runner = Runner(trainer, sandboxes, Scripted(policy), RunConfig(agent=agent, agent_timeout_s=180, **config))
             return await runner.run(task)
 
     return asyncio.run(main())
@@ -177,6 +180,20 @@ def test_each_preset_solves_a_task_on_an_older_debian(
     dialect, policy = PRESETS[name]
     agent = InjectedAgent(load(name), built(name))
     check_solved(proxied, run_one(proxied, sandboxes, agent, old_image, policy), agent, dialect)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_each_preset_solves_a_task_with_a_read_only_root_filesystem(
+    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
+) -> None:
+    """`--read-only`: the agent writes its HOME (under /tmp) and the task's repository, nothing else. Graded in
+    place, in the agent's own container once it stopped: the tests pass there, and its root refuses a write."""
+    dialect, policy = PRESETS[name]
+    agent = InjectedAgent(load(name), built(name))
+    refused = "touch /trajproxy-probe 2>&1 | grep -q 'Read-only file system'"
+    task = Task(TASK, bare_image, "/repo", ExitCode(f"sh test.sh && {refused}"), grading="in-place")
+    check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy, task, read_only=True), agent, dialect)
 
 
 @pytest.mark.timeout(300)

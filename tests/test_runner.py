@@ -134,6 +134,10 @@ def test_task_files_explain_what_is_wrong(tmp_path: Path) -> None:
         "this is not json",
         {"prompt": "x", "metadata": {"eval_cmd": "true"}},
         {"prompt": "overridden", "metadata": {"problem_statement": "the real one", "image": "i", "eval_cmd": "t"}},
+        {"prompt": "both", "metadata": {"image": "i", "eval_cmd": "t", "remote_env_info": {"f2p_script": "x"}}},
+        {"prompt": "locked", "metadata": {"image": "i", "eval_cmd": "t", "read_only": True}},
+        {"prompt": "locked?", "metadata": {"image": "i", "eval_cmd": "t", "read_only": "yes"}},
+        {"prompt": "set up", "metadata": {"eval_cmd": "t", "remote_env_info": {"image_url": "i", "pre_commands": "x"}}},
     ]
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines))
@@ -143,7 +147,11 @@ def test_task_files_explain_what_is_wrong(tmp_path: Path) -> None:
     assert isinstance(parsed[2], TaskError) and "not valid JSON" in str(parsed[2])
     assert isinstance(parsed[3], TaskError) and "image" in str(parsed[3])
     assert isinstance(parsed[4], Task) and parsed[4].prompt == "the real one"
-    assert [t.image for t in read_tasks(path, image="forced") if isinstance(t, Task)] == ["forced"] * 3
+    assert isinstance(parsed[5], Task) and parsed[5].grader == ExitCode("t")  # eval_cmd first, as slime grades
+    assert isinstance(parsed[6], Task) and parsed[6].read_only and not parsed[5].read_only
+    assert isinstance(parsed[7], TaskError) and "metadata.read_only must be true or false, not 'yes'" in str(parsed[7])
+    assert isinstance(parsed[8], Task) and parsed[8].setup == "x" and parsed[8].image == "i"
+    assert [t.image for t in read_tasks(path, image="forced") if isinstance(t, Task)] == ["forced"] * 6
 
 
 def _fields(task: Task) -> dict[str, Any]:

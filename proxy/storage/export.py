@@ -15,6 +15,11 @@ Three shapes:
   first prompt, a new line starts.
 - `atif`: the branch as an Agent Trajectory Interchange Format (v1.7) trajectory (`proxy/storage/atif.py`).
 
+Every line carries the episode's `rollout_id`, a stable integer (slime's `Sample.rollout_id`), so that a loss
+averaged per rollout counts an episode of many lines once. With `split_reward`, as slime's coding-agent harness
+splits its episodes, each of an episode's K trainable lines (a chat line with an assistant message to train on, a
+tokens line with a loss mask of 1 somewhere) gets `reward` / K, and its other lines 0; `rewards` stays whole.
+
 A fork's replayed turns (its parent's replies, `answered_by: replay`) are marked: `weight: 0` on their assistant
 messages and `replayed_turns` in the chat shape, loss mask 0 on their tokens; the fork's metadata names its parent
 and turn, so a trainer can group forks of one state.
@@ -24,6 +29,7 @@ Episodes are read a page at a time and their turns streamed, so memory stays fla
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -102,9 +108,11 @@ def export(
     filters: Filters,
     on_progress: Callable[[int], object] = lambda _episodes: None,
     for_templates: bool = False,
+    split_reward: bool = False,
 ) -> Counts:
     """Write the matching episodes' conversations to `out`, one JSON object per line; `for_templates`: the chat
-    shape as chat templates take it (see `_chat_lines`)."""
+    shape as chat templates take it (see `_chat_lines`); `split_reward`: each episode's reward split over its
+    trainable lines (chat and tokens shapes)."""
     counts = Counts()
     chat: Lines = partial(_chat_lines, for_templates=for_templates)
     lines: Lines = {"chat": chat, "tokens": _token_lines, "atif": atif_lines}[shape]
@@ -113,7 +121,8 @@ def export(
             for episode, ending, answered in _episodes(conn, filters, on_progress):
                 reward = sum(ending.values()) if ending else None
                 written = 0
-                for line in lines(episode, reward, ending, answered):
+                episode_lines = lines(episode, reward, ending, answered)
+                for line in _split(list(episode_lines), reward) if split_reward else episode_lines:
                     out.write(orjson.dumps(line) + b"\n")
                     written += 1
                 counts.episodes += written > 0
@@ -219,9 +228,31 @@ def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Itera
 # Shapes
 
 
+def _split(lines: list[JsonObject], reward: float | None) -> list[JsonObject]:
+    """One episode's lines, its reward split evenly over those with something to train on (slime's reward / K)."""
+    trained = [_trains(line) for line in lines]
+    k = sum(trained)
+    for line, trains in zip(lines, trained, strict=True):
+        line["reward"] = None if reward is None else reward / k if trains else 0.0
+        line["reward_split_over"] = k
+    return lines
+
+
+def _trains(line: JsonObject) -> bool:
+    if "loss_mask" in line:
+        return any(line["loss_mask"])
+    return any(message["role"] == "assistant" and message.get("weight", 1) for message in line["messages"])
+
+
+def rollout_id(episode_id: str) -> int:
+    """A stable, non-negative 63-bit integer for an episode (slime's rollout ids are integers)."""
+    return int.from_bytes(hashlib.sha256(episode_id.encode()).digest()[:8], "big") >> 1
+
+
 def _common(episode: Any, reward: float | None, ending: dict[str, float]) -> JsonObject:
     return {
         "episode_id": episode.id,
+        "rollout_id": rollout_id(episode.id),
         "reward": reward,
         "rewards": ending,
         "status": episode.status,

@@ -3,6 +3,7 @@
     my-task/
       instruction.md        what the agent is asked
       task.toml             [agent] / [verifier] timeout_sec, [environment] cpus, memory_mb, docker_image, ...
+                            (and trajproxy's own [environment] read_only = true)
       environment/          the build context of the task's image (its Dockerfile)
       tests/test.sh         the verifier: copied in only after the agent has stopped, never visible to it
       solution/solve.sh     the reference solution, run by `--agent oracle`
@@ -23,7 +24,7 @@ from typing import Any
 
 from sandbox.containers import ExecResult, Limits, Sandbox, SandboxError
 from sandbox.images import context_tag
-from sandbox.tasks import Grade, Task, TaskError, tail
+from sandbox.tasks import Grade, Task, TaskError, read_only, tail
 
 TESTS = "/tests"
 SOLUTION = "/solution"
@@ -32,7 +33,7 @@ VERIFIER_LOGS = f"{LOGS}/verifier"
 KNOWN = {
     "agent": {"timeout_sec", "user"},
     "verifier": {"timeout_sec", "env", "user"},
-    "environment": {"build_timeout_sec", "docker_image", "cpus", "memory_mb", "memory"},
+    "environment": {"build_timeout_sec", "docker_image", "cpus", "memory_mb", "memory", "read_only"},
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 _MB = {"": 1 / 1024**2, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
@@ -136,6 +137,8 @@ def parse(folder: Path, *, image: str | None = None) -> Task:
         limits=_limits(environment, name),
         agent_timeout_s=_seconds(agent, "timeout_sec", name),
         grade_timeout_s=_seconds(verifier, "timeout_sec", name),
+        read_only=read_only(environment.get("read_only", False), f"task {name}: environment.read_only"),
+        scratch=(LOGS, TESTS, SOLUTION),  # where the verifier and the oracle are copied in, and write
     )
 
 
