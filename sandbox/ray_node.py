@@ -28,6 +28,7 @@ import httpx
 
 from sandbox.containers import ExecResult, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes
+from sandbox.run_command import GATE_POOL
 
 NODE_LABEL = "trajproxy.node"
 _REPLICA_START_S = 60.0
@@ -49,7 +50,7 @@ class SandboxNode:
         self._folder = tempfile.mkdtemp(prefix="tpray")  # short: Unix socket paths are limited to 108 bytes
         self._log = Path(self._folder) / "replica.log"
         self._replica = self._serve(database_url, token)
-        self._sandboxes = DockerSandboxes(self._folder, labels={**labels, NODE_LABEL: node_id})
+        self._sandboxes = DockerSandboxes(self._folder, labels={**labels, NODE_LABEL: node_id}, gate_pool=GATE_POOL)
         self._boxes: dict[str, DockerSandbox] = {}
 
     def _serve(self, database_url: str, token: str | None) -> subprocess.Popen[bytes]:
@@ -122,6 +123,7 @@ class SandboxNode:
         for box_id in list(self._boxes):
             with contextlib.suppress(SandboxError):
                 await self.stop(box_id)
+        await self._sandboxes.close()
         self._replica.terminate()
         try:
             self._replica.wait(15)

@@ -23,6 +23,7 @@ from sandbox.runner import Runner
 from sandbox.signals import Interrupted, until_signalled, until_stopped
 
 ORACLE = "oracle"  # --agent oracle: each task's own solution instead of an agent
+GATE_POOL = 4  # gates kept ready ahead of sandbox starts (at most --concurrency)
 
 if TYPE_CHECKING:
     import signal
@@ -324,7 +325,14 @@ async def _sandboxes(
     with contextlib.suppress(SandboxError):  # no engine: each task says so
         if removed := (await DockerSandboxes("unused").prune()).removed:
             console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
-    yield DockerSandboxes(socket_source, labels=labels, counter=counter)  # counted when served here
+    local = DockerSandboxes(socket_source, labels=labels, counter=counter, gate_pool=min(args.concurrency, GATE_POOL))
+    warming = asyncio.create_task(local.warm())  # the first tasks' gates, started while the run sets up
+    try:
+        yield local
+    finally:
+        warming.cancel()
+        await asyncio.gather(warming, return_exceptions=True)
+        await local.close()
 
 
 @contextlib.asynccontextmanager
