@@ -6,6 +6,7 @@ reward. The two nodes share this machine's Docker engine: `trajproxy.node` on ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,19 +37,25 @@ SLOW_AGENT = "sleep 4; minimal-agent @{task_file} --workdir {workdir}"  # long e
 _SMALL = 80 * 1024**2  # each raylet's object store: the least Ray takes
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """A head with no slots (the driver's) and two nodes with two sandbox slots each; Ray's dashboard off, its
-    health checks quick, so a dead node is noticed in seconds."""
+@contextlib.contextmanager
+def two_nodes(slots: int = SLOTS) -> Iterator[Any]:
+    """A local Ray cluster: a head with no slots (the driver's) and two nodes with `slots` sandbox slots each;
+    Ray's dashboard off, its object stores the least it takes, its health checks quick."""
     system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
     head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": _SMALL, "_system_config": system}
     made = ray_cluster_utils.Cluster(initialize_head=True, head_node_args=head)
     try:
         for _ in range(2):
-            made.add_node(num_cpus=1, resources={"trajproxy_sandboxes": SLOTS}, object_store_memory=_SMALL)
+            made.add_node(num_cpus=1, resources={"trajproxy_sandboxes": slots}, object_store_memory=_SMALL)
         yield made
     finally:
         made.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with two_nodes() as made:
+        yield made
 
 
 def _running(engine: Any, label: str) -> list[dict[str, Any]]:
