@@ -15,6 +15,7 @@ from sandbox.gate import RELAYING
 
 GATE_SOURCE = (Path(__file__).parent / "gate.py").read_text()
 GATE_MOUNT = "/run/trajproxy"
+GATE_POOL = 4  # gates a run keeps started ahead of need (on each Ray node too)
 GATE_LOG = docker.types.LogConfig(type="json-file", config={"max-size": "1m"})  # readable, whatever the default
 
 

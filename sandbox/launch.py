@@ -107,7 +107,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=float,
         help="each episode's deadline, from its sandbox's start to its grade: past it, whatever is stuck (a start, the "
         "agent, the grader) is stopped, its sandbox removed, the episode failed (default: the agent's and grader's "
-        "limits plus 300)",
+        "limits plus 300, plus the build's for a task with its own image to build)",
     )
     run.add_argument("--cpus", type=float, help="CPUs per sandbox (default: the task's own, else 1)")
     run.add_argument("--memory-mb", type=int, help="memory per sandbox (default: the task's own, else 2048)")

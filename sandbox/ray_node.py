@@ -28,7 +28,7 @@ import httpx
 
 from sandbox.containers import ExecResult, SandboxError, SandboxSpec
 from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes
-from sandbox.run_command import GATE_POOL
+from sandbox.gates import GATE_POOL
 
 NODE_LABEL = "trajproxy.node"
 _REPLICA_START_S = 60.0

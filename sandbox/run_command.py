@@ -23,7 +23,6 @@ from sandbox.runner import Runner
 from sandbox.signals import Interrupted, until_signalled, until_stopped
 
 ORACLE = "oracle"  # --agent oracle: each task's own solution instead of an agent
-GATE_POOL = 4  # gates kept ready ahead of sandbox starts (at most --concurrency)
 
 if TYPE_CHECKING:
     import signal
@@ -321,6 +320,7 @@ async def _sandboxes(
             raise SystemExit(f"trajproxy run: {e}") from e
         return
     from sandbox.docker_sandbox import DockerSandboxes
+    from sandbox.gates import GATE_POOL
 
     with contextlib.suppress(SandboxError):  # no engine: each task says so
         if removed := (await DockerSandboxes("unused").prune()).removed:

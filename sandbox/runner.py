@@ -289,8 +289,10 @@ class Runner:
 
     def _deadline_s(self, task: Task) -> float:
         """The whole episode's, from its build to its grade: one stuck anywhere ends failed, its sandbox removed."""
-        given = self._config.episode_timeout_s
-        return given or self._agent_timeout_s(task) + self._grade_timeout_s(task) + START_ALLOWANCE_S
+        if given := self._config.episode_timeout_s:
+            return given
+        build_s = task.build_timeout_s if task.build is not None else 0.0
+        return build_s + self._agent_timeout_s(task) + self._grade_timeout_s(task) + START_ALLOWANCE_S
 
     def _spec(
         self, task: Task, episode_id: str, *, env: dict[str, str], proxy: bool, agent: InjectedAgent | None = None
