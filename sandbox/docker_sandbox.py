@@ -30,7 +30,7 @@ import docker.errors
 
 from sandbox.containers import ExecResult, SandboxCounter, SandboxError, SandboxSpec
 from sandbox.gates import GATE_LOG, GATE_MOUNT, GATE_SOURCE, GatePool, await_relay, raise_if_exited
-from sandbox.images import MANAGED, build_image, ensure_image
+from sandbox.images import MANAGED, build_image, check_arch, ensure_image
 from sandbox.run_identity import RunIdentity
 
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
@@ -60,8 +60,7 @@ class DockerSandboxes:
     the host) or a named volume (trajproxy runs in compose). `proxy_port` is the port agents use on
     their loopback, so their base URL is http://127.0.0.1:<proxy_port>/v1. Every container carries `labels`,
     and the identity of `run` (by default this process), so that `prune` knows whose it is. With `gate_pool`, that
-    many gates are kept started and relaying ahead of need (a gate is the same for every sandbox), so a start only
-    creates the agent's container; `close` removes those left.
+    many gates are kept relaying ahead of need, so a start only creates the agent's container (`close` ends them).
     """
 
     def __init__(
@@ -91,6 +90,7 @@ class DockerSandboxes:
         self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="trajproxy-docker")
         self._builds: dict[str, asyncio.Lock] = {}
         self._pool = GatePool(gate_pool)
+        self._checked: set[tuple[str, str | None, bool]] = set()  # (image, arch, gate too) found there and right
 
     @property
     def base_url(self) -> str:
@@ -117,7 +117,7 @@ class DockerSandboxes:
         return box
 
     async def warm(self) -> None:
-        """Fill the pool of ready gates now (a start would, after its own)."""
+        """Fill the pool of ready gates now."""
         await _blocking(self._threads, self._fill_pool)
 
     async def close(self) -> None:
@@ -147,10 +147,13 @@ class DockerSandboxes:
 
     def _start(self, spec: SandboxSpec) -> DockerSandbox:
         client = self._docker()
-        for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
-            ensure_image(client, image)
-        if spec.arch is not None:
-            _check_arch(client, spec.image, spec.arch)
+        checked = (spec.image, spec.arch, spec.proxy)
+        if checked not in self._checked:  # once per image: a start makes no inspect it need not
+            for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
+                ensure_image(client, image)
+            if spec.arch is not None:
+                check_arch(client, spec.image, spec.arch)
+            self._checked.add(checked)
         made: list[Any] = []  # every container created, so that a start failing at any later step leaves none
         try:
             agent, gate = self._create(client, spec, made)
@@ -340,13 +343,6 @@ class DockerSandbox:
 
     async def stop(self) -> None:
         await _blocking(self._threads, _remove, self._agent, self._gate)
-
-
-def _check_arch(client: Any, image: str, arch: str) -> None:
-    """An image whose machine the agent's programs were not built for is refused before anything starts."""
-    found = client.images.get(image).attrs.get("Architecture")
-    if found and found != arch:
-        raise SandboxError(f"the agent bundle is built for {arch}; image {image!r} is {found}: it cannot run there")
 
 
 def _hardening(labels: dict[str, str]) -> dict[str, Any]:
