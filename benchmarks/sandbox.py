@@ -226,7 +226,7 @@ async def episodes(
             policy.new_wave(at_once if threads else 1)  # too few threads to hold a whole wave: answer at once
             launched = time.time()
             together = await runner.run_many([task] * at_once, concurrency=at_once)
-            agent_parts = await agent_start_up(sandboxes, task)
+            agent_parts = await agent_start_up(sandboxes, task) if agent == "minimal" else {}
     finally:
         await sandboxes.close()
         await sandboxes.prune()

@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,9 +25,7 @@ from proxy.storage.sql import engine_url
 from tests.conftest import EXAMPLE, POSTGRES_URL, fresh_schema
 from tests.test_launch import RUN, ended, started
 
-ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="pip install 'trajproxy[ray]' (dev has it)")
-
-pytestmark = pytest.mark.skipif(
+needs_postgres = pytest.mark.skipif(
     not POSTGRES_URL and not os.environ.get("CI"),
     reason="no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)",
 )
@@ -43,7 +43,8 @@ def two_nodes(slots: int = SLOTS) -> Iterator[Any]:
     Ray's dashboard off, its object stores the least it takes, its health checks quick."""
     system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
     head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": _SMALL, "_system_config": system}
-    made = ray_cluster_utils.Cluster(initialize_head=True, head_node_args=head)
+    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="pip install 'trajproxy[ray]' (dev has it)")
+    made = cluster_utils.Cluster(initialize_head=True, head_node_args=head)
     try:
         for _ in range(2):
             made.add_node(num_cpus=1, resources={"trajproxy_sandboxes": slots}, object_store_memory=_SMALL)
@@ -90,6 +91,15 @@ class Watcher:
         self._thread.join(10)
 
 
+def test_a_run_without_ray_never_imports_it() -> None:
+    """Ray is an optional extra: everything a run uses without --ray loads without it."""
+    modules = ["sandbox.launch", "sandbox.run_command", "sandbox.runner", "sandbox.env", "sandbox.docker_sandbox"]
+    code = f"import sys; [__import__(m) for m in {modules!r}]; print(sorted(m for m in sys.modules if m == 'ray'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+@needs_postgres
 @pytest.mark.timeout(240)
 def test_a_run_spreads_over_two_nodes_and_a_killed_node_loses_no_task(
     cluster: Any, engine: Any, task_image: str, label: str, tmp_path: Path
