@@ -23,7 +23,7 @@ import sqlalchemy
 
 from proxy.storage.sql import engine_url
 from tests.conftest import EXAMPLE, POSTGRES_URL, fresh_schema
-from tests.test_launch import RUN, ended, started
+from tests.test_launch import RUN, ended, started, wait_for
 
 needs_postgres = pytest.mark.skipif(
     not POSTGRES_URL and not os.environ.get("CI"),
@@ -64,8 +64,13 @@ def _running(engine: Any, label: str) -> list[dict[str, Any]]:
     return list(engine.api.containers(filters={"label": label, "status": "running"}))
 
 
+def _agents(running: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agents' containers among them: those in a gate's network (not a gate, pooled or not, nor a grader's)."""
+    return [c for c in running if c["HostConfig"]["NetworkMode"].startswith("container:")]
+
+
 class Watcher:
-    """Notes which nodes ran this run's sandboxes, and kills the worker of a node that has one running once both
+    """Notes which nodes ran this run's agents, and kills the worker of a node that has one running once both
     nodes have run some: the process that owns that node's sandboxes (its actor) and, with it, its replica."""
 
     def __init__(self, engine: Any, label: str) -> None:
@@ -78,9 +83,8 @@ class Watcher:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.2):
-            running = _running(self.engine, self.label)
-            self.seen |= {c["Labels"][NODE] for c in running}
-            agents = [c for c in running if c["HostConfig"]["NetworkMode"].startswith("container:")]
+            agents = _agents(_running(self.engine, self.label))
+            self.seen |= {c["Labels"][NODE] for c in agents}
             if self.killed is None and len(self.seen) == 2 and agents:
                 victim = agents[0]["Labels"]
                 self.killed = victim[NODE]
@@ -159,3 +163,28 @@ def _episodes(database: str) -> list[dict[str, Any]]:
         }
         for id_, status, reason, meta in rows
     ]
+
+
+@needs_postgres
+@pytest.mark.timeout(180)
+def test_sigterm_stops_a_run_on_the_cluster_as_on_one_machine(
+    cluster: Any, engine: Any, task_image: str, label: str, tmp_path: Path
+) -> None:
+    """SIGTERM mid-run: the episodes are recorded cancelled, every node removes its sandboxes and stops its
+    replica, and the run exits 143."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text((EXAMPLE / "tasks.jsonl").read_text() * 2)
+    log = tmp_path / "run.log"
+    assert POSTGRES_URL
+    with fresh_schema(POSTGRES_URL) as database:
+        command = [
+            *(*RUN, str(tasks), "--ray", cluster.address, "--database-url", database, "--label", label),
+            *("--agent-cmd", "sleep 300", "--concurrency", "2"),
+        ]
+        run = started(command, log)
+        wait_for(lambda: len(_agents(_running(engine, label))) == 2 or run.poll() is not None, "two agents", 120)
+        run.send_signal(signal.SIGTERM)
+        assert ended(run, log) == 143, log.read_text()[-4000:]
+        statuses = sorted(episode["status"] for episode in _episodes(database))
+    assert statuses == ["cancelled", "cancelled"]
+    assert engine.api.containers(all=True, filters={"label": label}) == []
