@@ -60,7 +60,8 @@ class DockerSandboxes:
     the host) or a named volume (trajproxy runs in compose). `proxy_port` is the port agents use on
     their loopback, so their base URL is http://127.0.0.1:<proxy_port>/v1. Every container carries `labels`,
     and the identity of `run` (by default this process), so that `prune` knows whose it is. With `gate_pool`, that
-    many gates are kept relaying ahead of need, so a start only creates the agent's container (`close` ends them).
+    many gates are kept relaying ahead of need, so a start only creates the agent's container (`close` ends them);
+    `pooled_at_most` caps how many the pool starts in all (the run's sandboxes, when it knows how many).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class DockerSandboxes:
         client: Any = None,
         counter: SandboxCounter | None = None,
         gate_pool: int = 0,
+        pooled_at_most: int | None = None,
     ) -> None:
         self._socket_source = socket_source
         self._socket_name = socket_name
@@ -89,7 +91,7 @@ class DockerSandboxes:
         self._counter = counter
         self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="trajproxy-docker")
         self._builds: dict[str, asyncio.Lock] = {}
-        self._pool = GatePool(gate_pool)
+        self._pool = GatePool(gate_pool, pooled_at_most)
         self._checked: set[tuple[str, str | None, bool]] = set()  # (image, arch, gate too) found there and right
 
     @property
@@ -170,7 +172,7 @@ class DockerSandboxes:
         try:
             relaying = False
             if spec.proxy:
-                gate = self._pool.take()
+                gate = self._pool.take(self._gate_timeout_s)
                 relaying = gate is not None
                 if gate is None:
                     gate = self._new_gate(client, hardening)

@@ -40,43 +40,58 @@ def raise_if_exited(gate: Any) -> None:
 
 
 class GatePool:
-    """Gates started ahead of need, relaying; shared by the worker threads that take and refill it."""
+    """Gates started ahead of need, relaying; shared by the worker threads that take and refill it. `budget`: how
+    many it may start in all (the sandboxes still to come, when known), so that none is left idle at a run's end."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, budget: int | None = None) -> None:
         self._size = size
+        self._budget = budget
         self._ready: list[Any] = []
-        self._starting = 0
-        self._lock = threading.Lock()
+        self._starting = 0  # being started now
+        self._waiting = 0  # takers waiting for one of those
+        self._changed = threading.Condition()
 
-    def take(self) -> Any:
-        """A ready gate, or None if the pool has none now."""
-        with self._lock:
+    def take(self, timeout_s: float) -> Any:
+        """A ready gate; else, while more are being started than takers wait for, one of those once it relays (sooner
+        than a new one would); else None."""
+        with self._changed:
+            if not self._ready and self._starting > self._waiting:
+                self._waiting += 1
+                try:
+                    self._changed.wait_for(lambda: self._ready or self._starting < self._waiting, timeout_s)
+                finally:
+                    self._waiting -= 1
             return self._ready.pop() if self._ready else None
 
     def owed(self) -> bool:
         """Whether one more gate is wanted; if so, it counts as being started from now."""
-        with self._lock:
-            if len(self._ready) + self._starting >= self._size:
+        with self._changed:
+            if len(self._ready) + self._starting >= self._size or self._budget == 0:
                 return False
             self._starting += 1
+            self._budget = None if self._budget is None else self._budget - 1
             return True
 
     def add(self, gate: Any) -> bool:
         """Keep a gate now relaying; False if the pool was drained meanwhile (the gate is then the caller's)."""
-        with self._lock:
+        with self._changed:
             self._starting -= 1
+            self._changed.notify_all()
             if len(self._ready) >= self._size:
                 return False
             self._ready.append(gate)
             return True
 
     def failed(self) -> None:
-        with self._lock:
+        with self._changed:
             self._starting -= 1
+            self._budget = None if self._budget is None else self._budget + 1
+            self._changed.notify_all()
 
     def drain(self) -> list[Any]:
         """Every ready gate, taken out; the pool wants none more."""
-        with self._lock:
+        with self._changed:
             self._size = 0
             ready, self._ready = self._ready, []
+            self._changed.notify_all()
             return ready

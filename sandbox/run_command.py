@@ -163,7 +163,9 @@ async def _run(
     rejected = [e for e in parsed if isinstance(e, TaskError)]
     async with (
         _proxy(args) as (url, token, socket_source, counter),
-        _sandboxes(console, args, labels, socket_source, counter, token) as sandboxes,
+        _sandboxes(
+            console, args, labels, (socket_source, counter, token), args.forks if args.fork else len(tasks)
+        ) as sandboxes,
         AsyncTrainerClient(url, token=token) as trainer,
     ):
         forks: list[EpisodeCreated] = []
@@ -296,14 +298,15 @@ async def _sandboxes(
     console: Any,
     args: argparse.Namespace,
     labels: dict[str, str],
-    socket_source: str,
-    counter: SandboxCounter | None,
-    token: str | None,
+    proxy: tuple[str, SandboxCounter | None, str | None],
+    starts: int,
 ) -> AsyncIterator[Sandboxes]:
-    """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine. Either
-    way, containers that runs now gone left on an engine (a crash, a kill -9) are removed first."""
+    """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine, with
+    `proxy`'s socket source, sandbox counter and trainer token, for about `starts` agents. Either way, containers that
+    runs now gone left on an engine (a crash, a kill -9) are removed first."""
     from sandbox.containers import SandboxError
 
+    socket_source, counter, token = proxy
     if args.ray:
         # Ray is imported here only, under --ray: it is an optional extra, and a run without it never loads it.
         try:
@@ -312,9 +315,8 @@ async def _sandboxes(
             raise SystemExit(f"trajproxy run: --ray needs Ray ({e}): pip install 'trajproxy[ray]'") from e
         try:
             async with ray_sandboxes(args.ray, args.database_url, token, labels) as spread:
-                console.print(
-                    f"sandboxes on {len(spread.nodes)} Ray node(s), {sum(n.slots for n in spread.nodes)} slots"
-                )
+                slots = sum(node.slots for node in spread.nodes)
+                console.print(f"sandboxes on {len(spread.nodes)} Ray node(s), {slots} at once")
                 yield spread
         except SandboxError as e:
             raise SystemExit(f"trajproxy run: {e}") from e
@@ -325,7 +327,8 @@ async def _sandboxes(
     with contextlib.suppress(SandboxError):  # no engine: each task says so
         if removed := (await DockerSandboxes("unused").prune()).removed:
             console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
-    local = DockerSandboxes(socket_source, labels=labels, counter=counter, gate_pool=min(args.concurrency, GATE_POOL))
+    pool = min(args.concurrency, GATE_POOL)
+    local = DockerSandboxes(socket_source, labels=labels, counter=counter, gate_pool=pool, pooled_at_most=starts)
     warming = asyncio.create_task(local.warm())  # the first tasks' gates, started while the run sets up
     try:
         yield local
