@@ -174,6 +174,7 @@ async def ray_sandboxes(
 ) -> AsyncIterator[RaySandboxes]:
     """Join the Ray cluster at `address` ("auto": the local one's), place a SandboxNode on each node that declares
     `trajproxy_sandboxes`, each pruning its engine's leaked containers, and stop them all at the end."""
+    # On a thread: ray.init on the main thread would replace the run's SIGTERM handling with its own (sys.exit).
     await asyncio.to_thread(_connect, address)
     try:
         cluster: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
@@ -200,6 +201,7 @@ async def ray_sandboxes(
 
 
 def _connect(address: str) -> None:
+    logging.getLogger("ray._private.worker").setLevel(logging.ERROR)  # its "SIGTERM handler is not set": as meant
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
