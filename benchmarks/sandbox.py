@@ -181,7 +181,8 @@ def machine_busy() -> tuple[float, float]:
 
 def steps(marks: dict[str, float], parked: float) -> dict[str, float]:
     """One episode's start, step by step (seconds), and in all: to its agent's process running (its exec begun) and
-    to its first call parked. A gate taken from the pool was made before the start: its steps are 0."""
+    to its first call parked. A gate taken from the pool was made before the start: its steps are 0, and "images"
+    then includes any wait for a pooled gate still being started (many starts at once)."""
     gate_made = marks.get("gate create", marks["agent create"])
     gate_started = marks.get("gate started", gate_made)
     return {
