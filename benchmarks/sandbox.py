@@ -1,8 +1,11 @@
-"""Sandbox: how long an episode takes to start, from its containers being created to its agent's first LLM call
-parked at trajproxy. Episodes run as `trajproxy run` runs them (Runner over DockerSandboxes, the example task
-and the minimal agent), first one at a time, then many started at once.
+"""Sandbox: how long an episode takes to start, from its containers being created to its agent's process running
+(its exec begun) and to its first LLM call parked at trajproxy. Episodes run as `trajproxy run` runs them (Runner
+over DockerSandboxes, the example task), first one at a time, then many started at once, for each agent (the
+minimal agent baked into the image, a stdlib one-call agent, and the native presets injected from their bundles)
+and each size of the pool of gates started ahead (0: none, as before the pool).
 
     python benchmarks/sandbox.py --sequential 20 --at-once 32
+    python benchmarks/sandbox.py --agents minimal,codex,claude-code --gate-pools 0,4 --sequential 10 --at-once 0
 
 Each start is split into its steps, timed around the docker calls DockerSandboxes makes: the images checked,
 the gate container created and started, the agent container created and started, the task uploaded, and the
@@ -36,8 +39,11 @@ import docker
 HERE = Path(__file__).resolve().parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
+from sandbox.bundles import Bundles  # noqa: E402
 from sandbox.containers import SandboxSpec  # noqa: E402
 from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402
+from sandbox.injection import InjectedAgent  # noqa: E402
+from sandbox.manifests import load  # noqa: E402
 from sandbox.runner import AGENTS, Outcome, RunConfig, Runner  # noqa: E402
 from sandbox.tasks import Task, read_tasks  # noqa: E402
 
@@ -49,7 +55,8 @@ EXAMPLE = ROOT / "examples" / "tasks" / "calc"
 AGENT_IMAGE, TASK_IMAGE = "trajproxy/agent-minimal", "trajproxy/example-calc"
 EPISODE_LABEL = "trajproxy.episode"
 DONE = {"content": "```bash\necho TASK_COMPLETE\n```"}
-STEPS = ("images", "gate", "agent box", "upload", "agent to first call")
+STEPS = ("images", "gate", "agent box", "relay and upload", "agent to first call")
+PRESETS = ("codex", "claude-code")  # injected from their bundles (built on first use)
 # One chat call with the standard library, then exit: what a start costs without an agent SDK to load.
 STDLIB_AGENT = """python3 -c 'import json, os, urllib.request
 body = json.dumps({{"model": "m", "messages": [{{"role": "user", "content": open("{task_file}").read()}}]}})
@@ -127,8 +134,9 @@ class TimedDocker:
 class TimedSandboxes(DockerSandboxes):
     """DockerSandboxes that marks when each episode's (first) sandbox was asked for."""
 
-    def __init__(self, socket_source: str, watch: Stopwatch, client: Any, label: str) -> None:
-        super().__init__(socket_source, labels={"trajproxy.bench": label}, client=TimedDocker(client, watch))
+    def __init__(self, socket_source: str, watch: Stopwatch, client: Any, label: str, gate_pool: int) -> None:
+        labels = {"trajproxy.bench": label}
+        super().__init__(socket_source, labels=labels, client=TimedDocker(client, watch), gate_pool=gate_pool)
         self._watch = watch
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
@@ -172,26 +180,43 @@ def machine_busy() -> tuple[float, float]:
 
 
 def steps(marks: dict[str, float], parked: float) -> dict[str, float]:
-    """One episode's start, step by step (seconds), and in all."""
+    """One episode's start, step by step (seconds), and in all: to its agent's process running (its exec begun) and
+    to its first call parked. A gate taken from the pool was made before the start: its steps are 0, and "images"
+    then includes any wait for a pooled gate still being started (many starts at once)."""
+    gate_made = marks.get("gate create", marks["agent create"])
+    gate_started = marks.get("gate started", gate_made)
     return {
-        "images": marks["gate create"] - marks["start"],
-        "gate": marks["gate started"] - marks["gate create"],
-        "agent box": marks["agent started"] - marks["gate started"],
-        "upload": marks["uploaded"] - marks["agent started"],
-        "agent to first call": parked - marks["uploaded"],
+        "images": gate_made - marks["start"],
+        "gate": gate_started - gate_made,
+        "agent box": marks["agent started"] - gate_started,
+        "relay and upload": marks["exec"] - marks["agent started"],
+        "agent to first call": parked - marks["exec"],
+        "running": marks["exec"] - marks["start"],
         "total": parked - marks["start"],
     }
 
 
+def run_config(agent: str) -> RunConfig:
+    """How the episodes run `agent`: a command in the example's image, or a preset injected from its bundle."""
+    if agent in PRESETS:
+        manifest = load(agent)
+        return RunConfig(
+            agent=InjectedAgent(manifest, Bundles().ensure(manifest)), agent_timeout_s=300, grade_timeout_s=120
+        )
+    return RunConfig(agent_cmd=AGENT_COMMANDS[agent], agent_timeout_s=300, grade_timeout_s=120)
+
+
 async def episodes(
-    url: str, socket_folder: str, task: Task, client: Any, sequential: int, at_once: int, threads: int, agent: str
+    url: str, socket_folder: str, task: Task, client: Any, counts: tuple[int, int], threads: int, agent: str, pool: int
 ) -> dict[str, Any]:
+    sequential, at_once = counts
     if threads:  # each running agent holds a worker thread (its docker exec) for its whole run
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=threads))
     watch, policy = Stopwatch(), FirstCalls()
     label = secrets.token_hex(6)
-    sandboxes = TimedSandboxes(socket_folder, watch, client, label)
-    config = RunConfig(agent_cmd=AGENT_COMMANDS[agent], agent_timeout_s=300, grade_timeout_s=120)
+    sandboxes = TimedSandboxes(socket_folder, watch, client, label, pool)
+    config = run_config(agent)
+    await sandboxes.warm()  # as `trajproxy run` does while it sets up
     try:
         async with AsyncTrainerClient(url) as trainer:
             runner = Runner(trainer, sandboxes, policy, config)
@@ -202,8 +227,9 @@ async def episodes(
             policy.new_wave(at_once if threads else 1)  # too few threads to hold a whole wave: answer at once
             launched = time.time()
             together = await runner.run_many([task] * at_once, concurrency=at_once)
-            agent_parts = await agent_start_up(sandboxes, task)
+            agent_parts = await agent_start_up(sandboxes, task) if agent == "minimal" else {}
     finally:
+        await sandboxes.close()
         await sandboxes.prune()
     parked = [policy.parked[str(outcome.episode_id)] for outcome in together if outcome.episode_id in policy.parked]
     return {
@@ -255,7 +281,9 @@ def ensure_images(client: Any) -> None:
         client.images.build(path=str(EXAMPLE), tag=TASK_IMAGE, rm=True)
 
 
-def bench(sequential: int, at_once: int, port: int, threads: int = 64, agent: str = "minimal") -> dict[str, Any]:
+def bench(
+    sequential: int, at_once: int, port: int, threads: int = 64, agent: str = "minimal", pool: int = 0
+) -> dict[str, Any]:
     client = docker.from_env(max_pool_size=max(threads, 10))
     ensure_images(client)
     [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
@@ -268,7 +296,8 @@ def bench(sequential: int, at_once: int, port: int, threads: int = 64, agent: st
                 server_cpu, load_cpu, wall = cpu_seconds(server.pid), time.process_time(), time.perf_counter()
                 busy, total = machine_busy()
                 url = f"http://127.0.0.1:{port}"
-                result = asyncio.run(episodes(url, folder, task, client, sequential, at_once, threads, agent))
+                counts = (sequential, at_once)
+                result = asyncio.run(episodes(url, folder, task, client, counts, threads, agent, pool))
                 wall = time.perf_counter() - wall
                 result["server_cpu"] = (cpu_seconds(server.pid) - server_cpu) / wall
                 result["load_cpu"] = (time.process_time() - load_cpu) / wall
@@ -287,9 +316,12 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     """The headline figures of a run (seconds)."""
     sequential = [start["total"] for start in result["sequential"]] or [math.nan]
     together = [start["total"] for start in result["at_once"]] or [math.nan]
+    running = [start["running"] for start in result["sequential"]] or [math.nan]
     figures = {
         "p50_s": percentile(sequential, 50),
         "p95_s": percentile(sequential, 95),
+        "running_p50_s": percentile(running, 50),
+        "running_p95_s": percentile(running, 95),
         "at_once_all_parked_s": result["all_parked_s"],
         "at_once_p50_s": percentile(together, 50),
         "at_once_max_s": max(together),
@@ -300,6 +332,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     }
     for step in STEPS:
         figures[f"{step} s"] = statistics.median([start[step] for start in result["sequential"]] or [math.nan])
+        figures[f"{step} share"] = figures[f"{step} s"] / figures["p50_s"]
     figures.update({f"{part} s": took for part, took in result["agent_parts"].items()})
     return figures
 
@@ -315,20 +348,47 @@ def main() -> None:
         help="worker threads for the docker calls (each running agent holds one); 0: asyncio's default",
     )
     parser.add_argument(
-        "--agent",
-        choices=sorted(AGENT_COMMANDS),
+        "--agents",
         default="minimal",
-        help="minimal: the minimal agent (openai SDK); stdlib: one call with urllib, no SDK to load",
+        help="comma-separated: minimal (baked into the image, openai SDK), stdlib (one call with urllib, no SDK), "
+        f"and the presets injected from their bundles ({', '.join(PRESETS)})",
     )
+    parser.add_argument("--gate-pools", default="0", help="comma-separated sizes of the pool of ready gates (0: none)")
     parser.add_argument("--port", type=int, default=18800)
     parser.add_argument("--quick", action="store_true", help="a short smoke: 3 one by one, then 4 at once")
     args = parser.parse_args()
     if args.quick:
         args.sequential, args.at_once = 3, 4
     pin_load()
-    result = bench(args.sequential, args.at_once, args.port, args.threads, args.agent)
+    failed = []
+    table = []
+    for agent in args.agents.split(","):
+        for pool in [int(size) for size in args.gate_pools.split(",")]:
+            print(f"== {agent}, gate pool {pool}", flush=True)
+            result = bench(args.sequential, args.at_once, args.port, args.threads, agent, pool)
+            report(args, result)
+            failed += result["failed"]
+            table.append((agent, pool, summary(result)))
+    print(
+        "\n| agent | gate pool | to running p50 s | p95 s | to first call p50 s | p95 s | " + " | ".join(STEPS) + " |"
+    )
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(STEPS))
+    for agent, pool, figures in table:
+        shares = " | ".join(f"{figures[f'{step} s']:.3f} ({figures[f'{step} share']:.0%})" for step in STEPS)
+        print(
+            f"| {agent} | {pool} | {figures['running_p50_s']:.2f} | {figures['running_p95_s']:.2f} | "
+            f"{figures['p50_s']:.2f} | {figures['p95_s']:.2f} | {shares} |"
+        )
+    sys.exit(1 if failed else 0)
+
+
+def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     figures = summary(result)
-    print(f"one at a time ({args.sequential}): start p50 {figures['p50_s']:.2f} s, p95 {figures['p95_s']:.2f} s")
+    print(
+        f"one at a time ({args.sequential}): to running p50 {figures['running_p50_s']:.2f} s, "
+        f"p95 {figures['running_p95_s']:.2f} s; to first call p50 {figures['p50_s']:.2f} s, "
+        f"p95 {figures['p95_s']:.2f} s"
+    )
     print("  median of each step: " + ", ".join(f"{step} {figures[f'{step} s']:.3f} s" for step in STEPS))
     parts = result["agent_parts"]
     print("  the agent's start-up, measured apart: " + ", ".join(f"{p} {s:.3f} s" for p, s in parts.items()))
@@ -344,7 +404,6 @@ def main() -> None:
     )
     for failure in result["failed"]:
         print(f"  failed: {failure}")
-    sys.exit(1 if result["failed"] else 0)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ class SandboxError(Exception):
     """A sandbox could not be started, used or stopped; the message says what to do about it."""
 
 
+class SandboxLost(SandboxError):
+    """The machine a sandbox ran on is gone (a cluster node died): its task ran no fault of its own, and runs again
+    elsewhere."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Resources one sandbox may use."""
@@ -80,6 +85,20 @@ class Sandbox(Protocol):
 
 class SandboxFactory(Protocol):
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
+
+
+class Sandboxes(SandboxFactory, Protocol):
+    """Where a run's sandboxes start: one Docker engine (`DockerSandboxes`), the nodes of a Ray cluster
+    (`RaySandboxes`), later a Kubernetes cluster. The runner sees only this."""
+
+    @property
+    def base_url(self) -> str:
+        """trajproxy's address as agents in these sandboxes see it."""
+        ...
+
+    async def build(self, context: Path, tag: str, timeout_s: float) -> bool:
+        """Build image `tag` from the folder `context` wherever sandboxes start, unless it is there; True if built."""
+        ...
 
 
 class SandboxCounter(Protocol):

@@ -1,5 +1,5 @@
-"""DockerSandboxes: sandboxes as Docker containers, over the docker SDK (with `sandbox/images.py`, the only modules
-that import it).
+"""DockerSandboxes: sandboxes as Docker containers, over the docker SDK (with `sandbox/images.py` and
+`sandbox/gates.py`, the only modules that import it).
 
 Each sandbox is two containers. The gate has no network at all (`network_mode: none`); it runs the
 relay in `sandbox/gate.py`, listening on its own loopback and forwarding to trajproxy's Unix socket,
@@ -30,16 +30,13 @@ import docker.errors
 
 from sandbox.containers import ExecResult, SandboxCounter, SandboxError, SandboxSpec
 from sandbox.docker_read_only import archive_root, read_only_options, writable_paths
-from sandbox.gate import RELAYING
-from sandbox.images import MANAGED, build_image, ensure_image
+from sandbox.gates import GATE_LOG, GATE_MOUNT, GATE_SOURCE, GatePool, await_relay, raise_if_exited
+from sandbox.images import MANAGED, build_image, check_arch, ensure_image
 from sandbox.run_identity import RunIdentity
 
-GATE_SOURCE = (Path(__file__).parent / "gate.py").read_text()
-GATE_MOUNT = "/run/trajproxy"
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
 _EXEC_GRACE_S = 30.0
 _MAX_THREADS = 1024  # started only as needed; about one per running agent
-_GATE_LOG = docker.types.LogConfig(type="json-file", config={"max-size": "1m"})  # readable, whatever the default
 
 T = TypeVar("T")
 
@@ -63,7 +60,9 @@ class DockerSandboxes:
     `socket_source` is where that socket's directory comes from: a host directory (trajproxy runs on
     the host) or a named volume (trajproxy runs in compose). `proxy_port` is the port agents use on
     their loopback, so their base URL is http://127.0.0.1:<proxy_port>/v1. Every container carries `labels`,
-    and the identity of `run` (by default this process), so that `prune` knows whose it is.
+    and the identity of `run` (by default this process), so that `prune` knows whose it is. With `gate_pool`, that
+    many gates are kept relaying ahead of need, so a start only creates the agent's container (`close` ends them);
+    `pooled_at_most` caps how many the pool starts in all (the run's sandboxes, when it knows how many).
     """
 
     def __init__(
@@ -78,6 +77,8 @@ class DockerSandboxes:
         gate_timeout_s: float = 60.0,
         client: Any = None,
         counter: SandboxCounter | None = None,
+        gate_pool: int = 0,
+        pooled_at_most: int | None = None,
     ) -> None:
         self._socket_source = socket_source
         self._socket_name = socket_name
@@ -91,6 +92,8 @@ class DockerSandboxes:
         self._counter = counter
         self._threads = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="trajproxy-docker")
         self._builds: dict[str, asyncio.Lock] = {}
+        self._pool = GatePool(gate_pool, pooled_at_most)
+        self._checked: set[tuple[str, str | None, bool]] = set()  # (image, arch, gate too) found there and right
 
     @property
     def base_url(self) -> str:
@@ -116,6 +119,14 @@ class DockerSandboxes:
             self._counter.sandbox_started()
         return box
 
+    async def warm(self) -> None:
+        """Fill the pool of ready gates now."""
+        await _blocking(self._threads, self._fill_pool)
+
+    async def close(self) -> None:
+        """Remove the pool's gates; started sandboxes are their owners' to stop."""
+        await _blocking(self._threads, _remove, *self._pool.drain())
+
     async def build(self, context: Path, tag: str, timeout_s: float) -> bool:
         """Build image `tag` from the folder `context` unless it is there; True when built now. Tasks that share
         an image wait for one build of it."""
@@ -139,10 +150,13 @@ class DockerSandboxes:
 
     def _start(self, spec: SandboxSpec) -> DockerSandbox:
         client = self._docker()
-        for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
-            ensure_image(client, image)
-        if spec.arch is not None:
-            _check_arch(client, spec.image, spec.arch)
+        checked = (spec.image, spec.arch, spec.proxy)
+        if checked not in self._checked:  # once per image: a start makes no inspect it need not
+            for image in {spec.image, self._gate_image} if spec.proxy else {spec.image}:
+                ensure_image(client, image)
+            if spec.arch is not None:
+                check_arch(client, spec.image, spec.arch)
+            self._checked.add(checked)
         made: list[Any] = []  # every container created, so that a start failing at any later step leaves none
         options: dict[str, Any] = {}
         if spec.read_only is not None:
@@ -159,22 +173,18 @@ class DockerSandboxes:
         """The agent's container (with `options`) and its gate (None without `spec.proxy`), started, the gate
         relaying."""
         labels = {**spec.labels, **self.labels}  # a spec's labels never hide whose the container is
-        hardening: dict[str, Any] = {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "labels": labels}
+        hardening = _hardening(labels)
         gate = None
         try:
+            relaying = False
             if spec.proxy:
-                gate = client.containers.create(
-                    self._gate_image,
-                    ["python3", "-c", GATE_SOURCE, f"{GATE_MOUNT}/{self._socket_name}", str(self.proxy_port)],
-                    network_mode="none",
-                    volumes={self._socket_source: {"bind": GATE_MOUNT, "mode": "rw"}},
-                    mem_limit=64 * 1024**2,
-                    pids_limit=32,
-                    log_config=_GATE_LOG,
-                    **hardening,
-                )
+                gate = self._pool.take(self._gate_timeout_s)
+                relaying = gate is not None
+                if gate is None:
+                    gate = self._new_gate(client, hardening)
                 made.append(gate)
-                gate.start()
+                if relaying:  # the pool's owes one: made on a worker thread while this start goes on
+                    self._threads.submit(self._fill_pool)
             limits = spec.limits
             agent = client.containers.create(
                 spec.image,
@@ -196,15 +206,54 @@ class DockerSandboxes:
                 agent.start()
             except docker.errors.APIError:
                 if gate is not None:  # a gate that died says why, rather than "cannot join its network"
-                    _raise_if_exited(gate)
+                    raise_if_exited(gate)
                 raise
-            if gate is not None:  # it had a head start: the agent's container was made meanwhile
-                _await_relay(gate, self._gate_timeout_s)
+            if gate is not None and not relaying:  # it had a head start: the agent's container was made meanwhile
+                await_relay(gate, self._gate_timeout_s)
         except docker.errors.ImageNotFound as e:
             raise SandboxError(f"image not found: {e.explanation}; build or pull it first") from e
         except docker.errors.DockerException as e:
             raise SandboxError(f"could not start a sandbox from {spec.image!r}: {e}") from e
         return agent, gate
+
+    def _new_gate(self, client: Any, hardening: dict[str, Any]) -> Any:
+        """A gate container, started (not yet relaying: see _await_relay)."""
+        gate = client.containers.create(
+            self._gate_image,
+            ["python3", "-c", GATE_SOURCE, f"{GATE_MOUNT}/{self._socket_name}", str(self.proxy_port)],
+            network_mode="none",
+            volumes={self._socket_source: {"bind": GATE_MOUNT, "mode": "rw"}},
+            mem_limit=64 * 1024**2,
+            pids_limit=32,
+            log_config=GATE_LOG,
+            **hardening,
+        )
+        try:
+            gate.start()
+        except BaseException:
+            _remove(gate)
+            raise
+        return gate
+
+    def _fill_pool(self) -> None:
+        """Start gates until the pool holds its size (those being started counted), each added once relaying. A gate
+        that fails is left out: a start then makes its own, and says why if it fails too."""
+        client = self._docker()
+        while self._pool.owed():
+            gate = None
+            try:
+                ensure_image(client, self._gate_image)
+                gate = self._new_gate(client, _hardening(self.labels))
+                await_relay(gate, self._gate_timeout_s)
+            except (SandboxError, docker.errors.DockerException):
+                self._pool.failed()
+                if gate is not None:
+                    with contextlib.suppress(SandboxError):
+                        _remove(gate)
+                return
+            if not self._pool.add(gate):  # closed meanwhile
+                _remove(gate)
+                return
 
     def _prune(self) -> Pruned:
         selector = [f"{name}={value}" for name, value in self._selector.items()]
@@ -310,31 +359,9 @@ class DockerSandbox:
         await _blocking(self._threads, _remove, self._agent, self._gate)
 
 
-def _check_arch(client: Any, image: str, arch: str) -> None:
-    """An image whose machine the agent's programs were not built for is refused before anything starts."""
-    found = client.images.get(image).attrs.get("Architecture")
-    if found and found != arch:
-        raise SandboxError(f"the agent bundle is built for {arch}; image {image!r} is {found}: it cannot run there")
-
-
-def _await_relay(gate: Any, timeout_s: float) -> None:
-    """Wait until the gate says it relays (a running container is not yet a listening relay: an agent's call
-    before that would be refused). Its logs are polled, a little less often as the wait goes on."""
-    deadline = time.monotonic() + timeout_s
-    pause_s = 0.01
-    while RELAYING.encode() not in gate.logs(stdout=True, stderr=False):
-        _raise_if_exited(gate)
-        if time.monotonic() > deadline:
-            raise SandboxError(f"the sandbox's gate was not relaying after {timeout_s:g} s; is the engine overloaded?")
-        time.sleep(pause_s)
-        pause_s = min(pause_s * 2, 0.2)
-
-
-def _raise_if_exited(gate: Any) -> None:
-    gate.reload()
-    if gate.status not in ("created", "running"):
-        said = gate.logs(stdout=True, stderr=True).decode("utf-8", "replace").strip()[-2000:]
-        raise SandboxError(f"the sandbox's gate exited ({gate.status}) before it relayed: {said}")
+def _hardening(labels: dict[str, str]) -> dict[str, Any]:
+    """The options every sandbox container gets: no capabilities, no privilege gained, whose it is."""
+    return {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "labels": labels}
 
 
 def _remove(*containers: Any) -> None:

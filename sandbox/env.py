@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from proxy import wire
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
-from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.containers import Sandboxes
 from sandbox.policies import TrainerPolicy
 from sandbox.runner import Outcome, RunConfig, Runner
 from sandbox.tasks import Task
@@ -31,7 +31,7 @@ _POLL_S = 30.0  # each wait for the agent's next call; between waits, a failed r
 
 
 class AgentEnv:
-    def __init__(self, trainer: AsyncTrainerClient, sandboxes: DockerSandboxes, task: Task, config: RunConfig) -> None:
+    def __init__(self, trainer: AsyncTrainerClient, sandboxes: Sandboxes, task: Task, config: RunConfig) -> None:
         self._trainer = trainer
         self._task = task
         self._runner = Runner(trainer, sandboxes, TrainerPolicy(), config)

@@ -31,6 +31,13 @@ def ensure_image(client: Any, image: str) -> None:
             ) from e
 
 
+def check_arch(client: Any, image: str, arch: str) -> None:
+    """An image whose machine the agent's programs were not built for is refused before anything starts."""
+    found = client.images.get(image).attrs.get("Architecture")
+    if found and found != arch:
+        raise SandboxError(f"the agent bundle is built for {arch}; image {image!r} is {found}: it cannot run there")
+
+
 def context_tag(name: str, context: Path) -> str:
     """The tag an image built from `context` gets: trajproxy-task/<name>:<digest of every file's path, mode and
     content>."""

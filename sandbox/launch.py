@@ -102,6 +102,13 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--agent-timeout-s", type=float, help="each agent's time limit (default: the task's own, else 1800)"
     )
     run.add_argument("--grade-timeout-s", type=float, help="each grading's time limit (default: the task's, else 600)")
+    run.add_argument(
+        "--episode-timeout-s",
+        type=float,
+        help="each episode's deadline, from its sandbox's start to its grade: past it, whatever is stuck (a start, the "
+        "agent, the grader) is stopped, its sandbox removed, the episode failed (default: the agent's and grader's "
+        "limits plus 300, plus the build's for a task with its own image to build)",
+    )
     run.add_argument("--cpus", type=float, help="CPUs per sandbox (default: the task's own, else 1)")
     run.add_argument("--memory-mb", type=int, help="memory per sandbox (default: the task's own, else 2048)")
     run.add_argument("--pids", type=int, default=512, help="processes per sandbox")
@@ -156,6 +163,16 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="after the last task, keep the embedded trajproxy up for a trainer to read what it recorded, "
         "until Ctrl-C or SIGTERM",
+    )
+    cluster = run.add_argument_group("cluster", "spread the run's sandboxes over the nodes of a Ray cluster")
+    cluster.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run each task's sandboxes on a node of this Ray cluster (default: the one `ray start` made here) that "
+        "declares the resource trajproxy_sandboxes (how many at once); each such node serves a trajproxy replica for "
+        "its sandboxes, all on --database-url, which must be Postgres (needs pip install 'trajproxy[ray]')",
     )
     fork = run.add_argument_group(
         "forks", "run the task of a recorded episode again, each run replaying the episode's first K calls"

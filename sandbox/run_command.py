@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import signal
 
     from proxy.wire import EpisodeCreated
-    from sandbox.containers import SandboxCounter
+    from sandbox.containers import SandboxCounter, Sandboxes
     from sandbox.injection import InjectedAgent
     from sandbox.policies import Policy
     from sandbox.runner import Outcome, Progress, RunConfig
@@ -73,6 +73,10 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
         raise _Refused("--resume and --fork do not go together: forks are new episodes each time")
     if args.keep_serving and args.proxy_url:
         raise _Refused("--keep-serving keeps the run's own trajproxy up; --proxy-url's stays up anyway")
+    if args.ray and args.proxy_url:
+        raise _Refused("--ray runs a trajproxy replica on each node for its sandboxes: leave out --proxy-url")
+    if args.ray and not args.database_url.startswith("postgresql"):
+        raise _Refused("--ray needs a Postgres --database-url: the replicas on the cluster's nodes share it")
     if not Path(args.tasks).exists():
         raise _Refused(f"no such file or directory: {args.tasks}")
     try:
@@ -97,6 +101,7 @@ def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConf
         agent=injected,
         oracle=args.agent == ORACLE,
         agent_timeout_s=args.agent_timeout_s,
+        episode_timeout_s=args.episode_timeout_s,
         grade_timeout_s=args.grade_timeout_s,
         grading=args.grading,
         limits=None
@@ -153,38 +158,41 @@ async def _run(
     results: ResultsFile | None,
 ) -> int:
     from proxy.client import AsyncTrainerClient
-    from sandbox.docker_sandbox import DockerSandboxes
     from sandbox.tasks import Task, TaskError
 
     console = _console()
     tasks = [task for task in parsed if isinstance(task, Task)]
     rejected = [e for e in parsed if isinstance(e, TaskError)]
-    async with _proxy(args) as (url, token, socket_source, counter):
-        sandboxes = DockerSandboxes(socket_source, labels=labels, counter=counter)  # counted when served here
-        async with AsyncTrainerClient(url, token=token) as trainer:
-            forks: list[EpisodeCreated] = []
-            skipped: list[Outcome] = []
-            if args.fork is not None:  # the forked episode's task, n times, each in a fork
-                tasks, forks = await _forks(trainer, args, tasks)
-                rejected = []
-            elif args.resume:
-                tasks, skipped = await _resumed(console, trainer, args, tasks)
-            for error in rejected:
-                console.print(f"[red]skipped: {error}")
-                episode = await trainer.create_episode(task=str(error), metadata={"rejected": True})
-                await trainer.finish(episode.id, "failed", str(error))
-                if results is not None:
-                    results.rejected(error, episode.id)
-            if args.policy == "trainer" and not config.oracle and tasks:  # the oracle asks no policy
-                console.print(f"waiting for a trainer at {url}/api (GET /api/turns/next)")
-            runner = functools.partial(Runner, trainer, sandboxes, policy, config)
-            on_outcome = results.outcome if results is not None else None
-            running = _Running(runner, on_outcome, tasks, args.concurrency, forks)
-            outcomes = await _run_tasks(console, url, running, args.progress_every_s)
-            summarise(console, outcomes, rejected, skipped)
-            if args.keep_serving:
-                await _keep_serving(console, url)
-            return exit_status(outcomes, rejected)
+    async with (
+        _proxy(args) as (url, token, socket_source, counter),
+        _sandboxes(
+            console, args, labels, (socket_source, counter, token), args.forks if args.fork else len(tasks)
+        ) as sandboxes,
+        AsyncTrainerClient(url, token=token) as trainer,
+    ):
+        forks: list[EpisodeCreated] = []
+        skipped: list[Outcome] = []
+        if args.fork is not None:  # the forked episode's task, n times, each in a fork
+            tasks, forks = await _forks(trainer, args, tasks)
+            rejected = []
+        elif args.resume:
+            tasks, skipped = await _resumed(console, trainer, args, tasks)
+        for error in rejected:
+            console.print(f"[red]skipped: {error}")
+            episode = await trainer.create_episode(task=str(error), metadata={"rejected": True})
+            await trainer.finish(episode.id, "failed", str(error))
+            if results is not None:
+                results.rejected(error, episode.id)
+        if args.policy == "trainer" and not config.oracle and tasks:  # the oracle asks no policy
+            console.print(f"waiting for a trainer at {url}/api (GET /api/turns/next)")
+        runner = functools.partial(Runner, trainer, sandboxes, policy, config)
+        on_outcome = results.outcome if results is not None else None
+        running = _Running(runner, on_outcome, tasks, args.concurrency, forks)
+        outcomes = await _run_tasks(console, url, running, args.progress_every_s)
+        summarise(console, outcomes, rejected, skipped)
+        if args.keep_serving:
+            await _keep_serving(console, url)
+        return exit_status(outcomes, rejected)
 
 
 async def _keep_serving(console: Any, url: str) -> None:
@@ -288,6 +296,51 @@ async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> t
 
 
 @contextlib.asynccontextmanager
+async def _sandboxes(
+    console: Any,
+    args: argparse.Namespace,
+    labels: dict[str, str],
+    proxy: tuple[str, SandboxCounter | None, str | None],
+    starts: int,
+) -> AsyncIterator[Sandboxes]:
+    """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine, with
+    `proxy`'s socket source, sandbox counter and trainer token, for about `starts` agents. Either way, containers that
+    runs now gone left on an engine (a crash, a kill -9) are removed first."""
+    from sandbox.containers import SandboxError
+
+    socket_source, counter, token = proxy
+    if args.ray:
+        # Ray is imported here only, under --ray: it is an optional extra, and a run without it never loads it.
+        try:
+            from sandbox.ray_sandboxes import ray_sandboxes
+        except ImportError as e:
+            raise SystemExit(f"trajproxy run: --ray needs Ray ({e}): pip install 'trajproxy[ray]'") from e
+        try:
+            async with ray_sandboxes(args.ray, args.database_url, token, labels) as spread:
+                slots = sum(node.slots for node in spread.nodes)
+                console.print(f"sandboxes on {len(spread.nodes)} Ray node(s), {slots} at once")
+                yield spread
+        except SandboxError as e:
+            raise SystemExit(f"trajproxy run: {e}") from e
+        return
+    from sandbox.docker_sandbox import DockerSandboxes
+    from sandbox.gates import GATE_POOL
+
+    with contextlib.suppress(SandboxError):  # no engine: each task says so
+        if removed := (await DockerSandboxes("unused").prune()).removed:
+            console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
+    pool = min(args.concurrency, GATE_POOL)
+    local = DockerSandboxes(socket_source, labels=labels, counter=counter, gate_pool=pool, pooled_at_most=starts)
+    warming = asyncio.create_task(local.warm())  # the first tasks' gates, started while the run sets up
+    try:
+        yield local
+    finally:
+        warming.cancel()
+        await asyncio.gather(warming, return_exceptions=True)
+        await local.close()
+
+
+@contextlib.asynccontextmanager
 async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None, str, SandboxCounter | None]]:
     """A running trajproxy's URL, trainer token, socket source and (when it runs here) its sandbox counter: the
     one given, or one started here."""
@@ -300,7 +353,7 @@ async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
     from proxy.embedded import CannotListen, embedded_proxy
 
     try:
-        async with embedded_proxy(args.database_url, args.port) as proxy:
+        async with embedded_proxy(args.database_url, args.port, **({"shared": True} if args.ray else {})) as proxy:
             yield proxy.url, proxy.token, proxy.socket_folder, proxy.metrics
     except CannotListen as e:
         raise SystemExit(f"trajproxy run: {e}; pass another --port") from e

@@ -8,6 +8,7 @@ outcomes = await runner.run_many(tasks, concurrency=4)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import shlex
 import time
@@ -18,8 +19,17 @@ from typing import Any
 from proxy import wire
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
-from sandbox.containers import SCRATCH_BYTES, ExecResult, Limits, ReadOnlyRoot, Sandbox, SandboxError, SandboxSpec
-from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.containers import (
+    SCRATCH_BYTES,
+    ExecResult,
+    Limits,
+    ReadOnlyRoot,
+    Sandbox,
+    SandboxError,
+    Sandboxes,
+    SandboxLost,
+    SandboxSpec,
+)
 from sandbox.injection import InjectedAgent, launch_script
 from sandbox.manifests import TASK_FILE
 from sandbox.policies import Policy
@@ -39,6 +49,8 @@ DEFAULT_AGENT_TIMEOUT_S = 1800.0
 DEFAULT_GRADE_TIMEOUT_S = 600.0
 _GIT_S = 120.0
 SETUP_TIMEOUT_S = 600.0
+START_ALLOWANCE_S = 300.0  # of an episode's default deadline: its sandboxes' starts and the diff's capture
+LOST_RUNS = 3  # a task whose sandbox's machine dies runs again elsewhere, at most this many times in all
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,7 @@ class RunConfig:
     limits: Limits | None = None  # None: the task's own, else Limits()
     read_only: bool | None = None  # the agent's root filesystem read-only; None: as the task says, else writable
     scratch_bytes: int = SCRATCH_BYTES  # of a read-only root: the size of each scratch folder (/tmp)
+    episode_timeout_s: float | None = None  # start to graded; None: agent + grade budgets + START_ALLOWANCE_S
     episode: dict[str, Any] = field(default_factory=dict)  # for each episode: policy, routes, budgets (see the API)
     metadata: dict[str, Any] = field(default_factory=dict)  # in each episode's metadata: who ran it (sandbox.resume)
 
@@ -70,6 +83,7 @@ class Outcome:
     diff: str = ""
     agent_output: str = ""  # the tail of the agent's stdout and stderr
     timings: dict[str, float] = field(default_factory=dict)  # build_s start_s agent_s grade_s total_s, those that ran
+    lost: bool = False  # its sandbox's machine died: the task runs again elsewhere (`run_many`)
 
 
 @dataclass(slots=True)
@@ -93,7 +107,7 @@ class Runner:
     def __init__(
         self,
         trainer: AsyncTrainerClient,
-        sandboxes: DockerSandboxes,
+        sandboxes: Sandboxes,
         policy: Policy,
         config: RunConfig,
         on_change: Callable[[Progress], None] | None = None,
@@ -118,7 +132,16 @@ class Runner:
 
         async def one(task: Task, episode: wire.EpisodeCreated | None) -> Outcome:
             async with gate:
-                return await self.run(task, episode)
+                outcome = await self.run(task, episode)
+                for _ in range(LOST_RUNS - 1):  # its episode is recorded failed with no reward; a new one runs
+                    if not outcome.lost or episode is not None:  # a fork's episode is given: it cannot run again
+                        break
+                    outcome = await self.run(task)
+                if outcome.lost:  # lost every time (or a fork's): that is its end
+                    outcome = dataclasses.replace(outcome, lost=False)
+                    self._count(failed=1)
+                    self._on_outcome(outcome)
+                return outcome
 
         # A TaskGroup, not gather: on Ctrl-C every task gets to close its episode before the run ends.
         async with asyncio.TaskGroup() as group:
@@ -145,7 +168,17 @@ class Runner:
             if episode is None:
                 episode = await self.open(task)
                 episode_id = episode.id
-            outcome = await self._attempt(task, episode.id, episode.key)
+            deadline = asyncio.timeout(self._deadline_s(task))  # a wedged start, agent or grader: cancelled, removed
+            try:
+                async with deadline:
+                    outcome = await self._attempt(task, episode.id, episode.key)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                said = f"the episode ran past its deadline of {self._deadline_s(task):g} s (start to graded)"
+                outcome = Outcome(task, episode_id, "failed", None, said)
+        except SandboxLost as e:
+            outcome = Outcome(task, episode_id, "failed", None, f"{e}; the task runs again elsewhere", lost=True)
         except SandboxError as e:
             outcome = Outcome(task, episode_id, "failed", None, str(e))
         except asyncio.CancelledError:
@@ -155,7 +188,8 @@ class Runner:
         finally:
             self._count(running=-1)
         await self._close(outcome)
-        self._on_outcome(outcome)
+        if not outcome.lost:  # a lost task's outcome is the one of its run elsewhere
+            self._on_outcome(outcome)
         return outcome
 
     async def _attempt(self, task: Task, episode_id: str, key: str) -> Outcome:
@@ -274,6 +308,13 @@ class Runner:
     def _grade_timeout_s(self, task: Task) -> float:
         return self._config.grade_timeout_s or task.grade_timeout_s or DEFAULT_GRADE_TIMEOUT_S
 
+    def _deadline_s(self, task: Task) -> float:
+        """The whole episode's, from its build to its grade: one stuck anywhere ends failed, its sandbox removed."""
+        if given := self._config.episode_timeout_s:
+            return given
+        build_s = task.build_timeout_s if task.build is not None else 0.0
+        return build_s + self._agent_timeout_s(task) + self._grade_timeout_s(task) + START_ALLOWANCE_S
+
     def _spec(
         self, task: Task, episode_id: str, *, env: dict[str, str], proxy: bool, agent: InjectedAgent | None = None
     ) -> SandboxSpec:
@@ -295,6 +336,8 @@ class Runner:
             except TrajproxyAPIError as e:
                 if e.status != 409:  # 409: closed already (its budget finished it): that record stands
                     raise
+        if outcome.lost:  # not an end yet: `run_many` runs the task again
+            return
         self._count(**{outcome.status: 1})  # finished, failed or cancelled
         if outcome.reward is not None:
             self.progress.rewards.append(outcome.reward)

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import signal
 import sqlite3
@@ -205,9 +206,9 @@ def exited_run() -> RunIdentity:
     return identity
 
 
-def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine: Any, label: str) -> None:
-    """Pruning runs on an engine others use: it removes the containers of this owner's runs that are gone, never
-    a live run's (this test process plays one), another owner's or another host's."""
+def planted(engine: Any, label: str) -> dict[str, Any]:
+    """A container (labelled `label`) of each kind of run: one that crashed, one live (this test process plays it),
+    one of another owner, one of another host."""
     crashed = exited_run()
     runs = {
         "crashed": crashed,
@@ -222,6 +223,21 @@ def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine
         )
         for name, run in runs.items()
     }
+    return made
+
+
+def only_the_crashed_one_is_gone(made: dict[str, Any]) -> None:
+    with pytest.raises(Exception, match=r"404|No such container"):
+        made["crashed"].reload()
+    for name in ("live", "other owner", "other host"):
+        made[name].reload()
+        assert made[name].status == "running", name
+
+
+def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine: Any, label: str) -> None:
+    """Pruning runs on an engine others use: it removes the containers of this owner's runs that are gone, never
+    a live run's (this test process plays one), another owner's or another host's."""
+    made = planted(engine, label)
     done = subprocess.run([TRAJPROXY, "sandbox", "prune"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     removed, _, left = done.stderr.partition("\n")
@@ -229,8 +245,22 @@ def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine
     assert f"of a live run (pid {os.getpid()})" in left, done.stderr
     assert f"of another owner (uid {os.getuid() + 1})" in left, done.stderr
     assert "made on another host (elsewhere.example)" in left, done.stderr
-    with pytest.raises(Exception, match=r"404|No such container"):
-        made["crashed"].reload()
-    for name in ("live", "other owner", "other host"):
-        made[name].reload()
-        assert made[name].status == "running", name
+    only_the_crashed_one_is_gone(made)
+
+
+def test_a_run_first_removes_what_runs_now_gone_left_on_its_engine(engine: Any, label: str, tmp_path: Path) -> None:
+    """Leaked sandboxes do not pile up: any later `trajproxy run` prunes as `sandbox prune` does, before its tasks."""
+    made = planted(engine, label)
+    missing = {"prompt": "-", "metadata": {"image": "localhost:1/trajproxy-test/missing:never"}}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(missing) + "\n")
+    done = subprocess.run(
+        [*RUN, str(tasks), "--agent-cmd", "true", *into(tmp_path / "db"), "--label", label],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr  # its one task could not run
+    said = done.stdout + done.stderr
+    assert re.search(r"removed [1-9]\d* container\(s\) left by trajproxy runs that are gone", said), said
+    only_the_crashed_one_is_gone(made)

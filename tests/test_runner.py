@@ -100,6 +100,22 @@ def test_failures_are_recorded_and_the_other_tasks_carry_on(
         assert (episode.status, episode.reason) == (outcome.status, outcome.reason)
 
 
+def test_an_episode_past_its_deadline_is_stopped_wherever_it_is_stuck(
+    proxied: Any, sandboxes: DockerSandboxes, example_task: Task
+) -> None:
+    """A grader that never ends, with all the grading time in the world: the episode's deadline (start to graded)
+    stops it, removes its sandbox (the fixture checks none is left) and records the episode failed, with no reward."""
+    wedged = Task(**{**_fields(example_task), "grader": ExitCode("sleep infinity")})
+    [outcome] = run_tasks(
+        proxied, sandboxes, [wedged], "solve.script.jsonl", grade_timeout_s=3600, episode_timeout_s=15
+    )
+    assert (outcome.status, outcome.reward) == ("failed", None)
+    assert outcome.reason == "the episode ran past its deadline of 15 s (start to graded)"
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert (recorded.episode.status, recorded.rewards) == ("failed", [])
+    assert [turn.status for turn in recorded.turns] == ["answered"] * 3  # the agent's part ran, the grade never did
+
+
 def test_an_interrupted_run_cancels_its_episodes_and_leaves_no_container(
     proxied: Any, sandboxes: DockerSandboxes, example_task: Task, engine: Any
 ) -> None:

@@ -217,6 +217,41 @@ def test_the_agents_first_call_finds_its_gate_relaying_however_slow_the_gate(
     assert took_s >= SLOW_START_S  # it did wait for the gate
 
 
+def test_pooled_gates_are_started_ahead_and_each_relays_for_the_sandbox_that_takes_it(
+    sandboxes: DockerSandboxes, socket_dir: str, engine: Any
+) -> None:
+    """With a pool, gates start before any sandbox asks; a start takes a relaying one (its agent joins that gate's
+    network), the pool is refilled, and `close` removes what is left (the fixture checks nothing remains)."""
+    pooled = like(sandboxes, socket_dir, gate_pool=2)
+    mine_only = {"label": [f"{name}={value}" for name, value in pooled.labels.items()]}
+
+    async def scenario() -> tuple[set[str], list[str], list[str], int]:
+        await pooled.warm()
+        ready = {c.id for c in engine.containers.list(filters=mine_only)}
+        boxes = await asyncio.gather(*(pooled.start(SandboxSpec(IMAGE)) for _ in range(2)))
+        try:
+            joined = [engine.containers.get(box.id).attrs["HostConfig"]["NetworkMode"] for box in boxes]
+            probes = [
+                (await box.exec(f"python3 -c '{CONNECT}' 127.0.0.1 {pooled.proxy_port}", timeout_s=30)).output
+                for box in boxes
+            ]
+        finally:
+            for box in boxes:
+                await box.stop()
+        for _ in range(300):  # the refills, started on the pool's threads as each gate was taken
+            if (refilled := len(engine.containers.list(filters=mine_only))) == 2:
+                break
+            await asyncio.sleep(0.1)
+        await pooled.close()
+        return ready, joined, probes, refilled
+
+    ready, joined, probes, refilled = run(scenario())
+    assert len(ready) == 2
+    assert sorted(joined) == sorted(f"container:{gate}" for gate in ready)
+    assert all(probe.startswith("connected") for probe in probes), probes
+    assert refilled == 2
+
+
 @pytest.mark.timeout(120)
 def test_many_agents_started_at_once_never_have_their_first_call_refused(
     sandboxes: DockerSandboxes, socket_dir: str
