@@ -125,6 +125,8 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "codex": ("responses", bash_tool("exec_command")),
     "claude-code": ("anthropic", bash_tool("Bash", description="Create hello.txt")),
     "mini-swe-agent": ("chat", bash_tool("bash", done="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")),
+    "opencode": ("chat", bash_tool("bash", description="Create hello.txt")),
+    "aider": ("chat", lambda turn: {"content": "hello.txt\n```\nhi\n```"}),
 }
 
 
@@ -151,6 +153,8 @@ def run_one(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, imag
 
 def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: str) -> None:
     assert (outcome.status, outcome.reward) == ("finished", 1.0), f"{outcome.reason}\n{outcome.agent_output}"
+    # The agent's change is the episode's diff: nothing committed out of it, none of the agent's own files in it.
+    assert re.findall(r"^diff --git a/(\S+) ", outcome.diff, re.MULTILINE) == ["hello.txt"], outcome.diff[:2000]
     recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
     assert recorded.episode.metadata["agent"] == agent.record
     assert recorded.turns and {turn.dialect for turn in recorded.turns} == {dialect}
