@@ -127,6 +127,7 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "mini-swe-agent": ("chat", bash_tool("bash", done="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")),
     "opencode": ("chat", bash_tool("bash", description="Create hello.txt")),
     "aider": ("chat", lambda turn: {"content": "hello.txt\n```\nhi\n```"}),
+    "kilocode": ("chat", bash_tool("bash", description="Create hello.txt")),
 }
 
 
