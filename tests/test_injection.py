@@ -99,14 +99,17 @@ def old_image(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     return _image(engine, OLD, OLD_DOCKERFILE, tmp_path_factory.mktemp("old"))
 
 
-def bash_tool(tool: str, done: str | None = None, **extra: Any) -> Callable[[Any], dict[str, Any]]:
-    """Call `tool` to write hello.txt, then (with `done`) run the agent's own finishing command, then say done."""
+def bash_tool(
+    tool: str, done: str | None = None, shape: Callable[[str], dict[str, Any]] | None = None, **extra: Any
+) -> Callable[[Any], dict[str, Any]]:
+    """Call `tool` to write hello.txt, then (with `done`) run the agent's own finishing command, then say done; a
+    command goes in the tool's arguments as `shape` makes them (default: {"command": ..., **extra})."""
     commands = ["echo hi > hello.txt", *([done] if done else [])]
 
     def policy(turn: Any) -> dict[str, Any]:
         ran = sum(message["role"] == "tool" for message in turn.request["messages"])
         if ran < len(commands):
-            arguments = {"command": commands[ran], **extra} if tool != "exec_command" else {"cmd": commands[ran]}
+            arguments = shape(commands[ran]) if shape else {"command": commands[ran], **extra}
             call = {"id": f"call_{turn.seq}", "function": {"name": tool, "arguments": arguments}}
             return {"content": "On it.", "tool_calls": [call]}
         return {"content": "Done: hello.txt holds hi."}
@@ -122,12 +125,13 @@ def text_commands(turn: Any) -> dict[str, Any]:
 # Each preset's own dialect and tool: what a policy trained on it would answer.
 PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "minimal": ("chat", text_commands),
-    "codex": ("responses", bash_tool("exec_command")),
+    "codex": ("responses", bash_tool("exec_command", shape=lambda command: {"cmd": command})),
     "claude-code": ("anthropic", bash_tool("Bash", description="Create hello.txt")),
     "mini-swe-agent": ("chat", bash_tool("bash", done="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")),
     "opencode": ("chat", bash_tool("bash", description="Create hello.txt")),
     "aider": ("chat", lambda turn: {"content": "hello.txt\n```\nhi\n```"}),
     "kilocode": ("chat", bash_tool("bash", description="Create hello.txt")),
+    "cline": ("chat", bash_tool("run_commands", shape=lambda command: {"commands": [command]})),
 }
 
 
