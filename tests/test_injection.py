@@ -100,10 +100,15 @@ def old_image(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def bash_tool(
-    tool: str, done: str | None = None, shape: Callable[[str], dict[str, Any]] | None = None, **extra: Any
+    tool: str,
+    done: str | None = None,
+    shape: Callable[[str], dict[str, Any]] | None = None,
+    then: str | None = None,
+    **extra: Any,
 ) -> Callable[[Any], dict[str, Any]]:
-    """Call `tool` to write hello.txt, then (with `done`) run the agent's own finishing command, then say done; a
-    command goes in the tool's arguments as `shape` makes them (default: {"command": ..., **extra})."""
+    """Call `tool` to write hello.txt, then (with `done`) run the agent's own finishing command, then (with `then`)
+    call the agent's own finishing tool, then say done; a command goes in the tool's arguments as `shape` makes them
+    (default: {"command": ..., **extra})."""
     commands = ["echo hi > hello.txt", *([done] if done else [])]
 
     def policy(turn: Any) -> dict[str, Any]:
@@ -112,6 +117,11 @@ def bash_tool(
             arguments = shape(commands[ran]) if shape else {"command": commands[ran], **extra}
             call = {"id": f"call_{turn.seq}", "function": {"name": tool, "arguments": arguments}}
             return {"content": "On it.", "tool_calls": [call]}
+        if then and ran == len(commands):
+            return {
+                "content": "Done.",
+                "tool_calls": [{"id": f"call_{turn.seq}", "function": {"name": then, "arguments": {}}}],
+            }
         return {"content": "Done: hello.txt holds hi."}
 
     return policy
@@ -132,6 +142,7 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "aider": ("chat", lambda turn: {"content": "hello.txt\n```\nhi\n```"}),
     "kilocode": ("chat", bash_tool("bash", description="Create hello.txt")),
     "cline": ("chat", bash_tool("run_commands", shape=lambda command: {"commands": [command]})),
+    "gptme": ("chat", bash_tool("shell", then="complete")),
 }
 
 
@@ -162,8 +173,9 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     assert re.findall(r"^diff --git a/(\S+) ", outcome.diff, re.MULTILINE) == ["hello.txt"], outcome.diff[:2000]
     recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
     assert recorded.episode.metadata["agent"] == agent.record
-    assert recorded.turns and {turn.dialect for turn in recorded.turns} == {dialect}
-    assert all(turn.status == "answered" for turn in recorded.turns)
+    trained = [turn for turn in recorded.turns if turn.trainable]  # side calls a manifest routes away are not
+    assert trained and {turn.dialect for turn in trained} == {dialect}
+    assert all(turn.status == "answered" for turn in trained)
     assert recorded.rewards[0].value == 1.0
 
 
