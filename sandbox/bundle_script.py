@@ -1,32 +1,54 @@
-"""The in-container half of a bundle build: run as `python3 -c SOURCE SPEC` in the build image, on /bundle.
+"""The in-container half of a bundle build: run as `python3 -c SOURCE SPEC` in the build image, with the bundle
+being built mounted where it will be mounted in every task (spec["mount"], /opt/trajproxy/agent).
 
 Standard library only. It carries what the bundle's programs need from the build image and nothing from the task
-image's: the Python runtime (interpreter, standard library, the shared libraries `ldd` names), the PyPI packages,
-the glibc and loader of every dynamically linked executable, and a /bin/sh launcher per executable that starts it
-through the carried loader (`ld.so --library-path`), so no LD_LIBRARY_PATH or PYTHONHOME leaks into the agent's
-children (the task's own python, its tests). `--argv0` makes `sys.executable` the launcher, so an agent that
-re-executes itself goes through it again.
+image's: the Python runtime (interpreter, standard library, its PyPI packages), the glibc, loader and shared
+libraries every dynamically linked executable names. Then it rewrites each such executable to start through the
+carried loader (its program interpreter, rewritten in place), a copy of glibc's that looks for libraries in the
+bundle's lib folder where it would look in the system's: the programs run directly,
+without a wrapper or an environment variable that would leak into the agent's children (the task's own python, its
+tests), and `sys.executable` and Node's `process.execPath` are real executables an agent can start again.
+
+The carried Python is isolated by a `._pth` file beside it (the equivalent of `-I` on every start, relaunches
+included): the task's PYTHONPATH and working directory (a repository named like one of the agent's packages:
+requests, click, attrs) never shadow the agent's own packages.
 """
 
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-B = Path("/bundle")
 LOADER = "ld-linux-x86-64.so.2"
-PYTHON = "python3.11"
-LAUNCHER = """#!/bin/sh
-# {name}, through the bundle's own loader and libraries: independent of the image's libc.
-B="${{0%/bin/*}}"
-exec "$B/lib/{loader}" --library-path "$B/lib" --argv0 "$0" "$B/{target}"{options} "$@"
-"""
-# Isolated: the task's PYTHONPATH, PYTHONHOME and working directory (a repository named like one of the agent's
-# packages: requests, click, attrs) must never shadow the agent's own packages.
-PYTHON_OPTIONS = " -I"
+ELF = b"\x7fELF"
+PT_INTERP = 3
+# Left out of the carried standard library: what no agent imports and would only make the bundle bigger.
+SKIPPED = (
+    "test",
+    "tests",
+    "site-packages",
+    "dist-packages",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "config-*",
+)
+SITECUSTOMIZE = "import site, sys\nsite.addsitedir({packages!r})  # its .pth files (isolated mode skips them)\n"
+SCRIPT = '#!/bin/sh\nexec {runtime} {target} "$@"\n'
+
+
+def run(command: list[str], failing: str) -> None:
+    """Run a build step; on failure print the lines of its output that say why (pip's ERROR lines) and stop."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.startswith("ERROR")]
+        print("\n".join(said or [failing + ": " + (done.stderr + done.stdout).strip()[-800:]]), file=sys.stderr)
+        sys.exit(3)
 
 
 def shared_libraries(path: Path) -> list[Path]:
@@ -41,59 +63,130 @@ def shared_libraries(path: Path) -> list[Path]:
     return found
 
 
-def carry(libraries: set[Path]) -> None:
-    (B / "lib").mkdir(parents=True, exist_ok=True)
-    for library in libraries:
-        target = B / "lib" / library.name
-        if not target.exists():
-            shutil.copy2(library.resolve(), target)
+def elf_files(bundle: Path) -> list[Path]:
+    found = []
+    for path in bundle.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size > 64:
+            with path.open("rb") as f:
+                if f.read(4) == ELF:
+                    found.append(path)
+    return found
 
 
-def launcher(name: str, target: str, options: str = "") -> None:
-    path = B / "bin" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(LAUNCHER.format(name=name, loader=LOADER, target=target, options=options))
-    path.chmod(0o755)
+def interpreter_at(path: Path) -> tuple[int, int] | None:
+    """Where a 64-bit ELF file names its program interpreter (offset, size in bytes); None if it names none."""
+    with path.open("rb") as f:
+        header = f.read(64)
+        if header[4] != 2 or header[5] != 1:  # not 64-bit little-endian: not an x86-64 program
+            return None
+        table, size, count = struct.unpack_from("<Q", header, 0x20)[0], *struct.unpack_from("<HH", header, 0x36)
+        for number in range(count):
+            f.seek(table + number * size)
+            kind, _, offset, _, _, length = struct.unpack("<IIQQQQ", f.read(40))
+            if kind == PT_INTERP:
+                f.seek(offset)
+                return (offset, length) if f.read(length).rstrip(b"\0").endswith(LOADER.encode()) else None
+    return None
+
+
+def run_from(path: Path, loader: str, at: tuple[int, int]) -> None:
+    """Name `loader` as the program's interpreter, in place (the file's layout does not change)."""
+    offset, length = at
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write(loader.encode().ljust(length, b"\0"))
+
+
+def confined_loader(source: Path, target: Path, lib: str) -> None:
+    """A copy of glibc's loader that looks for libraries in `lib` where it would look in the system's folders, and
+    reads no /etc/ld.so.cache or /etc/ld.so.preload: nothing of the task image's libc is ever mixed in. Each string
+    is replaced by one of the same length (the loader holds their lengths)."""
+    data = source.read_bytes()
+    replacements = {b"/etc/ld.so.cache": b"/dev/null/ldsoca", b"/etc/ld.so.preload": b"/dev/null/preload1"}
+    for folder in (b"/lib/x86_64-linux-gnu/", b"/usr/lib/x86_64-linux-gnu/", b"/lib/", b"/usr/lib/"):
+        ours = lib.encode() + b"/"
+        if len(ours) <= len(folder):
+            replacements[folder] = ours[:-1] + b"/" * (len(folder) - len(ours) + 1)
+        else:  # a folder that never exists (proc has no such entry) or holds no libraries
+            replacements[folder] = (b"/proc/" + b"_" * (len(folder) - 7) + b"/") if len(folder) >= 8 else b"/sys/"
+    for old, new in replacements.items():
+        if b"\0" + old + b"\0" not in data:
+            sys.exit(f"the build image's {LOADER} has no {old.decode()}: its glibc is not one bundles know")
+        data = data.replace(b"\0" + old + b"\0", b"\0" + new + b"\0")
+    target.write_bytes(data)
+    target.chmod(0o755)
+
+
+def carry_python(bundle: Path, version: str, packages: list[str]) -> None:
+    """The interpreter as bin/pythonX.Y (and bin/python3), its standard library, its packages in site-packages."""
+    binary = Path(shutil.which(f"python{version}") or sys.exit(f"the build image has no python{version}"))
+    stdlib = binary.resolve().parent.parent / "lib" / f"python{version}"
+    (bundle / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary.resolve(), bundle / "bin" / f"python{version}")
+    (bundle / "bin" / "python3").symlink_to(f"python{version}")
+    home = bundle / "lib" / f"python{version}"
+    shutil.copytree(stdlib, home, ignore=shutil.ignore_patterns(*SKIPPED, "__pycache__"))
+    site_packages = home / "site-packages"
+    site_packages.mkdir()
+    for name in ("python3", f"python{version}"):
+        paths = [
+            f"../lib/python{version}",
+            f"../lib/python{version}/lib-dynload",
+            f"../lib/python{version}/site-packages",
+        ]
+        (bundle / "bin" / f"{name}._pth").write_text("\n".join([*paths, "import site", ""]))
+    (home / "sitecustomize.py").write_text(SITECUSTOMIZE.format(packages=str(site_packages)))
+    if packages:
+        pip = [str(binary), "-m", "pip", "install", "-q", "--no-input", "--disable-pip-version-check", "--no-compile"]
+        run([*pip, "--break-system-packages", "--target", str(site_packages), *packages], "pip install")
 
 
 def main(spec: dict[str, Any]) -> None:
-    libraries: set[Path] = set()
+    bundle = Path(spec["mount"])
+    lib = bundle / "lib"
+    loader = lib / "ld"  # short enough to replace the usual /lib64/ld-linux-x86-64.so.2 in place
+    if len(str(loader)) > len(f"/lib64/{LOADER}"):
+        sys.exit(f"the bundle's mount point {bundle} is too long for its loader's path")
     if spec["python"]:
-        (B / "libexec").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f"/usr/bin/{PYTHON}", B / "libexec" / PYTHON)
-        skipped = shutil.ignore_patterns("test", "site-packages")
-        shutil.copytree(f"/usr/lib/{PYTHON}", B / "lib" / PYTHON, ignore=skipped)
-        packages = B / "lib" / "python3" / "dist-packages"  # where Debian's python looks, relative to its prefix
-        packages.mkdir(parents=True)
-        if spec["pypi"]:
-            pip = [sys.executable, "-m", "pip", "install", "-q", "--no-input", "--disable-pip-version-check"]
-            pip += ["--break-system-packages", "--no-compile", "--target", str(packages), *spec["pypi"]]
-            done = subprocess.run(pip, capture_output=True, text=True)
-            if done.returncode != 0:
-                errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
-                print(" ".join(errors[:2]) or done.stderr.strip()[-500:], file=sys.stderr)
-                sys.exit(3)
-        libraries.update(shared_libraries(B / "libexec" / PYTHON))
-        for extension in (B / "lib").rglob("*.so*"):
-            libraries.update(p for p in shared_libraries(extension) if not p.is_relative_to(B))
-        launcher("python3", f"libexec/{PYTHON}", PYTHON_OPTIONS)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j0", str(B / "lib")], capture_output=True)
+        carry_python(bundle, spec["python"], spec["pypi"])
+    if spec["node"]:
+        (bundle / "bin").mkdir(parents=True, exist_ok=True)
+        (bundle / "bin" / "node").symlink_to(os.path.relpath(bundle / spec["node"], bundle / "bin"))
+    libraries: set[Path] = set()
+    programs = {}
+    for path in elf_files(bundle):
+        libraries.update(needed for needed in shared_libraries(path) if not needed.is_relative_to(bundle))
+        if (at := interpreter_at(path)) is not None:
+            programs[path] = at
+    if programs or libraries:
+        lib.mkdir(parents=True, exist_ok=True)
+        for library in libraries:
+            if not (lib / library.name).exists():
+                shutil.copy2(library.resolve(), lib / library.name)
+        confined_loader(Path(f"/lib64/{LOADER}").resolve(), loader, str(lib))
+        if not (lib / LOADER).exists():
+            (lib / LOADER).symlink_to("ld")  # libc names the loader by its soname
+    for path, at in programs.items():
+        run_from(path, str(loader), at)
     for name, target in spec["bin"].items():
-        needed = shared_libraries(B / target)
-        if needed:
-            libraries.update(needed)
-            launcher(name, target)
-        else:  # static: it needs no loader
-            link = B / "bin" / name
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(os.path.relpath(B / target, link.parent))
-    if libraries:
-        carry(libraries)
-        loader = B / "lib" / LOADER
-        if not loader.exists():
-            shutil.copy2(Path(f"/lib64/{LOADER}").resolve(), loader)
-    subprocess.run(["chmod", "-R", "a+rX", str(B)], check=True)
-    subprocess.run(["chown", "-R", spec["owner"], str(B)], check=True)
+        link = bundle / "bin" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with (bundle / target).open("rb") as f:
+            head = f.readline(200)
+        runtime = "node" if b"node" in head else "python3" if b"python" in head else ""
+        if head.startswith(b"#!") and runtime and (bundle / "bin" / runtime).exists():
+            link.write_text(SCRIPT.format(runtime=bundle / "bin" / runtime, target=bundle / target))
+            link.chmod(0o755)
+        else:
+            link.symlink_to(os.path.relpath(bundle / target, link.parent))
+    if spec["python"]:
+        python = str(bundle / "bin" / "python3")
+        run([python, "-c", "import encodings, ssl, json, sqlite3"], "the carried Python does not start")
+        subprocess.run([python, "-m", "compileall", "-q", "-j0", str(lib)], capture_output=True)
+    if spec["node"]:
+        run([str(bundle / "bin" / "node"), "-e", "process.exit(0)"], "the carried Node does not start")
+    subprocess.run(["chmod", "-R", "a+rX", str(bundle)], check=True)
+    subprocess.run(["chown", "-R", spec["owner"], str(bundle)], check=True)
 
 
 if __name__ == "__main__":

