@@ -143,6 +143,7 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "kilocode": ("chat", bash_tool("bash", description="Create hello.txt")),
     "cline": ("chat", bash_tool("run_commands", shape=lambda command: {"commands": [command]})),
     "gptme": ("chat", bash_tool("shell", then="complete")),
+    "pi": ("chat", bash_tool("bash")),
 }
 
 
