@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.manifests import PLACEHOLDERS
+from sandbox.manifests import PLACEHOLDERS, presets
 from sandbox.run_report import console as _console
 from sandbox.tasks import FORMATS, GRADING_MODES
 
@@ -74,7 +74,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     agent = run.add_mutually_exclusive_group(required=True)
     agent.add_argument(
         "--agent",
-        help="a preset (minimal, codex, claude-code, mini-swe-agent) or a manifest file (./my-agent.toml), "
+        help=f"a preset ({', '.join(presets())}) or a manifest file (./my-agent.toml), "
         "injected into each task's own image; oracle: run each task's own solution instead (Harbor's "
         "solution/solve.sh, SWE-bench's gold patch), to check a dataset before training on it",
     )
