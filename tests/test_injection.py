@@ -144,6 +144,7 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "cline": ("chat", bash_tool("run_commands", shape=lambda command: {"commands": [command]})),
     "gptme": ("chat", bash_tool("shell", then="complete")),
     "pi": ("chat", bash_tool("bash")),
+    "continue-cli": ("chat", bash_tool("Bash")),
 }
 
 
