@@ -159,8 +159,12 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     assert recorded.rewards[0].value == 1.0
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", list(PRESETS))
+# Its own stage in .ci/run, a few at once (pytest -n): a preset's two tests on one worker, which builds its bundle.
+CONFORMANCE = [pytest.param(name, marks=[pytest.mark.conformance, pytest.mark.xdist_group(name)]) for name in PRESETS]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", CONFORMANCE)
 def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_non_root_user(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
 ) -> None:
@@ -169,8 +173,8 @@ def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_n
     check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy), agent, dialect)
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", CONFORMANCE)
 def test_each_preset_solves_a_task_on_an_older_debian(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], old_image: str, name: str
 ) -> None:
