@@ -119,6 +119,20 @@ def text_commands(turn: Any) -> dict[str, Any]:
     return {"content": ["```bash\necho hi > hello.txt\n```", "```bash\necho TASK_COMPLETE\n```"][min(said, 1)]}
 
 
+def tool_then_finish(tool: str, finish: str, **extra: Any) -> Callable[[Any], dict[str, Any]]:
+    """Call `tool` to write hello.txt, then the agent's own `finish` tool (its way of saying it is done)."""
+    calls = [(tool, {"command": "echo hi > hello.txt", **extra}), (finish, {"message": "hello.txt holds hi.", **extra})]
+
+    def policy(turn: Any) -> dict[str, Any]:
+        name, arguments = calls[min(sum(message["role"] == "tool" for message in turn.request["messages"]), 1)]
+        return {
+            "content": "On it.",
+            "tool_calls": [{"id": f"call_{turn.seq}", "function": {"name": name, "arguments": arguments}}],
+        }
+
+    return policy
+
+
 # Each preset's own dialect and tool: what a policy trained on it would answer.
 PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "minimal": ("chat", text_commands),
@@ -126,6 +140,7 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "claude-code": ("anthropic", bash_tool("Bash", description="Create hello.txt")),
     "mini-swe-agent": ("chat", bash_tool("bash", done="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")),
     "qwen-code": ("chat", bash_tool("run_shell_command", is_background=False)),
+    "openhands": ("chat", tool_then_finish("terminal", "finish", security_risk="LOW")),
 }
 
 
