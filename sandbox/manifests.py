@@ -24,6 +24,7 @@ TASK_FILE = "/tmp/trajproxy-task.md"
 PLACEHOLDERS = {
     "openai_base_url": "trajproxy's OpenAI base URL as the agent sees it (http://127.0.0.1:8000/v1)",
     "anthropic_base_url": "trajproxy's Anthropic base URL as the agent sees it (http://127.0.0.1:8000)",
+    "gemini_base_url": "trajproxy's Gemini API base URL as the agent sees it (http://127.0.0.1:8000)",
     "api_key": "the episode key, the agent's API key",
     "model": "the model name the agent asks for (--model, default: the manifest's `model`)",
     "workdir": "the task's working directory",

@@ -139,6 +139,7 @@ PRESETS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "codex": ("responses", bash_tool("exec_command")),
     "claude-code": ("anthropic", bash_tool("Bash", description="Create hello.txt")),
     "mini-swe-agent": ("chat", bash_tool("bash", done="echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")),
+    "gemini-cli": ("gemini", bash_tool("run_shell_command")),
     "qwen-code": ("chat", bash_tool("run_shell_command", is_background=False)),
     "openhands": ("chat", tool_then_finish("terminal", "finish", security_risk="LOW")),
 }
