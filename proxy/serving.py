@@ -41,6 +41,7 @@ WEBSOCKET: dict[str, Any] = {
 }
 
 _KEY_IN_PATH = re.compile(r"/e/[^/\s\"']+")
+_KEY_IN_QUERY = re.compile(r"([?&]key=)[^&\s\"']+")  # the Gemini API's ?key=
 # What uvicorn says of each upgrade request it leaves to the app (which answers it): noise, and with ws="none"
 # its advice to install a WebSocket library is wrong for us.
 _UPGRADE_NOISE = ("Unsupported upgrade request.", "No supported WebSocket library detected")
@@ -50,8 +51,8 @@ _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "cookie", "proxy-auth
 
 
 class KeyRedactor(logging.Filter):
-    """Rewrites `/e/<key>` in a record to `/e/<key>` literally, hides the values of headers that carry secrets, and
-    drops uvicorn's notes on upgrade requests."""
+    """Rewrites `/e/<key>` in a record to `/e/<key>` literally (and `?key=<key>` likewise), hides the values of
+    headers that carry secrets, and drops uvicorn's notes on upgrade requests."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(_UPGRADE_NOISE):
@@ -69,7 +70,11 @@ class KeyRedactor(logging.Filter):
 
 
 def _redact(value: Any) -> Any:
-    return _KEY_IN_PATH.sub("/e/<key>", value) if isinstance(value, str) and "/e/" in value else value
+    if not isinstance(value, str):
+        return value
+    if "/e/" in value:
+        value = _KEY_IN_PATH.sub("/e/<key>", value)
+    return _KEY_IN_QUERY.sub(r"\1<key>", value) if "key=" in value else value
 
 
 def install_log_filter(servers: tuple[str, ...] = ("uvicorn", "uvicorn.error", "uvicorn.access")) -> None:

@@ -29,12 +29,13 @@ import docker
 import docker.errors
 
 from sandbox.containers import ExecResult, SandboxCounter, SandboxError, SandboxSpec
-from sandbox.gate import RELAYING
+from sandbox.gate import CANNOT_REACH, RELAYING
 from sandbox.images import MANAGED, build_image, ensure_image
 from sandbox.run_identity import RunIdentity
 
 GATE_SOURCE = (Path(__file__).parent / "gate.py").read_text()
 GATE_MOUNT = "/run/trajproxy"
+SOCKET_NAME = "proxy.sock"  # trajproxy's socket in its folder, unless given another name
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
 _EXEC_GRACE_S = 30.0
 _MAX_THREADS = 1024  # started only as needed; about one per running agent
@@ -68,7 +69,7 @@ class DockerSandboxes:
     def __init__(
         self,
         socket_source: str,
-        socket_name: str = "proxy.sock",
+        socket_name: str = SOCKET_NAME,
         *,
         gate_image: str = "python:3.11-slim",
         proxy_port: int = 8000,
@@ -247,7 +248,10 @@ class DockerSandbox:
         except docker.errors.DockerException as e:
             raise SandboxError(f"exec in sandbox {self.id[:12]} failed: {e}") from e
         timed_out = exit_code in _TIMED_OUT and time.monotonic() - started >= timeout_s
-        return ExecResult(exit_code, output.decode("utf-8", "replace"), timed_out)
+        said = output.decode("utf-8", "replace")
+        if exit_code != 0 and self._gate is not None:  # what failed may be the way to trajproxy: the gate says so
+            said += await _blocking(self._threads, _gate_complaint, self._gate)
+        return ExecResult(exit_code, said, timed_out)
 
     async def upload(self, path: str, content: bytes) -> None:
         target = PurePosixPath(path)
@@ -316,6 +320,16 @@ def _await_relay(gate: Any, timeout_s: float) -> None:
             raise SandboxError(f"the sandbox's gate was not relaying after {timeout_s:g} s; is the engine overloaded?")
         time.sleep(pause_s)
         pause_s = min(pause_s * 2, 0.2)
+
+
+def _gate_complaint(gate: Any) -> str:
+    """The gate's last word on failing to reach trajproxy (a line to end a failed command's output), or ""."""
+    try:
+        logs = gate.logs(stdout=False, stderr=True, tail=20).decode("utf-8", "replace")
+    except docker.errors.DockerException:
+        return ""
+    said = [line for line in logs.splitlines() if CANNOT_REACH in line]
+    return f"\n{said[-1]}\n" if said else ""
 
 
 def _raise_if_exited(gate: Any) -> None:

@@ -41,6 +41,7 @@ class InjectedAgent:
             {
                 "openai_base_url": f"{base_url}/v1",
                 "anthropic_base_url": base_url,
+                "gemini_base_url": base_url,
                 "api_key": key,
                 "model": self.model or self.manifest.model,
                 "workdir": workdir,

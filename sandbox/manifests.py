@@ -1,8 +1,9 @@
 """Agent manifests: an agent as data (what to install, the files to write, the command, its env, its user, routes).
 
-A manifest is a TOML file; the presets live in `agents/<name>.toml`, and a user's own is named by its path
-(`--agent ./my-agent.toml`). Strings in `command`, `env` and `files` may hold placeholders, filled in per episode;
-in `command` each value is shell-quoted, elsewhere it is written as is. `{{` and `}}` are literal braces.
+A manifest is a TOML file; the presets live in `agents/<name>.toml` (shipped in the package as sandbox/presets), and
+a user's own is named by its path (`--agent ./my-agent.toml`). Strings in `command`, `env` and `files` may hold
+placeholders, filled in per episode; in `command` each value is shell-quoted, elsewhere it is written as is. `{{`
+and `}}` are literal braces.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PRESETS = Path(__file__).parent.parent / "agents"
+PRESETS = Path(__file__).parent / "presets"  # agents/ in a checkout (a link), package data once installed
 BUNDLE_MOUNT = "/opt/trajproxy/agent"
 HOME = "/tmp/trajproxy-home"
 TASK_FILE = "/tmp/trajproxy-task.md"
@@ -23,6 +24,7 @@ TASK_FILE = "/tmp/trajproxy-task.md"
 PLACEHOLDERS = {
     "openai_base_url": "trajproxy's OpenAI base URL as the agent sees it (http://127.0.0.1:8000/v1)",
     "anthropic_base_url": "trajproxy's Anthropic base URL as the agent sees it (http://127.0.0.1:8000)",
+    "gemini_base_url": "trajproxy's Gemini API base URL as the agent sees it (http://127.0.0.1:8000)",
     "api_key": "the episode key, the agent's API key",
     "model": "the model name the agent asks for (--model, default: the manifest's `model`)",
     "workdir": "the task's working directory",

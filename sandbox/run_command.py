@@ -75,6 +75,8 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
         raise _Refused("--keep-serving keeps the run's own trajproxy up; --proxy-url's stays up anyway")
     if not Path(args.tasks).exists():
         raise _Refused(f"no such file or directory: {args.tasks}")
+    if args.proxy_url:
+        args.socket_source, args.socket_name = _socket(args.socket_source)
     try:
         policy = policy_from(args.policy, policy_options(args.policy_option), on_failure=model_failed)
         parsed = list(read_tasks(args.tasks, image=args.image, image_template=args.image_template, format=args.format))
@@ -84,6 +86,37 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
     except (ValueError, OSError) as e:  # TaskError, ManifestError and BundleError are ValueErrors
         raise _Refused(str(e)) from e
     return parsed, policy, _config(args, injected)
+
+
+def _socket(given: str | None) -> tuple[str, str]:
+    """--socket-source as the sandboxes' gates will use it (the folder or volume to mount, the socket's name in it):
+    the socket's path, a folder holding proxy.sock, or a Docker volume holding proxy.sock. Checked here, before any
+    sandbox starts: a gate that cannot reach trajproxy only shows as agents failing."""
+    from sandbox.docker_sandbox import SOCKET_NAME
+
+    if not given:
+        raise _Refused("--proxy-url needs --socket-source (the path of its --socket-path, or the volume holding it)")
+    if "/" not in given:  # a named volume: its socket cannot be seen from here, but the volume can
+        import docker
+        import docker.errors
+
+        try:
+            docker.from_env().volumes.get(given)
+        except docker.errors.NotFound:
+            raise _Refused(f"--socket-source {given}: no Docker volume of that name (give a socket's path)") from None
+        except docker.errors.DockerException as e:
+            raise _Refused(f"--socket-source {given}: cannot ask the Docker engine about it ({e})") from None
+        return given, SOCKET_NAME
+    path = Path(given).absolute()
+    folder = path.is_dir()
+    if folder:
+        path = path / SOCKET_NAME
+    if not path.is_socket():
+        found = sorted(p.name for p in path.parent.glob("*") if p.is_socket()) if path.parent.is_dir() else []
+        what = f"no socket {SOCKET_NAME} in that folder" if folder else "not a socket"
+        there = f" (sockets there: {', '.join(found)})" if found else ""
+        raise _Refused(f"--socket-source {given}: {what}{there}; give the path of trajproxy's --socket-path")
+    return str(path.parent), path.name
 
 
 def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConfig:
@@ -157,8 +190,10 @@ async def _run(
     console = _console()
     tasks = [task for task in parsed if isinstance(task, Task)]
     rejected = [e for e in parsed if isinstance(e, TaskError)]
-    async with _proxy(args) as (url, token, socket_source, counter):
-        sandboxes = DockerSandboxes(socket_source, labels=labels, counter=counter)  # counted when served here
+    async with _proxy(args) as (url, token, socket_source, socket_name, counter):
+        sandboxes = DockerSandboxes(
+            socket_source, socket_name, labels=labels, counter=counter
+        )  # counted if served here
         async with AsyncTrainerClient(url, token=token) as trainer:
             forks: list[EpisodeCreated] = []
             skipped: list[Outcome] = []
@@ -286,20 +321,21 @@ async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> t
 
 
 @contextlib.asynccontextmanager
-async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None, str, SandboxCounter | None]]:
-    """A running trajproxy's URL, trainer token, socket source and (when it runs here) its sandbox counter: the
-    one given, or one started here."""
+async def _proxy(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[str, str | None, str, str, SandboxCounter | None]]:
+    """A running trajproxy's URL, trainer token, socket source and name, and (when it runs here) its sandbox counter:
+    the one given, or one started here."""
     if args.proxy_url:
-        if not args.socket_source:
-            raise SystemExit("trajproxy run: --proxy-url needs --socket-source (the folder or volume of its socket)")
-        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, None
+        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, args.socket_name, None
         return
     from proxy.core.errors import StorageError
     from proxy.embedded import CannotListen, embedded_proxy
+    from sandbox.docker_sandbox import SOCKET_NAME
 
     try:
         async with embedded_proxy(args.database_url, args.port) as proxy:
-            yield proxy.url, proxy.token, proxy.socket_folder, proxy.metrics
+            yield proxy.url, proxy.token, proxy.socket_folder, SOCKET_NAME, proxy.metrics
     except CannotListen as e:
         raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
     except StorageError as e:

@@ -253,6 +253,8 @@ class Runner:
             "OPENAI_API_KEY": key,
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_API_KEY": key,
+            "GOOGLE_GEMINI_BASE_URL": base,
+            "GEMINI_API_KEY": key,
         }
         agent = None if self._config.oracle else self._config.agent
         return self._spec(task, episode_id, env=env, proxy=True, agent=agent)

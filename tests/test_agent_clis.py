@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from proxy.client import TrainerClient
+from sandbox.manifests import load
 
 CLIS = Path(__file__).parent.parent / "agents" / "cli"
 BIN = CLIS / "node_modules" / ".bin"
@@ -85,6 +87,13 @@ def sent_roles(dialect: str, wire: dict[str, Any]) -> list[str]:
     if dialect == "chat":
         return [message["role"] for message in wire["messages"]]
     roles: list[str] = []
+    if dialect == "gemini":
+        roles += ["system"] if wire.get("systemInstruction") else []
+        for content in wire["contents"]:
+            results = [part for part in content["parts"] if "functionResponse" in part]
+            role = {"model": "assistant"}.get(content.get("role"), "user")
+            roles += ["tool"] * len(results) + ([role] if len(results) < len(content["parts"]) else [])
+        return roles
     if dialect == "anthropic":
         roles += ["system"] if wire.get("system") else []
         for message in wire["messages"]:
@@ -219,3 +228,38 @@ def test_mini_swe_agent_completes_a_task_in_three_calls_with_its_default_tool_ca
     turns = trainer.trajectory(episode.id).turns
     assert_trainable(turns, "chat")
     assert [turn.request["messages"][-1]["role"] for turn in turns] == ["user", "tool", "tool"]
+
+
+@pytest.mark.settings(keepalive_s=0.05)
+def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
+    server: Any, trainer: TrainerClient, tmp_path: Path
+) -> None:
+    """Configured as its preset configures it (agents/gemini-cli.toml: env and settings file), on the host's Node;
+    each answer comes after its stream has carried keep-alives."""
+    gemini = cli("gemini")
+    episode = trainer.create_episode(task=TASK)
+    work, home = folders(tmp_path, "work", "home")
+    values = {"home": str(home), "api_key": episode.key, "gemini_base_url": episode.env["GOOGLE_GEMINI_BASE_URL"]}
+    preset = load("gemini-cli").render({**values, "task": TASK, "model": "policy", "bundle": "", "workdir": str(work)})
+    for file in preset.files:
+        Path(file.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(file.path).write_text(file.content)
+    agent = subprocess.Popen(
+        [gemini, "-p", TASK, "-m", "policy", "--yolo", "--output-format", "json"],
+        cwd=work, env={**os.environ, **preset.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    policy = tool_calls("run_shell_command", {"command": "echo hi > hello.txt"}, {"command": "echo bye > bye.txt"})
+    seen = answer_until_exit(trainer, agent, lambda turn: time.sleep(0.2) or policy(turn))
+    stdout, stderr = agent.communicate()
+    assert agent.returncode == 0, stderr[-2000:]
+    assert json.loads(stdout)["response"] == "Done: hello.txt and bye.txt created."
+    assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
+
+    turns = trainer.trajectory(episode.id).turns
+    assert_trainable(turns, "gemini")
+    assert [message["role"] for message in turns[-1].request["messages"]] == [
+        "system", "user", "assistant", "tool", "assistant", "tool"
+    ]  # fmt: skip
+    assistant, tool = turns[1].request["messages"][2:4]
+    assert assistant["tool_calls"][0]["function"]["name"] == "run_shell_command"
+    assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"] == f"call_{seen[0].seq}"

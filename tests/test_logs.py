@@ -4,6 +4,7 @@ that carries the key (`/e/<key>/v1`)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from proxy.client import TrainerClient
+from proxy.serving import KeyRedactor
 from tests.test_agent_clis import answer_until_exit, cli, folders, tool_calls
 from tests.test_cli import clean_env, free_port, serving
 
@@ -33,7 +35,7 @@ def secrets_in(log: str, *secrets: str) -> list[str]:
     return [line for line in log.splitlines() if any(secret in line for secret in secrets)]
 
 
-def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with_a_key(tmp_path: Path) -> None:
+def test_handshakes_are_refused_at_once_with_426_and_no_key_is_logged_from_a_path_or_a_query(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with serving(["--port", str(port), "--log-level", "debug"], tmp_path) as served:
@@ -46,6 +48,13 @@ def test_websocket_handshakes_are_refused_at_once_with_426_and_never_logged_with
             assert handshake(port, path, key) == "426", path
         for path in (f"/e/{key}/v1/models", f"/e/{key}/v1/no-such-route"):  # plain requests: no access log line
             httpx.get(f"{url}{path}", timeout=5)
+        # Google's SDKs may send the key as a query parameter: counted, refused or not found, never logged.
+        gemini = f"{url}/v1beta/models/policy"
+        body = {"contents": [{"parts": [{"text": "x"}]}]}
+        counted = httpx.post(f"{gemini}:countTokens", params={"key": key}, json=body)
+        assert counted.status_code == 200, counted.text
+        assert httpx.post(f"{gemini}:generateContent", params={"key": key}, content=b"{").status_code == 400
+        assert httpx.post(f"{gemini}:embedContent", params={"key": key, "alt": "sse"}, json={}).status_code == 404
         assert handshake(port, "/api/episodes", token) == "426"
     log = served.output()
     assert "serving on" in log and "Application shutdown complete" in log, log  # read from start to end: no secret
@@ -78,3 +87,14 @@ def test_codex_probing_websockets_falls_back_to_http_at_once_and_no_log_line_hol
         assert len(trainer.trajectory(episode.id).turns) == 2
     token = Path(clean_env()["TRAJPROXY_TRAINER_TOKEN_FILE"]).read_text().strip()
     assert secrets_in(served.output(), episode.key, token) == []
+
+
+def test_an_access_log_line_a_server_was_told_to_write_would_hold_no_key_from_a_path_or_a_query() -> None:
+    """Both servers' access logs are off; were one turned on, its lines (uvicorn's format here) lose their keys."""
+    target = "/e/tpk-in-path/v1beta/models/policy:streamGenerateContent?alt=sse&key=tpk-in-query"
+    args = ("127.0.0.1:5000", "POST", target, "1.1", 200)
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None)
+    assert KeyRedactor().filter(record)
+    assert record.getMessage() == (
+        '127.0.0.1:5000 - "POST /e/<key>/v1beta/models/policy:streamGenerateContent?alt=sse&key=<key> HTTP/1.1" 200'
+    )

@@ -37,6 +37,16 @@ def test_the_served_policy_example_runs_as_written(server: Any, vllm: Any) -> No
     assert len(ids) == 1, done.stdout  # the prompt ids, the sampled ids and their logprobs, printed
 
 
+@pytest.mark.settings(trainer_token=None)
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_gemini_example_runs_as_written(server: Any) -> None:
+    (snippet,) = [code for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "genai" in code]
+    code = snippet.replace("http://127.0.0.1:8000", server.url)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["gemini ['system', 'user']", "run_shell_command {'command': 'ls | wc -l'}"]
+
+
 def test_each_image_the_readme_builds_is_built_one_way() -> None:
     """A tag built two ways in the README leaves whichever ran last, and the other section's command then runs on
     the wrong image."""

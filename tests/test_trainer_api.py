@@ -127,6 +127,7 @@ def test_create_episode_returns_id_key_and_the_agent_env(server: Any, trainer: T
     assert env["OPENAI_API_KEY"] == key
     assert env["ANTHROPIC_BASE_URL"] == server.url
     assert env["ANTHROPIC_API_KEY"] == key
+    assert (env["GOOGLE_GEMINI_BASE_URL"], env["GEMINI_API_KEY"]) == (server.url, key)
 
     other = trainer.create_episode()
     assert other.id != created["id"]

@@ -14,7 +14,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call, check_id, check_model, messages_of, text_field
+from proxy.dialects.dialect import Call, arguments_of, check_id, check_model, messages_of, text_field
 
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -74,6 +74,9 @@ class AnthropicDialect:
 
     def error_body(self, status: int, kind: str, message: str) -> bytes:
         return orjson.dumps(_error(kind, message))
+
+    def count_body(self, tokens: int) -> bytes:
+        return orjson.dumps({"input_tokens": tokens})
 
     def stream_error(self, status: int, kind: str, message: str) -> bytes:
         return _event("error", _error(kind, message))
@@ -205,10 +208,7 @@ def _blocks(turn: Turn) -> list[JsonObject]:
         blocks.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or ():
         function = call.get("function", {})
-        try:
-            arguments = orjson.loads(function.get("arguments") or "{}")
-        except orjson.JSONDecodeError:
-            arguments = {"_raw": function.get("arguments")}
+        arguments = arguments_of(function)
         blocks.append({"type": "tool_use", "id": call.get("id"), "name": function.get("name"), "input": arguments})
     return blocks
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
 
@@ -72,3 +74,11 @@ def text_field(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise BadRequest(f"{where} must be a string, not {type(value).__name__}")
     return value
+
+
+def arguments_of(function: JsonObject) -> Any:
+    """A chat tool call's arguments as the JSON value they encode; text that is not JSON, under `_raw`."""
+    try:
+        return orjson.loads(function.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        return {"_raw": function.get("arguments")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
+from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -17,6 +18,7 @@ from proxy.core.values import Episode, JsonObject
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
+from proxy.dialects.gemini import METHODS, GeminiDialect
 from proxy.dialects.responses import ResponsesDialect
 from proxy.http.counting import CountTokens
 from proxy.http.edge import JSON, agent_key, error_headers, read_json, redact, respond, status_of
@@ -26,6 +28,7 @@ from proxy.settings import Settings
 Handler = Callable[[str | None, Scope, Receive, Send], Awaitable[None]]  # the key in the path first
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
 MODELS = b'{"object":"list","data":[{"id":"trajproxy","object":"model","created":0,"owned_by":"trajproxy"}]}'
+GEMINI_PREFIXES = ("/v1beta/models/", "/v1/models/")  # then {model}:{method}
 
 
 async def refuse(send: Send, dialect: Dialect, error: TrajproxyError) -> None:
@@ -41,12 +44,12 @@ class AgentRoutes:
         self._broker = broker
         self._settings = settings
         chat, self._anthropic, self._responses = ChatDialect(), AnthropicDialect(), ResponsesDialect()
-        counting = CountTokens(broker, self._anthropic, settings.max_body_bytes)
+        self._counting = CountTokens(broker, settings.max_body_bytes)
         self._routes: dict[str, tuple[str, Dialect, Handler]] = {
             "/v1/chat/completions": ("POST", chat, self._calls(chat)),
             "/v1/messages": ("POST", self._anthropic, self._calls(self._anthropic)),
             "/v1/responses": ("POST", self._responses, self._calls(self._responses, self._continue_response)),
-            "/v1/messages/count_tokens": ("POST", self._anthropic, counting),
+            "/v1/messages/count_tokens": ("POST", self._anthropic, partial(self._counting, self._anthropic)),
             "/v1/models": ("GET", chat, self._models),
         }
 
@@ -58,6 +61,10 @@ class AgentRoutes:
             key, _, rest = path[3:].partition("/")
             path = "/" + rest
         route = self._routes.get(path)
+        if route is None and path.startswith(GEMINI_PREFIXES) and ":" in path:
+            query = dict(parse_qsl(scope["query_string"].decode("latin-1")))
+            route = self._gemini(path, query)
+            key = key or query.get("key")  # Google's SDKs may send the key as a query parameter
         if route is None:
             return None
         method, dialect, handler = route
@@ -87,6 +94,16 @@ class AgentRoutes:
 
         return call
 
+    def _gemini(self, path: str, query: Mapping[str, str]) -> tuple[str, Dialect, Handler]:
+        """The route of a Gemini API call, `/v1beta/models/{model}:{method}`: a dialect for its model and method."""
+        model, _, method = path.split("/models/", 1)[1].rpartition(":")
+        dialect = GeminiDialect(model=model or "trajproxy", method=method, sse=query.get("alt") == "sse")
+        if method == "countTokens":
+            return "POST", dialect, partial(self._counting, dialect)
+        if method in METHODS:
+            return "POST", dialect, self._calls(dialect)
+        return "POST", dialect, partial(_no_method, dialect, method)
+
     async def _models(self, _key: str | None, _scope: Scope, _receive: Receive, send: Send) -> None:
         await respond(send, 200, MODELS)
 
@@ -108,3 +125,8 @@ async def _not_allowed(dialect: Dialect, allowed: str, scope: Scope, _receive: R
     message = f"{scope['method']} is not allowed on {redact(scope['path'])}; use {allowed}"
     body = dialect.error_body(405, "invalid_request_error", message)
     await respond(send, 405, body, [*JSON, (b"allow", allowed.encode())])
+
+
+async def _no_method(dialect: Dialect, method: str, _key: str | None, _s: Scope, _r: Receive, send: Send) -> None:
+    message = f"trajproxy does not serve the Gemini API method {method!r}; it serves {', '.join(METHODS)}"
+    await respond(send, 404, dialect.error_body(404, NotFound.kind, message))

@@ -137,12 +137,13 @@ def parse_bearer(header: str | None) -> str | None:
 
 
 def agent_key(in_path: str | None, headers: Mapping[bytes, bytes]) -> str | None:
-    """The episode key, from the path (/e/<key>/...), a bearer token, or Anthropic's x-api-key."""
+    """The episode key, from the path (/e/<key>/...), a bearer token, Anthropic's x-api-key or Google's
+    x-goog-api-key."""
     if in_path:
         return in_path
     if (bearer := parse_bearer(headers.get(b"authorization", b"").decode("latin-1") or None)) is not None:
         return bearer
-    return headers.get(b"x-api-key", b"").decode("latin-1") or None
+    return (headers.get(b"x-api-key") or headers.get(b"x-goog-api-key") or b"").decode("latin-1") or None
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

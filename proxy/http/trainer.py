@@ -80,6 +80,8 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
             "OPENAI_API_KEY": key,
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_API_KEY": key,
+            "GOOGLE_GEMINI_BASE_URL": base,
+            "GEMINI_API_KEY": key,
         }
         return {**episode_view(episode), "key": key, "env": env}
 

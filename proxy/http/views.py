@@ -126,11 +126,14 @@ def _tool_call(call: wire.ToolCall | replies.ToolCall, turn_id: str, index: int)
     arguments: Any = call.function.arguments
     if not isinstance(arguments, str):
         arguments = orjson.dumps(arguments).decode()
-    return {
+    made: JsonObject = {
         "id": call.id or f"call_{turn_id.rpartition('_')[2]}_{index}",
         "type": "function",
         "function": {"name": call.function.name, "arguments": arguments},
     }
+    if call.extra_content is not None:
+        made["extra_content"] = call.extra_content
+    return made
 
 
 def _reply_view(reply: Reply) -> JsonObject:

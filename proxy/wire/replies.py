@@ -34,6 +34,11 @@ class ToolCall(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     function: FunctionCall
     id: str | None = None
     type: Literal["function"] = "function"
+    extra_content: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.extra_content is not None:
+            _storable(self.extra_content)
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

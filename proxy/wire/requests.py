@@ -106,6 +106,11 @@ class ToolCall(_Strict):
     id: Text | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
+    extra_content: Json | None = Field(
+        default=None,
+        description="provider fields for the agent, as Google's OpenAI-compatible API names them: "
+        "a Gemini agent gets `google.thought_signature` on its functionCall part",
+    )
 
 
 class Message(_Open):
