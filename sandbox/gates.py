@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
 from sandbox.containers import SandboxError
-from sandbox.gate import RELAYING
+from sandbox.gate import CANNOT_REACH, RELAYING
 
 GATE_SOURCE = (Path(__file__).parent / "gate.py").read_text()
 GATE_MOUNT = "/run/trajproxy"
+SOCKET_NAME = "proxy.sock"  # trajproxy's socket in its folder, unless given another name
 GATE_POOL = 4  # gates a run keeps started ahead of need (on each Ray node too)
 GATE_LOG = docker.types.LogConfig(type="json-file", config={"max-size": "1m"})  # readable, whatever the default
 
@@ -30,6 +32,16 @@ def await_relay(gate: Any, timeout_s: float) -> None:
             raise SandboxError(f"the sandbox's gate was not relaying after {timeout_s:g} s; is the engine overloaded?")
         time.sleep(pause_s)
         pause_s = min(pause_s * 2, 0.2)
+
+
+def gate_complaint(gate: Any) -> str:
+    """The gate's last word on failing to reach trajproxy (a line to end a failed command's output), or ""."""
+    try:
+        logs = gate.logs(stdout=False, stderr=True, tail=20).decode("utf-8", "replace")
+    except docker.errors.DockerException:
+        return ""
+    said = [line for line in logs.splitlines() if CANNOT_REACH in line]
+    return f"\n{said[-1]}\n" if said else ""
 
 
 def raise_if_exited(gate: Any) -> None:

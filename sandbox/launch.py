@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.manifests import PLACEHOLDERS
+from sandbox.manifests import PLACEHOLDERS, presets
 from sandbox.run_report import console as _console
 from sandbox.tasks import FORMATS, GRADING_MODES
 
@@ -74,7 +74,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     agent = run.add_mutually_exclusive_group(required=True)
     agent.add_argument(
         "--agent",
-        help="a preset (minimal, codex, claude-code, mini-swe-agent) or a manifest file (./my-agent.toml), "
+        help=f"a preset ({', '.join(presets())}) or a manifest file (./my-agent.toml), "
         "injected into each task's own image; oracle: run each task's own solution instead (Harbor's "
         "solution/solve.sh, SWE-bench's gold patch), to check a dataset before training on it",
     )
@@ -129,7 +129,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     run.add_argument(
         "--trainer-token", help="its trainer token (default: TRAJPROXY_TRAINER_TOKEN, or the token file it keeps)"
     )
-    run.add_argument("--socket-source", help="with --proxy-url: the host folder or volume of its --socket-path")
+    run.add_argument(
+        "--socket-source",
+        help="with --proxy-url: the path of its --socket-path (or the folder or Docker volume holding proxy.sock)",
+    )
     run.add_argument("--port", type=int, default=8000, help="the embedded trajproxy's port, for a trainer")
     run.add_argument("--database-url", default="sqlite:///./trajproxy.db", help="the embedded trajproxy's database")
     run.add_argument(
@@ -253,7 +256,7 @@ def _agents(console: Any, args: argparse.Namespace) -> int:
 
     from sandbox.bundles import BundleError, Bundles
     from sandbox.containers import SandboxError
-    from sandbox.manifests import ManifestError, load
+    from sandbox.manifests import ManifestError, load, presets
 
     bundles = Bundles(Path(args.bundles) if args.bundles else None)
     if args.action == "build":
@@ -273,13 +276,31 @@ def _agents(console: Any, args: argparse.Namespace) -> int:
                 console.print(f"trajproxy agents build: {e}", style="red", markup=False, soft_wrap=True)
                 return 1
         return 0
-    table = Table("agent", "version", "digest", "size", "built in", title=str(bundles.root))
+    table = Table("agent", "version", "runs on", "bundle", "size", "built in", title=f"bundles in {bundles.root}")
+    shown = set()
+    for name in presets():  # every preset, built or not, then the other bundles (a user's own manifests, old pins)
+        manifest = load(name)
+        found = bundles.find(manifest)
+        shown.add(found.digest if found else "")
+        table.add_row(name, manifest.version, _runtime(manifest), *_built(found))
     for bundle in bundles.all():
-        table.add_row(
-            bundle.name, bundle.version, bundle.digest, f"{bundle.size_bytes / 1e6:.0f} MB", f"{bundle.built_s:g} s"
-        )
+        if bundle.digest not in shown:
+            table.add_row(bundle.name, bundle.version, "", *_built(bundle))
     console.print(table)
     return 0
+
+
+def _runtime(manifest: Any) -> str:
+    install = manifest.install
+    return ", ".join(
+        [f"Python {install.python}"] * bool(install.python) + [f"Node {install.node}"] * bool(install.node)
+    )
+
+
+def _built(bundle: Any) -> tuple[str, str, str]:
+    if bundle is None:
+        return "not built", "", ""
+    return bundle.digest[:12], f"{bundle.size_bytes / 1e6:.0f} MB", f"{bundle.built_s:g} s"
 
 
 def _report(console: Any, pruned: Pruned) -> None:

@@ -1,8 +1,9 @@
 """Agent manifests: an agent as data (what to install, the files to write, the command, its env, its user, routes).
 
-A manifest is a TOML file; the presets live in `agents/<name>.toml`, and a user's own is named by its path
-(`--agent ./my-agent.toml`). Strings in `command`, `env` and `files` may hold placeholders, filled in per episode;
-in `command` each value is shell-quoted, elsewhere it is written as is. `{{` and `}}` are literal braces.
+A manifest is a TOML file; the presets live in `agents/<name>.toml` (shipped in the package as sandbox/presets), and
+a user's own is named by its path (`--agent ./my-agent.toml`). Strings in `command`, `env` and `files` may hold
+placeholders, filled in per episode; in `command` each value is shell-quoted, elsewhere it is written as is. `{{`
+and `}}` are literal braces.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PRESETS = Path(__file__).parent.parent / "agents"
+PRESETS = Path(__file__).parent / "presets"  # agents/ in a checkout (a link), package data once installed
 BUNDLE_MOUNT = "/opt/trajproxy/agent"
 HOME = "/tmp/trajproxy-home"
 TASK_FILE = "/tmp/trajproxy-task.md"

@@ -79,6 +79,8 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
         raise _Refused("--ray needs a Postgres --database-url: the replicas on the cluster's nodes share it")
     if not Path(args.tasks).exists():
         raise _Refused(f"no such file or directory: {args.tasks}")
+    if args.proxy_url:
+        args.socket_source, args.socket_name = _socket(args.socket_source)
     try:
         policy = policy_from(args.policy, policy_options(args.policy_option), on_failure=model_failed)
         parsed = list(read_tasks(args.tasks, image=args.image, image_template=args.image_template, format=args.format))
@@ -88,6 +90,37 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
     except (ValueError, OSError) as e:  # TaskError, ManifestError and BundleError are ValueErrors
         raise _Refused(str(e)) from e
     return parsed, policy, _config(args, injected)
+
+
+def _socket(given: str | None) -> tuple[str, str]:
+    """--socket-source as the sandboxes' gates will use it (the folder or volume to mount, the socket's name in it):
+    the socket's path, a folder holding proxy.sock, or a Docker volume holding proxy.sock. Checked here, before any
+    sandbox starts: a gate that cannot reach trajproxy only shows as agents failing."""
+    from sandbox.gates import SOCKET_NAME
+
+    if not given:
+        raise _Refused("--proxy-url needs --socket-source (the path of its --socket-path, or the volume holding it)")
+    if "/" not in given:  # a named volume: its socket cannot be seen from here, but the volume can
+        import docker
+        import docker.errors
+
+        try:
+            docker.from_env().volumes.get(given)
+        except docker.errors.NotFound:
+            raise _Refused(f"--socket-source {given}: no Docker volume of that name (give a socket's path)") from None
+        except docker.errors.DockerException as e:
+            raise _Refused(f"--socket-source {given}: cannot ask the Docker engine about it ({e})") from None
+        return given, SOCKET_NAME
+    path = Path(given).absolute()
+    folder = path.is_dir()
+    if folder:
+        path = path / SOCKET_NAME
+    if not path.is_socket():
+        found = sorted(p.name for p in path.parent.glob("*") if p.is_socket()) if path.parent.is_dir() else []
+        what = f"no socket {SOCKET_NAME} in that folder" if folder else "not a socket"
+        there = f" (sockets there: {', '.join(found)})" if found else ""
+        raise _Refused(f"--socket-source {given}: {what}{there}; give the path of trajproxy's --socket-path")
+    return str(path.parent), path.name
 
 
 def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConfig:
@@ -164,9 +197,9 @@ async def _run(
     tasks = [task for task in parsed if isinstance(task, Task)]
     rejected = [e for e in parsed if isinstance(e, TaskError)]
     async with (
-        _proxy(args) as (url, token, socket_source, counter),
+        _proxy(args) as (url, token, socket_source, socket_name, counter),
         _sandboxes(
-            console, args, labels, (socket_source, counter, token), args.forks if args.fork else len(tasks)
+            console, args, labels, (socket_source, socket_name, counter, token), args.forks if args.fork else len(tasks)
         ) as sandboxes,
         AsyncTrainerClient(url, token=token) as trainer,
     ):
@@ -300,15 +333,15 @@ async def _sandboxes(
     console: Any,
     args: argparse.Namespace,
     labels: dict[str, str],
-    proxy: tuple[str, SandboxCounter | None, str | None],
+    proxy: tuple[str, str, SandboxCounter | None, str | None],
     starts: int,
 ) -> AsyncIterator[Sandboxes]:
     """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine, with
-    `proxy`'s socket source, sandbox counter and trainer token, for about `starts` agents. Either way, containers that
-    runs now gone left on an engine (a crash, a kill -9) are removed first."""
+    `proxy`'s socket source and name, sandbox counter and trainer token, for about `starts` agents. Either way,
+    containers that runs now gone left on an engine (a crash, a kill -9) are removed first."""
     from sandbox.containers import SandboxError
 
-    socket_source, counter, token = proxy
+    socket_source, socket_name, counter, token = proxy
     if args.ray:
         # Ray is imported here only, under --ray: it is an optional extra, and a run without it never loads it.
         try:
@@ -330,7 +363,9 @@ async def _sandboxes(
         if removed := (await DockerSandboxes("unused").prune()).removed:
             console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
     pool = min(args.concurrency, GATE_POOL)
-    local = DockerSandboxes(socket_source, labels=labels, counter=counter, gate_pool=pool, pooled_at_most=starts)
+    local = DockerSandboxes(
+        socket_source, socket_name, labels=labels, counter=counter, gate_pool=pool, pooled_at_most=starts
+    )
     warming = asyncio.create_task(local.warm())  # the first tasks' gates, started while the run sets up
     try:
         yield local
@@ -341,20 +376,21 @@ async def _sandboxes(
 
 
 @contextlib.asynccontextmanager
-async def _proxy(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None, str, SandboxCounter | None]]:
-    """A running trajproxy's URL, trainer token, socket source and (when it runs here) its sandbox counter: the
-    one given, or one started here."""
+async def _proxy(
+    args: argparse.Namespace,
+) -> AsyncIterator[tuple[str, str | None, str, str, SandboxCounter | None]]:
+    """A running trajproxy's URL, trainer token, socket source and name, and (when it runs here) its sandbox counter:
+    the one given, or one started here."""
     if args.proxy_url:
-        if not args.socket_source:
-            raise SystemExit("trajproxy run: --proxy-url needs --socket-source (the folder or volume of its socket)")
-        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, None
+        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, args.socket_name, None
         return
     from proxy.core.errors import StorageError
     from proxy.embedded import CannotListen, embedded_proxy
+    from sandbox.gates import SOCKET_NAME
 
     try:
         async with embedded_proxy(args.database_url, args.port, **({"shared": True} if args.ray else {})) as proxy:
-            yield proxy.url, proxy.token, proxy.socket_folder, proxy.metrics
+            yield proxy.url, proxy.token, proxy.socket_folder, SOCKET_NAME, proxy.metrics
     except CannotListen as e:
         raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
     except StorageError as e:

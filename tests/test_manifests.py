@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from pathlib import Path
 
@@ -19,6 +21,25 @@ def test_the_four_presets_load_and_fill_every_placeholder() -> None:
         assert "{" not in rendered.command, name
         assert rendered.command.startswith("/bundle/bin/"), name
         assert all("{" not in value for value in rendered.env.values()), name
+
+
+def test_every_preset_renders_and_has_its_row_in_the_readme_and_a_run_line_whose_script_exists() -> None:
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text()
+    for name in presets():
+        manifest = load(name)
+        rendered = manifest.render(VALUES)
+        assert "{" not in rendered.command and "/bundle/bin/" in rendered.command, name
+        for file in rendered.files:
+            if file.path.endswith(".json"):
+                json.loads(file.content)  # the braces doubled right, the values in place
+        row = re.search(rf"^\| `{re.escape(name)}` \|[^|]+\| ([^|]+) \|", readme, re.M)
+        assert row, f"README's preset table has no row for {name}"
+        assert row[1] == manifest.version, name
+        line = re.search(
+            rf"^trajproxy run \S+ --image \S+ --agent {re.escape(name)} --policy scripted:(\S+)$", readme, re.M
+        )
+        assert line and (root / line[1]).is_file(), f"README has no line that runs {name} on the example task"
 
 
 def test_a_task_in_the_command_is_one_shell_word_whatever_it_holds() -> None:
@@ -69,7 +90,7 @@ def test_a_bad_manifest_says_what_is_wrong_in_one_line(tmp_path: Path, text: str
 
 
 def test_an_unknown_agent_names_the_presets() -> None:
-    with pytest.raises(ManifestError, match=r"unknown agent 'codx': the presets are claude-code, codex, "):
+    with pytest.raises(ManifestError, match=r"unknown agent 'codx': the presets are aider, claude-code, cline, "):
         load("codx")
     with pytest.raises(ManifestError, match=r"no manifest file \./nowhere\.toml"):
         load("./nowhere.toml")
