@@ -99,7 +99,7 @@ class Bundles:
 
     def build(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
         """Build the manifest's bundle (again, if it exists); BundleError with the registry's message if it fails."""
-        from sandbox.docker_sandbox import run_container
+        from sandbox.images import run_container
 
         started = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ from sandbox.gates import (
     gate_complaint,
     raise_if_exited,
 )
-from sandbox.images import MANAGED, build_image, check_arch, ensure_image
+from sandbox.images import MANAGED, build_image, check_arch, ensure_image, remove_containers
 from sandbox.run_identity import RunIdentity
 
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
@@ -134,7 +134,7 @@ class DockerSandboxes:
 
     async def close(self) -> None:
         """Remove the pool's gates; started sandboxes are their owners' to stop."""
-        await _blocking(self._threads, _remove, *self._pool.drain())
+        await _blocking(self._threads, remove_containers, *self._pool.drain())
 
     async def build(self, context: Path, tag: str, timeout_s: float) -> bool:
         """Build image `tag` from the folder `context` unless it is there; True when built now. Tasks that share
@@ -174,7 +174,7 @@ class DockerSandboxes:
         try:
             agent, gate = self._create(client, spec, made, options)
         except BaseException:
-            _remove(*made)
+            remove_containers(*made)
             raise
         return DockerSandbox(agent, gate, spec.workdir, self._threads, writable_paths(options))
 
@@ -240,7 +240,7 @@ class DockerSandboxes:
         try:
             gate.start()
         except BaseException:
-            _remove(gate)
+            remove_containers(gate)
             raise
         return gate
 
@@ -258,10 +258,10 @@ class DockerSandboxes:
                 self._pool.failed()
                 if gate is not None:
                     with contextlib.suppress(SandboxError):
-                        _remove(gate)
+                        remove_containers(gate)
                 return
             if not self._pool.add(gate):  # closed meanwhile
-                _remove(gate)
+                remove_containers(gate)
                 return
 
     def _prune(self) -> Pruned:
@@ -272,7 +272,7 @@ class DockerSandboxes:
             made_by = RunIdentity.from_labels(container.labels)
             why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(self.run)
             if why is None:
-                _remove(container)
+                remove_containers(container)
                 removed.append(container.id)
             else:
                 kept[container.id] = why
@@ -368,53 +368,9 @@ class DockerSandbox:
             raise SandboxError(f"could not download {path} from sandbox {self.id[:12]}: {e}") from e
 
     async def stop(self) -> None:
-        await _blocking(self._threads, _remove, self._agent, self._gate)
+        await _blocking(self._threads, remove_containers, self._agent, self._gate)
 
 
 def _hardening(labels: dict[str, str]) -> dict[str, Any]:
     """The options every sandbox container gets: no capabilities, no privilege gained, whose it is."""
     return {"cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "labels": labels}
-
-
-def _remove(*containers: Any) -> None:
-    """Remove the containers (None: none there) and their anonymous volumes, each even if removing another failed."""
-    errors = []
-    for container in containers:
-        if container is None:
-            continue
-        try:
-            container.remove(force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as e:
-            if e.status_code != 409:  # 409: a removal is already under way
-                errors.append(f"{container.id[:12]}: {e}")
-        except docker.errors.DockerException as e:
-            errors.append(f"{container.id[:12]}: {e}")
-    if errors:
-        raise SandboxError(f"could not remove container(s) {'; '.join(errors)}")
-
-
-def run_container(image: str, command: list[str], binds: Mapping[str, str], timeout_s: float) -> ExecResult:
-    """Run a one-off container to its end (a bundle build): `binds` maps host folders to its paths, read-write;
-    it reaches the network the engine gives it (a package registry). It is removed, whatever happens."""
-    try:
-        client = docker.from_env()
-        ensure_image(client, image)
-        container = client.containers.run(
-            image,
-            command,
-            detach=True,
-            volumes={host: {"bind": path, "mode": "rw"} for host, path in binds.items()},
-            labels={MANAGED: "1", "trajproxy.role": "bundle-build"},
-        )
-    except docker.errors.DockerException as e:
-        raise SandboxError(f"could not start a build container from {image!r}: {e}") from e
-    try:
-        exit_code = int(container.wait(timeout=timeout_s)["StatusCode"])
-        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-    except Exception as e:  # the wait timing out surfaces as a requests error
-        raise SandboxError(f"the build container did not finish within {timeout_s:g} s: {e}") from e
-    finally:
-        _remove(container)
-    return ExecResult(exit_code, output)

@@ -1,17 +1,19 @@
 """Task images: found on this machine, pulled, or built from a task's own build context under a tag derived from
-that context's content, so a task whose environment has not changed is never built twice."""
+that context's content, so a task whose environment has not changed is never built twice; one-off containers run
+from an image to their end (a bundle build); and the removal of containers, whatever state they are in."""
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 
-from sandbox.containers import SandboxError
+from sandbox.containers import ExecResult, SandboxError
 
 MANAGED = "trajproxy.managed"
 _LOG_KEPT = 3000
@@ -70,3 +72,47 @@ def build_image(client: Any, context: Path, tag: str, timeout_s: float) -> bool:
     except docker.errors.DockerException as e:
         raise SandboxError(f"could not build {tag} from {context}: {e}") from e
     return True
+
+
+def remove_containers(*containers: Any) -> None:
+    """Remove the containers (None: none there) and their anonymous volumes, each even if removing another failed."""
+    errors = []
+    for container in containers:
+        if container is None:
+            continue
+        try:
+            container.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: a removal is already under way
+                errors.append(f"{container.id[:12]}: {e}")
+        except docker.errors.DockerException as e:
+            errors.append(f"{container.id[:12]}: {e}")
+    if errors:
+        raise SandboxError(f"could not remove container(s) {'; '.join(errors)}")
+
+
+def run_container(image: str, command: list[str], binds: Mapping[str, str], timeout_s: float) -> ExecResult:
+    """Run a one-off container to its end (a bundle build): `binds` maps host folders to its paths, read-write;
+    it reaches the network the engine gives it (a package registry). It is removed, whatever happens."""
+    try:
+        client = docker.from_env()
+        ensure_image(client, image)
+        container = client.containers.run(
+            image,
+            command,
+            detach=True,
+            volumes={host: {"bind": path, "mode": "rw"} for host, path in binds.items()},
+            labels={MANAGED: "1", "trajproxy.role": "bundle-build"},
+        )
+    except docker.errors.DockerException as e:
+        raise SandboxError(f"could not start a build container from {image!r}: {e}") from e
+    try:
+        exit_code = int(container.wait(timeout=timeout_s)["StatusCode"])
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+    except Exception as e:  # the wait timing out surfaces as a requests error
+        raise SandboxError(f"the build container did not finish within {timeout_s:g} s: {e}") from e
+    finally:
+        remove_containers(container)
+    return ExecResult(exit_code, output)

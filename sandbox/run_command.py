@@ -10,13 +10,14 @@ import argparse
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.resume import RAN_BY, RUN
 from sandbox.run_identity import RunIdentity
+from sandbox.run_places import Refused, run_proxy, run_sandboxes, socket_place
 from sandbox.run_report import ResultsFile, exit_status, progress_text, status_line, summarise
 from sandbox.run_report import console as _console
 from sandbox.runner import Runner
@@ -28,15 +29,10 @@ if TYPE_CHECKING:
     import signal
 
     from proxy.wire import EpisodeCreated
-    from sandbox.containers import SandboxCounter, Sandboxes
     from sandbox.injection import InjectedAgent
     from sandbox.policies import Policy
     from sandbox.runner import Outcome, Progress, RunConfig
     from sandbox.tasks import Task, TaskError
-
-
-class _Refused(Exception):
-    """What the command line asks for cannot be run; the message says why in one line (exit status 2)."""
 
 
 def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
@@ -45,7 +41,7 @@ def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
     try:
         parsed, policy, config = _prepared(console, args)
         results = _results_file(args)
-    except _Refused as e:
+    except Refused as e:
         console.print(f"trajproxy run: {e}", style="red", markup=False, soft_wrap=True)
         return 2
     try:
@@ -62,7 +58,7 @@ def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
 
 
 def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskError], Policy, RunConfig]:
-    """The tasks, the policy and how to run them, as the command line asks; _Refused says why not."""
+    """The tasks, the policy and how to run them, as the command line asks; Refused says why not."""
     from sandbox.policies import policy_from, policy_options
     from sandbox.tasks import read_tasks
 
@@ -70,17 +66,17 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
         console.print(f"{episode_id}: {message} (its agent got a 502)", style="red", markup=False, soft_wrap=True)
 
     if args.resume and args.fork is not None:
-        raise _Refused("--resume and --fork do not go together: forks are new episodes each time")
+        raise Refused("--resume and --fork do not go together: forks are new episodes each time")
     if args.keep_serving and args.proxy_url:
-        raise _Refused("--keep-serving keeps the run's own trajproxy up; --proxy-url's stays up anyway")
+        raise Refused("--keep-serving keeps the run's own trajproxy up; --proxy-url's stays up anyway")
     if args.ray and args.proxy_url:
-        raise _Refused("--ray runs a trajproxy replica on each node for its sandboxes: leave out --proxy-url")
+        raise Refused("--ray runs a trajproxy replica on each node for its sandboxes: leave out --proxy-url")
     if args.ray and not args.database_url.startswith("postgresql"):
-        raise _Refused("--ray needs a Postgres --database-url: the replicas on the cluster's nodes share it")
+        raise Refused("--ray needs a Postgres --database-url: the replicas on the cluster's nodes share it")
     if not Path(args.tasks).exists():
-        raise _Refused(f"no such file or directory: {args.tasks}")
+        raise Refused(f"no such file or directory: {args.tasks}")
     if args.proxy_url:
-        args.socket_source, args.socket_name = _socket(args.socket_source)
+        args.socket_source, args.socket_name = socket_place(args.socket_source)
     try:
         policy = policy_from(args.policy, policy_options(args.policy_option), on_failure=model_failed)
         parsed = list(read_tasks(args.tasks, image=args.image, image_template=args.image_template, format=args.format))
@@ -88,39 +84,8 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
         if args.agent and args.agent != ORACLE:
             injected = _injected(console, args.agent, args.model, args.bundles)
     except (ValueError, OSError) as e:  # TaskError, ManifestError and BundleError are ValueErrors
-        raise _Refused(str(e)) from e
+        raise Refused(str(e)) from e
     return parsed, policy, _config(args, injected)
-
-
-def _socket(given: str | None) -> tuple[str, str]:
-    """--socket-source as the sandboxes' gates will use it (the folder or volume to mount, the socket's name in it):
-    the socket's path, a folder holding proxy.sock, or a Docker volume holding proxy.sock. Checked here, before any
-    sandbox starts: a gate that cannot reach trajproxy only shows as agents failing."""
-    from sandbox.gates import SOCKET_NAME
-
-    if not given:
-        raise _Refused("--proxy-url needs --socket-source (the path of its --socket-path, or the volume holding it)")
-    if "/" not in given:  # a named volume: its socket cannot be seen from here, but the volume can
-        import docker
-        import docker.errors
-
-        try:
-            docker.from_env().volumes.get(given)
-        except docker.errors.NotFound:
-            raise _Refused(f"--socket-source {given}: no Docker volume of that name (give a socket's path)") from None
-        except docker.errors.DockerException as e:
-            raise _Refused(f"--socket-source {given}: cannot ask the Docker engine about it ({e})") from None
-        return given, SOCKET_NAME
-    path = Path(given).absolute()
-    folder = path.is_dir()
-    if folder:
-        path = path / SOCKET_NAME
-    if not path.is_socket():
-        found = sorted(p.name for p in path.parent.glob("*") if p.is_socket()) if path.parent.is_dir() else []
-        what = f"no socket {SOCKET_NAME} in that folder" if folder else "not a socket"
-        there = f" (sockets there: {', '.join(found)})" if found else ""
-        raise _Refused(f"--socket-source {given}: {what}{there}; give the path of trajproxy's --socket-path")
-    return str(path.parent), path.name
 
 
 def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConfig:
@@ -165,7 +130,7 @@ def _results_file(args: argparse.Namespace) -> ResultsFile | None:
     try:
         return ResultsFile(args.results, append=args.resume)
     except OSError as e:
-        raise _Refused(f"--results {args.results}: {e.strerror}") from e
+        raise Refused(f"--results {args.results}: {e.strerror}") from e
 
 
 def _on_signal(signum: signal.Signals, first: bool) -> None:
@@ -197,8 +162,8 @@ async def _run(
     tasks = [task for task in parsed if isinstance(task, Task)]
     rejected = [e for e in parsed if isinstance(e, TaskError)]
     async with (
-        _proxy(args) as (url, token, socket_source, socket_name, counter),
-        _sandboxes(
+        run_proxy(args) as (url, token, socket_source, socket_name, counter),
+        run_sandboxes(
             console, args, labels, (socket_source, socket_name, counter, token), args.forks if args.fork else len(tasks)
         ) as sandboxes,
         AsyncTrainerClient(url, token=token) as trainer,
@@ -326,75 +291,6 @@ async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> t
     except TrajproxyAPIError as e:
         raise SystemExit(f"trajproxy run: cannot fork {parent_id}@{at_turn}: {e}") from None
     return [task] * len(forks), forks
-
-
-@contextlib.asynccontextmanager
-async def _sandboxes(
-    console: Any,
-    args: argparse.Namespace,
-    labels: dict[str, str],
-    proxy: tuple[str, str, SandboxCounter | None, str | None],
-    starts: int,
-) -> AsyncIterator[Sandboxes]:
-    """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine, with
-    `proxy`'s socket source and name, sandbox counter and trainer token, for about `starts` agents. Either way,
-    containers that runs now gone left on an engine (a crash, a kill -9) are removed first."""
-    from sandbox.containers import SandboxError
-
-    socket_source, socket_name, counter, token = proxy
-    if args.ray:
-        # Ray is imported here only, under --ray: it is an optional extra, and a run without it never loads it.
-        try:
-            from sandbox.ray_sandboxes import ray_sandboxes
-        except ImportError as e:
-            raise SystemExit(f"trajproxy run: --ray needs Ray ({e}): pip install 'trajproxy[ray]'") from e
-        try:
-            async with ray_sandboxes(args.ray, args.database_url, token, labels) as spread:
-                slots = sum(node.slots for node in spread.nodes)
-                console.print(f"sandboxes on {len(spread.nodes)} Ray node(s), {slots} at once")
-                yield spread
-        except SandboxError as e:
-            raise SystemExit(f"trajproxy run: {e}") from e
-        return
-    from sandbox.docker_sandbox import DockerSandboxes
-    from sandbox.gates import GATE_POOL
-
-    with contextlib.suppress(SandboxError):  # no engine: each task says so
-        if removed := (await DockerSandboxes("unused").prune()).removed:
-            console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
-    pool = min(args.concurrency, GATE_POOL)
-    local = DockerSandboxes(
-        socket_source, socket_name, labels=labels, counter=counter, gate_pool=pool, pooled_at_most=starts
-    )
-    warming = asyncio.create_task(local.warm())  # the first tasks' gates, started while the run sets up
-    try:
-        yield local
-    finally:
-        warming.cancel()
-        await asyncio.gather(warming, return_exceptions=True)
-        await local.close()
-
-
-@contextlib.asynccontextmanager
-async def _proxy(
-    args: argparse.Namespace,
-) -> AsyncIterator[tuple[str, str | None, str, str, SandboxCounter | None]]:
-    """A running trajproxy's URL, trainer token, socket source and name, and (when it runs here) its sandbox counter:
-    the one given, or one started here."""
-    if args.proxy_url:
-        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, args.socket_name, None
-        return
-    from proxy.core.errors import StorageError
-    from proxy.embedded import CannotListen, embedded_proxy
-    from sandbox.gates import SOCKET_NAME
-
-    try:
-        async with embedded_proxy(args.database_url, args.port, **({"shared": True} if args.ray else {})) as proxy:
-            yield proxy.url, proxy.token, proxy.socket_folder, SOCKET_NAME, proxy.metrics
-    except CannotListen as e:
-        raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
-    except StorageError as e:
-        raise SystemExit(f"trajproxy run: {e}") from e
 
 
 async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
