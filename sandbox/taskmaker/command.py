@@ -88,6 +88,7 @@ class Making:
     kept: int = 0
     tasks: list[dict[str, Any]] = field(default_factory=list)
     dropped: dict[str, list[str]] = field(default_factory=dict)
+    validation: dict[str, dict[str, float | None]] = field(default_factory=dict)  # agent -> task -> reward
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -127,7 +128,10 @@ async def _make(
         built.append(base)
     made.seconds["build_s"] = clock.lap()
     async with probe_box(sandboxes, base, PROBE_LIMITS) as box:
-        baseline = await run_baseline(box)
+        try:
+            baseline = await run_baseline(box)
+        except SourceError as e:
+            raise SourceError(f"{source}: {e}") from None
         made.tests_passing, made.flaky = len(baseline.passing), list(baseline.flaky)
         made.seconds["baseline_s"] = clock.lap()
         say(f"baseline: {len(baseline.passing)} tests pass twice, {len(baseline.flaky)} flaky, "
@@ -142,6 +146,7 @@ async def _make(
     written = [write_task(staging, project, baseline, screened, source.name) for screened in kept]
     say(f"validating {len(written)} task(s): the oracle must score 1, an agent that changes nothing 0")
     checked = await asyncio.to_thread(validate, staging, concurrency, VALIDATE_TIMEOUT_S)
+    made.validation = checked.rewards
     _publish(out, written, checked.failures, made)
     shutil.rmtree(staging)
     made.seconds["validate_s"] = clock.lap()

@@ -116,6 +116,8 @@ class _Finder:
     def visit_all(self, tree: ast.Module) -> Iterator[Mutation]:
         for function in ast.walk(tree):
             if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                if len(function.body) > 1:
+                    yield from self._dropped(function.body, function.name)
                 for statement in function.body:
                     yield from self._in(statement, function.name)
 

@@ -9,6 +9,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ WEIGHTS = {"tests": 0.9, "style": 0.1, "regressions": 1.0}
 AGENT_TIMEOUT_S = 900
 BUILD_TIMEOUT_S = 900
 SHOWN_TESTS = 8
+HINTS = re.compile(r"^(Use -v to get|Full diff:|Omitting \d+ identical items)")
 HARDER_KINDS = {"dropped-line", "dropped-branch", "swapped-args"}
 TEST_SH = f"""#!/bin/bash
 # The verifier: the project's tests restored as they were (the agent may have changed them), then the tests the bug
@@ -96,18 +98,28 @@ def write_task(out: Path, project: Project, baseline: Baseline, screened: Screen
     return Made(ident, folder, row)
 
 
+def solution_script(folder: Path) -> str:
+    """A scripted policy's replies (JSONL) that make an injected agent (`minimal`) run the task's solution and stop:
+    to check a made task end to end with an agent, as `--policy scripted:FILE` does."""
+    solve = (folder / "solution" / "solve.sh").read_text(encoding="utf-8")
+    replies = [
+        {"content": f"I will apply the fix.\n```bash\n{solve}```"},
+        {"content": "Done.\n```bash\necho TASK_COMPLETE\n```"},
+    ]
+    return "".join(json.dumps(reply) + "\n" for reply in replies)
+
+
 def instruction(name: str, failing: dict[str, str]) -> str:
     """The bug as a user reports it: which tests fail and what they observed; never where it is or how to fix it."""
     shown = sorted(failing)[:SHOWN_TESTS]
     lines = [f"# {len(failing)} test(s) of {name} fail", "", f"After a recent change to {name}, these tests fail "
              "where they passed before:", ""]  # fmt: skip
     for test in shown:
-        observed = failing[test].strip() or "it fails"
         lines += [
             f"- `{test}`, which reports:",
             "",
             "  ```",
-            *(f"  {line}" for line in observed.splitlines()[:12]),
+            *(f"  {line}" for line in _observed(failing[test])),
             "  ```",
         ]
     if len(failing) > len(shown):
@@ -120,6 +132,12 @@ def instruction(name: str, failing: dict[str, str]) -> str:
         f"The project is in {WORKDIR}, a git repository; `python -m pytest` runs its tests.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _observed(message: str) -> list[str]:
+    """A failure's message without pytest's hints to itself, at most a dozen lines."""
+    kept = [line.rstrip() for line in message.splitlines() if line.strip() and not HINTS.match(line.strip())]
+    return kept[:12] or ["it fails"]
 
 
 def difficulty(project: Project, screened: Screened, fix: str) -> dict[str, Any]:
