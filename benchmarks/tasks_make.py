@@ -22,20 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]  # benchmarks/sandbox.py shadows
 from sandbox.taskmaker.validate import free_port, trajproxy  # noqa: E402
 from sandbox.taskmaker.write import solution_script  # noqa: E402
-
-SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
-
-
-def sdist(requirement: str) -> Path:
-    """The project's sdist from PyPI, downloaded once into ~/.cache/trajproxy/sdists."""
-    name, _, version = requirement.partition("==")
-    folder = SDISTS / requirement
-    found = sorted(folder.glob("*.tar.gz")) if folder.is_dir() else []
-    if not found:
-        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d"]
-        subprocess.run([*command, str(folder), requirement], check=True)
-        found = sorted(folder.glob("*.tar.gz"))
-    return found[0]
+from tests.test_tasks_make import sdist  # noqa: E402
 
 
 def solve_with_agent(task: Path, scratch: Path) -> dict[str, object]:
@@ -71,18 +58,16 @@ def main() -> None:
         print(f"\n{args.project} (seed {args.seed}, --max {args.max}): {summary['tests_passing']} tests pass twice, "
               f"{len(summary['flaky'])} flaky; {summary['candidates']} candidate bugs on covered lines")  # fmt: skip
         print(f"| tasks made | {made} in {wall_s:.0f} s: {made / (wall_s / 60):.2f} tasks/min |")
-        print(
-            f"| candidates kept | {summary['kept']} of {summary['tried']} tried ({summary['kept'] / summary['tried']:.0%}) |"
-        )
+        kept, tried = summary["kept"], summary["tried"]
+        print(f"| candidates kept | {kept} of {tried} tried ({kept / tried:.0%}) |")
         print(f"| oracle reward 1.0 | {oracle} of {written} written ({oracle / written:.0%}) |")
         print(f"| no-op reward 0 | {no_op} of {written} written ({no_op / written:.0%}) |")
         print(f"| phases | {', '.join(f'{key} {value:g}' for key, value in summary['seconds'].items())} |")
         print(f"| kinds | {', '.join(sorted(task['kind'] for task in summary['tasks']))} |")
         for row in summary["tasks"][: args.solve]:
             ran = solve_with_agent(out / row["id"], Path(scratch))
-            print(
-                f"| minimal agent, scripted, on {row['id']} | {ran['status']}, reward {ran['reward']} ({ran['reason']}) |"
-            )
+            verdict = f"{ran['status']}, reward {ran['reward']} ({ran['reason']})"
+            print(f"| minimal agent, scripted, on {row['id']} | {verdict} |")
 
 
 if __name__ == "__main__":
