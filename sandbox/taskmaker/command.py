@@ -129,7 +129,7 @@ async def _make(
     made.seconds["build_s"] = clock.lap()
     async with probe_box(sandboxes, base, PROBE_LIMITS) as box:
         try:
-            baseline = await run_baseline(box)
+            baseline = await run_baseline(box, project.measured)
         except SourceError as e:
             raise SourceError(f"{source}: {e}") from None
         made.tests_passing, made.flaky = len(baseline.passing), list(baseline.flaky)

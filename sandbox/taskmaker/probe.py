@@ -1,7 +1,8 @@
 """Runs inside a task's container, where only Python and pytest are: each test's outcome as JSON, for the baseline,
 the screening of candidate bugs, and a made task's verifier. Nothing of trajproxy's is imported here.
 
-    python probe.py baseline OUT.json           the whole suite, twice; the first run records which tests ran each line
+    python probe.py baseline OUT.json [SOURCE…]  the whole suite, twice; the first run records which tests ran each
+                                                line of the SOURCE folders or modules (default: every file)
     python probe.py mutants BATCH.json OUT.json each candidate bug in turn: write its file, run its tests, restore it
     python probe.py verify SPEC.json            the verifier: named rewards to /logs/verifier/reward.json
 
@@ -81,9 +82,10 @@ def run_tests(args: list[str], timeout_s: float, env: dict[str, str] | None = No
     }
 
 
-def baseline(out: str) -> None:
+def baseline(out: str, *sources: str) -> None:
     data = "/tmp/probe.coverage"
-    covered = run_tests(["--cov=.", "--cov-context=test", "--cov-report="], 3600, {"COVERAGE_FILE": data})
+    measured = [f"--cov={source}" for source in sources or ["."]]  # the tests themselves cost time and tell nothing
+    covered = run_tests([*measured, "--cov-context=test", "--cov-report="], 3600, {"COVERAGE_FILE": data})
     again = run_tests([], 3600)
     contexts: dict[str, dict[str, list[str]]] = {}
     if Path(data).is_file():

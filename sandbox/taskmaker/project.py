@@ -48,6 +48,12 @@ class Project:
     test_requirements: tuple[str, ...]
     installable: bool  # has a pyproject.toml, setup.py or setup.cfg: `pip install -e .`
 
+    @property
+    def measured(self) -> tuple[str, ...]:
+        """What coverage measures: the source files' top folders, or every file when a module sits at the root."""
+        tops = {path.split("/")[0] for path in self.source_files}
+        return (".",) if any("/" not in path for path in self.source_files) else tuple(sorted(tops))
+
 
 def copy_source(source: Path, into: Path) -> Path:
     """The project's files, copied (a folder or repository) or unpacked (an archive) under `into`; its root."""
