@@ -85,7 +85,7 @@ class Making:
     flaky: list[str] = field(default_factory=list)
     candidates: int = 0
     tried: int = 0
-    kept: int = 0
+    kept: int = 0  # of those tried, the bugs that pass the rule (more than `--max` when a batch holds more)
     tasks: list[dict[str, Any]] = field(default_factory=list)
     dropped: dict[str, list[str]] = field(default_factory=dict)
     validation: dict[str, dict[str, float | None]] = field(default_factory=dict)  # agent -> task -> reward
@@ -201,13 +201,13 @@ async def _kept(
             made.tried += 1
             mutation = screened.candidate.mutation
             key = (mutation.file, mutation.kind, frozenset(screened.failing))  # the same bug seen the same way
-            if screened.failing and not screened.timed_out and key not in kept and len(kept) < most:
+            if screened.failing and not screened.timed_out and key not in kept:
                 kept[key] = screened
         made.kept = len(kept)
         say(f"screened {made.tried} of {len(candidates)} candidate bugs: {len(kept)} kept")
         if len(kept) >= most:
             break
-    return list(kept.values())
+    return list(kept.values())[:most]
 
 
 def _publish(out: Path, written: list[Made], failures: Callable[[str], list[str]], made: Making) -> None:
