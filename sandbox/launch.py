@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox.manifests import PLACEHOLDERS, presets
 from sandbox.run_report import console as _console
+from sandbox.taskmaker.command import add_commands as taskmaker_commands
 from sandbox.tasks import FORMATS, GRADING_MODES
 
 if TYPE_CHECKING:
@@ -216,6 +217,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sandbox.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="only containers with this label (repeatable)"
     )
+    taskmaker_commands(commands)
 
 
 def main(args: argparse.Namespace) -> int:

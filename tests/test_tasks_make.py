@@ -1,0 +1,228 @@
+"""`trajproxy tasks make` end to end on a real project (toolz's sdist from PyPI): tasks made, built, checked with the
+oracle and a no-op agent, then solved by the minimal agent under a scripted policy with its named rewards recorded;
+the bugs the mutators make; and each bad source refused in one line, leaving nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.client import AsyncTrainerClient, TrainerClient
+from sandbox.bundles import Bundles
+from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.injection import InjectedAgent
+from sandbox.manifests import load
+from sandbox.policies import ScriptedPolicy
+from sandbox.runner import Outcome, RunConfig, Runner
+from sandbox.taskmaker.mutate import KINDS, interleaved, mutations
+from sandbox.taskmaker.project import detect
+from sandbox.taskmaker.write import solution_script
+from sandbox.tasks import Task, read_tasks
+from tests.test_cli import clean_env
+
+SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
+TOOLZ = "toolz==1.2.0"
+MAKE = [sys.executable, "-c", "from proxy.cli import main; main()", "tasks", "make"]
+pytestmark = pytest.mark.timeout(1200)  # image builds and validation runs on a shared 2-core machine
+BUGGY = b'''LIMIT = 1 + 2
+
+
+def total(xs, n, strict=False):
+    """Sums."""
+    found = 0
+    seen = True
+    for x in xs[1:]:
+        if x < n and not strict:
+            found += x * 2
+    if found > 10:
+        return max(found, n)
+    a = 1; b = 2
+    return found is None
+'''
+
+
+def sdist(requirement: str) -> Path:
+    """A project's sdist from PyPI, downloaded once into ~/.cache/trajproxy/sdists."""
+    folder = SDISTS / requirement
+    if not list(folder.glob("*.tar.gz")):
+        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d"]
+        subprocess.run([*command, str(folder), requirement], check=True, timeout=300)
+    return sorted(folder.glob("*.tar.gz"))[0]
+
+
+def make(source: Path, out: Path, *options: str, scratch: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = clean_env(**({"TMPDIR": str(scratch)} if scratch else {}), COLUMNS="200")
+    command = [*MAKE, str(source), "--out", str(out), *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=1200, env=env)
+
+
+@pytest.fixture(scope="module")
+def toolz_tasks(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("toolz") / "tasks"
+    done = make(sdist(TOOLZ), out, "--max", "2", "--seed", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_tasks_made_from_a_real_project_pass_the_oracle_and_fail_a_no_op(toolz_tasks: Path) -> None:
+    summary = json.loads((toolz_tasks / "summary.json").read_text())
+    index = [json.loads(line) for line in (toolz_tasks / "tasks.jsonl").read_text().splitlines()]
+    made = sorted(path.name for path in toolz_tasks.iterdir() if path.is_dir())
+    assert len(index) == 2 and sorted(row["id"] for row in index) == made
+    assert summary["tests_passing"] > 150 and summary["flaky"] == []
+    for row in index:  # every task written scored 1.0 with the oracle and 0 with an agent that changes nothing
+        assert summary["validation"]["oracle"][row["id"]] == 1.0
+        assert summary["validation"]["no-op"][row["id"]] == 0.0
+        assert row["kind"] in KINDS and row["fail_to_pass"] and row["difficulty"]["label"] in {"easy", "medium", "hard"}
+    tasks = list(read_tasks(toolz_tasks))
+    assert all(isinstance(task, Task) and task.solver is not None for task in tasks), tasks
+    row = index[0]
+    folder = toolz_tasks / row["id"]
+    said = (folder / "instruction.md").read_text()
+    fix = (folder / "solution" / "solve.sh").read_text()
+    assert all(f"`{test}`" in said for test in row["fail_to_pass"][:8])
+    assert row["files"][0] not in said and Path(row["files"][0]).name not in said  # never where the bug is
+    fixed_lines = [line[1:].strip() for line in fix.splitlines() if line.startswith("+") and not line.startswith("++")]
+    assert not any(line and line in said for line in fixed_lines)  # nor what the fix is
+    toml = (folder / "task.toml").read_text()
+    assert 'WEIGHT_TESTS = "0.9"' in toml and "memory_mb = " in toml and "[metadata.difficulty_estimate]" in toml
+    spec = json.loads((folder / "tests" / "spec.json").read_text())
+    assert spec["fail_to_pass"] == row["fail_to_pass"] and len(spec["pass_to_pass"]) == row["pass_to_pass"]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the store is not what this tests
+def test_the_minimal_agent_solves_a_made_task_and_its_named_rewards_are_recorded(
+    toolz_tasks: Path, proxied: Any, sandboxes: DockerSandboxes, tmp_path: Path
+) -> None:
+    [first, *_] = sorted(path for path in toolz_tasks.iterdir() if path.is_dir())
+    [task] = list(read_tasks(first))
+    assert isinstance(task, Task)
+    manifest = load("minimal")
+    agent = InjectedAgent(manifest, Bundles().ensure(manifest), None)
+    script = tmp_path / "solve.jsonl"
+    script.write_text(solution_script(first))
+    idle = tmp_path / "idle.jsonl"
+    idle.write_text(json.dumps({"content": "Nothing to do.\n```bash\necho TASK_COMPLETE\n```"}) + "\n")
+    solved, left = (_run(proxied, sandboxes, task, ScriptedPolicy(path), agent) for path in (script, idle))
+    assert (solved.status, solved.reward) == ("finished", 1.0), solved
+    assert _rewards(proxied, solved) == {"reward": 1.0, "tests": 1.0, "regressions": 0.0, "style": 1.0}
+    assert (left.status, left.reward) == ("finished", 0.0), left
+    assert _rewards(proxied, left) == {"reward": 0.0, "tests": 0.0, "regressions": 0.0, "style": 0.0}
+
+
+def _run(proxied: Any, sandboxes: DockerSandboxes, task: Task, policy: ScriptedPolicy, agent: InjectedAgent) -> Outcome:
+    async def main() -> Outcome:
+        async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
+            return await Runner(trainer, sandboxes, policy, RunConfig(agent=agent)).run(task)
+
+    return asyncio.run(main())
+
+
+def _rewards(proxied: Any, outcome: Outcome) -> dict[str, float]:
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id).rewards
+    return {reward.name: reward.value for reward in recorded}
+
+
+def test_the_mutators_make_each_kind_of_bug_inside_functions_only() -> None:
+    found = mutations("m.py", BUGGY)
+    assert {m.kind for m in found} == set(KINDS)
+    assert all(m.line >= 4 for m in found)  # nothing at module level (LIMIT = 1 + 2)
+    assert not any(m.kind == "dropped-line" and m.line in (5, 13) for m in found)  # a docstring, a shared line
+    by = {(m.kind, m.description): m.apply(BUGGY).decode() for m in found}
+    assert "        if x <= n and not strict:\n" in by["comparison", "`<` became `<=`"]
+    assert "            found -= x * 2\n" in by["operator", "`+=` became `-=`"]
+    assert "    for x in xs[0:]:\n" in by["off-by-one", "`1` became `0`"]
+    assert "        return max(n, found)\n" in by["swapped-args", "the first two arguments swapped"]
+    assert "        if x < n and strict:\n" in by["boolean", "`not` dropped"]
+    assert "return max" not in by["dropped-branch", "lines 11-12 dropped"]
+    assert "    seen = True\n" not in by["dropped-line", "line 7 dropped"]
+    assert "    seen = False\n" in by["constant", "`True` became `False`"]
+    for mutation in found:  # each still compiles, and changes only the lines it says
+        changed = mutation.apply(BUGGY).decode().splitlines()
+        compile("\n".join(changed), "m.py", "exec")
+    order = [(m.kind, m.line, m.description) for m in interleaved(found, 7)]
+    assert order == [(m.kind, m.line, m.description) for m in interleaved(list(reversed(found)), 7)]
+    assert order != [(m.kind, m.line, m.description) for m in interleaved(found, 8)]
+    assert len({kind for kind, _, _ in order[:6]}) == 6  # kinds vary from the start
+
+
+def test_test_dependencies_are_read_from_where_projects_declare_them(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "core.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_core.py").write_text("def test_f():\n    pass\n")
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "My_Pkg"\n[project.optional-dependencies]\ntest = ["hypothesis>=6"]\n'
+    )
+    (tmp_path / "tox.ini").write_text("[testenv]\ndeps =\n    freezegun\n    py38: mock\n    -r requirements.txt\n")
+    (tmp_path / "requirements-test.txt").write_text("# pinned\npytest-mock==3.14.0\n\n")
+    project = detect(tmp_path, tmp_path)
+    assert project.name == "my-pkg" and project.installable
+    assert project.test_requirements == ("hypothesis>=6", "freezegun", "pytest-mock==3.14.0")
+    assert project.source_files == ("pkg/core.py",) and project.test_files == ("tests/test_core.py",)
+
+
+def _project(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(textwrap.dedent(text))
+    return folder
+
+
+CALC = "def add(a, b):\n    return a + b\n"
+BAD_SOURCES: dict[str, tuple[dict[str, str] | None, str]] = {
+    "missing": (None, "no such file or folder"),
+    "notes.txt": (None, "not a repository, a folder or an archive"),
+    "js": ({"package.json": "{}", "index.js": "module.exports = 1\n"}, "a JavaScript/TypeScript project"),
+    "untested": ({"calc.py": CALC}, "no tests found"),
+    "failing": (
+        {"calc.py": CALC, "tests/test_calc.py": "from calc import add\n\ndef test_add():\n    assert add(1, 1) == 3\n"},
+        "no passing tests: of 1 tests none passes twice (1 fail",
+    ),
+    "uncollectable": (
+        {"calc.py": CALC, "tests/test_calc.py": "import no_such_module\n\ndef test_add():\n    pass\n"},
+        "no test runs: collecting them failed",
+    ),
+    "unbuildable": (
+        {
+            "calc.py": CALC,
+            "tests/test_calc.py": "def test_add():\n    pass\n",
+            "requirements-test.txt": "trajproxy-no-such-package-0xdead==1.0\n",
+        },
+        "the project's image does not build",
+    ),
+}
+
+
+def test_bad_sources_are_refused_in_one_line_and_leave_nothing_behind(engine: Any, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    for name, (files, _) in BAD_SOURCES.items():
+        if name.endswith(".txt"):
+            (tmp_path / name).write_text("not code\n")
+        elif files is not None:
+            _project(tmp_path / name, files)
+
+    def refused(name: str) -> subprocess.CompletedProcess[str]:
+        return make(tmp_path / name, tmp_path / f"out-{name}", "--max", "1", scratch=scratch)
+
+    with ThreadPoolExecutor(len(BAD_SOURCES)) as pool:  # most of each is waiting: on a build, on PyPI
+        done = dict(zip(BAD_SOURCES, pool.map(refused, BAD_SOURCES), strict=True))
+    for name, (_, said) in BAD_SOURCES.items():
+        ran = done[name]
+        lines = [line for line in ran.stdout.splitlines() + ran.stderr.splitlines() if "tasks make:" in line]
+        assert ran.returncode == 1 and len(lines) == 1, (name, ran.stdout, ran.stderr)
+        assert said in lines[0] and str(tmp_path / name) in lines[0], (name, lines[0])
+        assert not (tmp_path / f"out-{name}").exists(), name
+    assert list(scratch.iterdir()) == []  # no scratch folder left
+    tags = {tag for image in engine.images.list() for tag in image.tags}
+    assert not [tag for tag in tags for name in BAD_SOURCES if tag.startswith(f"trajproxy-task/{name}-base:")]
