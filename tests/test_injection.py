@@ -191,7 +191,7 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     assert recorded.rewards[0].value == 1.0
 
 
-# Its own stage in .ci/run, a few at once (pytest -n): a preset's two tests on one worker, which builds its bundle.
+# Its own stage in .ci/run, a few at once (pytest -n): a preset's three tests on one worker, which builds its bundle.
 CONFORMANCE = [pytest.param(name, marks=[pytest.mark.conformance, pytest.mark.xdist_group(name)]) for name in PRESETS]
 
 
@@ -216,7 +216,7 @@ def test_each_preset_solves_a_task_on_an_older_debian(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", CONFORMANCE)
 def test_each_preset_solves_a_task_with_a_read_only_root_filesystem(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
 ) -> None:
