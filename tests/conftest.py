@@ -60,6 +60,12 @@ ON_BOTH_SERVERS = (
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "settings(**overrides): trajproxy settings for the `server` fixture")
     config.addinivalue_line("markers", "conformance: a preset solving the task in a bare image (.ci/run's own stage)")
+    config.addinivalue_line(
+        "markers",
+        "serial: runs alone (.ci/run runs these after the tests that run a few at once): it leaves a gone run's "
+        "containers for a prune to find, which any other trajproxy run on the engine would prune first, or it kills "
+        "a Ray node on a timetable that other tests' load would upset",
+    )
     # The token file servers keep a generated trainer token in: one of the test run's own, never the user's, made
     # now so that a client built before its `trajproxy serve` has started already finds the token.
     token_file = Path(tempfile.mkdtemp(prefix="tp-token")) / "trainer-token"

@@ -234,6 +234,7 @@ def only_the_crashed_one_is_gone(made: dict[str, Any]) -> None:
         assert made[name].status == "running", name
 
 
+@pytest.mark.serial
 def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine: Any, label: str) -> None:
     """Pruning runs on an engine others use: it removes the containers of this owner's runs that are gone, never
     a live run's (this test process plays one), another owner's or another host's."""
@@ -248,6 +249,7 @@ def test_sandbox_prune_removes_a_crashed_runs_containers_and_nothing_else(engine
     only_the_crashed_one_is_gone(made)
 
 
+@pytest.mark.serial
 def test_a_run_first_removes_what_runs_now_gone_left_on_its_engine(engine: Any, label: str, tmp_path: Path) -> None:
     """Leaked sandboxes do not pile up: any later `trajproxy run` prunes as `sandbox prune` does, before its tasks."""
     made = planted(engine, label)

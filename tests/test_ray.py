@@ -25,6 +25,8 @@ from proxy.storage.sql import engine_url
 from tests.conftest import EXAMPLE, POSTGRES_URL, fresh_schema
 from tests.test_launch import RUN, ended, started, wait_for
 
+pytestmark = pytest.mark.serial  # a node killed mid-run, on health checks every half second: alone on the cores
+
 needs_postgres = pytest.mark.skipif(
     not POSTGRES_URL and not os.environ.get("CI"),
     reason="no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)",

@@ -46,6 +46,7 @@ def prune(label: str) -> str:
     return done.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(300)
 def test_two_runs_on_one_engine_and_a_prune_between_them(
     engine: Any, task_image: str, label: str, tmp_path: Path

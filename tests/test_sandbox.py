@@ -385,6 +385,7 @@ def test_a_run_is_alive_while_its_process_runs_and_never_after() -> None:
     assert replace(gone, host="elsewhere").why_kept(here) == "made on another host (elsewhere)"
 
 
+@pytest.mark.serial
 def test_prune_removes_only_the_sandboxes_of_runs_that_are_gone(
     sandboxes: DockerSandboxes, engine: Any, socket_dir: str
 ) -> None:
