@@ -3,6 +3,8 @@ before any route reads the body or waits."""
 
 from __future__ import annotations
 
+import contextlib
+
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -49,9 +51,15 @@ class TrainerGate:
         try:
             self._check_door(scope)
             unknown = self._queries.refusal(scope["method"], path, scope["query_string"])
-            if unknown is not None:
-                await _refuse(send, 422, BadRequest.kind, unknown)  # FastAPI's status for a query it cannot take
-                return
+        except TrajproxyError as e:
+            await self._drain(scope, receive)
+            await _refuse(send, status_of(e), e.kind, e.message)
+            return
+        if unknown is not None:
+            await self._drain(scope, receive)
+            await _refuse(send, 422, BadRequest.kind, unknown)  # FastAPI's status for a query it cannot take
+            return
+        try:
             body = await read_body(scope, receive, self._max_body_bytes)
             if too_deep(body):
                 raise BadRequest(TOO_DEEP)
@@ -59,6 +67,13 @@ class TrainerGate:
             await _refuse(send, status_of(e), e.kind, e.message)
             return
         await self._app(scope, replay(body, receive), send)
+
+    async def _drain(self, scope: Scope, receive: Receive) -> None:
+        """Read and drop the body of a request refused before it was read (up to the body limit, and as long as it
+        does not stall): a connection closed with a body still arriving is reset, and the reset can reach the client
+        before it has read the refusal."""
+        with contextlib.suppress(TrajproxyError):
+            await read_body(scope, receive, self._max_body_bytes)
 
     def _check_door(self, scope: Scope) -> None:
         server = scope.get("server")
