@@ -22,8 +22,11 @@ from starlette.types import Receive, Scope, Send
 
 from proxy import __version__
 from proxy.core.broker import Broker
+from proxy.core.context import Context
 from proxy.core.errors import TrajproxyError
 from proxy.core.keys import new_id
+from proxy.core.local_queue import LocalQueue
+from proxy.core.shared_queue import SharedQueue
 from proxy.core.upstreams import Upstreams
 from proxy.http.agent import AgentRoutes
 from proxy.http.docs import add_docs
@@ -86,27 +89,30 @@ def create_app(settings: Settings) -> Trajproxy:
     metrics = PrometheusMetrics()
     replica = new_id("rp") if settings.shared else None  # one of several replicas sharing a Postgres database
     store = SqlStore(settings.database_url, on_commit=metrics.committed, replica=replica)
-    shared = PostgresQueue(store, dead_after_s=settings.replica_dead_s) if settings.shared else None
-    tokens = TiktokenCounter()
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
     served = ServedUpstream(api_key=key)
-    broker = Broker(
-        store,
-        tokens,
-        Upstreams({"model": LitellmUpstream(), "vllm": served, "sglang": served}),
-        turn_timeout_s=settings.turn_timeout_s,
+    context = Context.build(
+        store=store,
+        tokens=TiktokenCounter(),
+        upstream=Upstreams({"model": LitellmUpstream(), "vllm": served, "sglang": served}),
         lease_s=settings.lease_s,
+        turn_timeout_s=settings.turn_timeout_s,
         retry_grace_s=settings.retry_grace_s,
         restart_grace_s=settings.restart_grace_s,
         observer=metrics,
-        shared=shared,
     )
+    queue = (  # the one place that knows whether replicas share the database
+        SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
+        if settings.shared
+        else LocalQueue(context=context)
+    )
+    broker = Broker(context=context, queue=queue)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await store.open()
         try:
-            await broker.recover()  # the open turns a previous run left, for their agents' retries
+            await broker.start()  # the open turns a previous run left, for their agents' retries
             yield
         finally:
             await broker.drain()
@@ -133,7 +139,7 @@ def create_app(settings: Settings) -> Trajproxy:
             "status": "ok",
             "open_turns": broker.open_turns,
             "ready_turns": broker.ready_turns,
-            "waiting_pollers": broker.waiting_pollers,
+            "waiting_pollers": broker.queue.waiting,
             "paused": broker.weights.paused,
             "policy_version": broker.weights.policy_version,
         }

@@ -17,15 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from proxy.core.answers import Answers
-from proxy.core.deadlines import Deadlines
-from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
+from proxy.core.bell import Bell
+from proxy.core.context import Context
+from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import StorageError, TurnClosed
-from proxy.core.ledger import Ledger
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.pause import Pause
-from proxy.core.ports import SharedQueue, Store
+from proxy.core.ports import SharedDatabase
 from proxy.core.retries import replayed
-from proxy.core.shared_turns import Bell, settle_answered
 from proxy.core.values import Turn, TurnStatus
 
 log = logging.getLogger("trajproxy")
@@ -34,32 +33,18 @@ _EARLY_KEPT = 65536  # answers heard for turns not held here (most are other rep
 
 
 class Replicas:
-    def __init__(
-        self,
-        queue: SharedQueue,
-        lot: ParkingLot,
-        ledger: Ledger,
-        store: Store,
-        episodes: LiveEpisodes,
-        answers: Answers,
-        deadlines: Deadlines,
-        pause: Pause,
-        bell: Bell,
-        clock: Callable[[], float],
-        *,
-        lease_s: float,
-    ) -> None:
-        self._queue = queue
-        self._lot = lot
-        self._ledger = ledger
-        self._store = store
-        self._episodes = episodes
+    def __init__(self, *, context: Context, database: SharedDatabase, answers: Answers, bell: Bell) -> None:
+        self._queue = database
+        self._lot = context.lot
+        self._ledger = context.ledger
+        self._store = context.store
+        self._episodes = context.episodes
         self._answers = answers
-        self._deadlines = deadlines
-        self._pause = pause
+        self._deadlines = context.deadlines
+        self._pause = Pause(context.lot, answers.by_model)  # replaced by the broker's at `start`
         self._bell = bell
-        self._now = clock
-        self._lease_s = lease_s
+        self._now = context.clock
+        self._lease_s = context.lease_s
         self._beating: asyncio.Task[None] | None = None
         self._in_order: asyncio.Future[None] | None = None  # the last of the changes made in the order asked
         self._answered: set[str] = set()  # turns held here answered elsewhere, to be read at the next tick
@@ -67,8 +52,9 @@ class Replicas:
         # insert's commit and its slot being parked here (the agent's call resumes a moment later).
         self._early: OrderedDict[str, None] = OrderedDict()
 
-    async def start(self) -> int:
+    async def start(self, pause: Pause) -> int:
         """Join: hear the others, obey the pause, take over what dead replicas left. Returns how many turns."""
+        self._pause = pause
         await self._queue.start(self._heard)
         await self._obey_pause()
         taken = await self._take_over()
@@ -171,7 +157,7 @@ class Replicas:
             if slot is None or turn.status.open:
                 continue
             if turn.status is TurnStatus.ANSWERED and turn.reply is not None:
-                settle_answered(self._lot.settle, slot, turn)
+                settle_answered(self._lot, slot, turn)
                 if (live := self._episodes.get(turn.episode_id)) is not None:
                     live.account(turn, turn.reply)
             elif self._lot.settle(turn.id) is not None:
@@ -237,3 +223,12 @@ class Replicas:
         if taken:
             log.info("took over %d open turns of replicas that stopped", len(taken))
         return len(taken)
+
+
+def settle_answered(lot: ParkingLot, slot: Slot, turn: Turn) -> None:
+    """Hand an answer recorded in the database to the agent waiting on this replica's slot, once."""
+    if lot.settle(turn.id) is None:
+        return
+    slot.turn = replace(turn, lease_id=None)
+    if not slot.answer.done():
+        slot.answer.set_result(slot.turn)

@@ -32,7 +32,7 @@ def add_metrics(app: FastAPI, metrics: PrometheusMetrics, broker: Broker, catalo
         now = Snapshot(
             parked=broker.open_turns - leased,
             leased=leased,
-            long_polls=broker.waiting_pollers,
+            long_polls=broker.queue.waiting,
             episodes=await catalog.episode_counts(),
         )
         return Response(metrics.exposition(now), media_type=CONTENT_TYPE)

@@ -95,7 +95,7 @@ class _Session:
         finally:
             pusher.cancel()
             await asyncio.wait([pusher, *self._answering])  # replies sent are recorded, whoever hears of it
-            self._broker.release(list(self._in_flight.values()))  # at once, not when the leases run out
+            self._broker.queue.release(list(self._in_flight.values()))  # at once, not when the leases run out
 
     async def _push(self) -> None:
         episode = self._query.episode
@@ -103,7 +103,7 @@ class _Session:
             while True:
                 await self._room.wait()
                 room = self._query.max - len(self._in_flight)
-                turns = await self._broker.pull(episode, room, PULL_WAIT_S, self._query.lease)
+                turns = await self._broker.queue.pull(episode, room, PULL_WAIT_S, self._query.lease)
                 if not turns:
                     if episode is not None and (await self._broker.episode(episode)).status.closed:
                         await self._message({"type": "end", "reason": f"episode {episode} has ended"})

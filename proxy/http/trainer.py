@@ -125,7 +125,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
 
     @router.post("/episodes/{episode_id}/rewards", status_code=201, response_model=wire.Reward)
     async def add_reward(episode_id: str, body: wire.RewardIn) -> Response:
-        reward = await broker.add_reward(
+        reward = await broker.rewards.add(
             episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=body.turn_id
         )
         return json_response(reward_view(reward), 201)
@@ -172,7 +172,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
 
     @router.post("/turns/{turn_id}/reply", response_model=wire.Turn)
     async def reply(turn_id: str, body: wire.ReplyIn) -> Response:
-        turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
+        turn = await broker.answers.reply(turn_id, reply_from(body, turn_id), body.lease_id)
         return json_response(turn_view(turn))
 
     @router.post("/pause", response_model=wire.PauseState)
@@ -200,7 +200,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
     @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
     async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
         route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
-        turn = await broker.forward(turn_id, route, body.lease_id, None)
+        turn = await broker.answers.forward(turn_id, route, body.lease_id, None)
         return json_response(turn_view(turn))
 
     return router
@@ -219,8 +219,8 @@ async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -
     """Lease a batch of turns (long-polling up to `query.wait`); 499 if the trainer hung up meanwhile."""
     if query.episode is not None:
         await broker.episode(query.episode)
-    pull = broker.pull(query.episode, query.max, query.wait, query.lease)
-    turns = await until_disconnect(receive, pull, broker.release)
+    pull = broker.queue.pull(query.episode, query.max, query.wait, query.lease)
+    turns = await until_disconnect(receive, pull, broker.queue.release)
     if turns is None:
         return 499, b""
     return 200, orjson.dumps({"turns": [turn_view(turn) for turn in turns]})
@@ -247,7 +247,7 @@ async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem | replies.Re
     """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
     status: what both the batch route and the stream acknowledge with."""
     answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]
-    outcomes = await broker.reply_all(answers)
+    outcomes = await broker.answers.reply_all(answers)
     return [_result(turn_id, outcome) for (turn_id, _, _), outcome in zip(answers, outcomes, strict=True)]
 
 

@@ -46,7 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from proxy.cli import key_values
 from proxy.core.answers import first_difference
 from proxy.core.errors import NotFound, StorageError
-from proxy.core.replay import REPLAYED
+from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject, text_of
 from proxy.storage.atif import atif_lines
 from proxy.storage.sole import database_url, one_line

@@ -87,7 +87,7 @@ def action_routes(pages: Pages) -> APIRouter:
         fields = await form(request)
         try:
             body = hand_reward(field(fields, "name"), field(fields, "value"), field(fields, "info"))
-            await pages.broker.add_reward(
+            await pages.broker.rewards.add(
                 episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=None
             )
         except NotFound:
@@ -116,7 +116,7 @@ async def _by_hand(
         return pages.missing(request, f"There is no turn {turn_id!r}.")
     try:
         body = read(turn)
-        await pages.broker.reply(turn_id, replace(reply_from(body, turn_id), answered_by=HUMAN))
+        await pages.broker.answers.reply(turn_id, replace(reply_from(body, turn_id), answered_by=HUMAN))
     except Refused as e:
         return turn_page(pages, request, turn, 400, {**typed, f"{form_name}refused": str(e)})
     except TrajproxyError as e:

@@ -45,7 +45,7 @@ class Pages:
         return {
             "parked": self.broker.open_turns - leased,
             "leased": leased,
-            "waiting": self.broker.waiting_pollers,
+            "waiting": self.broker.queue.waiting,
         }
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:

@@ -81,7 +81,7 @@ def page_routes(pages: Pages) -> APIRouter:
 
     @router.get("/queue")
     async def queue(request: Request) -> Response:
-        shown = pages.broker.queue(QUEUE_SHOWN)
+        shown = pages.broker.open(QUEUE_SHOWN)
         name = "queue_rows.html" if request.query_params.get("partial") else "queue.html"
         return pages.render(request, name, turns=[(turn, _asked(turn)) for turn in shown], limit=QUEUE_SHOWN)
 

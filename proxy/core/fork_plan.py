@@ -1,4 +1,4 @@
-"""Forks: new episodes that replay a recorded one's first k calls, then go on under their own policy.
+"""Fork plans: how new episodes replay a recorded one's first k calls, then go on under their own policy.
 
 A fork runs its agent afresh. Its call number i (i < k) is matched against the parent's call number i on the
 conversation the agent sends; a match is answered with the parent's recorded reply (`answered_by: replay`),
