@@ -272,9 +272,6 @@ class Broker:
                 )
         return turns[0]
 
-    async def turn(self, turn_id: str) -> Turn:
-        return await self.queue.turn(turn_id)
-
     async def trajectory(self, episode_id: str) -> tuple[Episode, list[Turn], list[Reward]]:
         episode = await self.episode(episode_id)
         await self.drain()

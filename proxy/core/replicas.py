@@ -34,14 +34,14 @@ _EARLY_KEPT = 65536  # answers heard for turns not held here (most are other rep
 
 class Replicas:
     def __init__(self, *, context: Context, database: SharedDatabase, answers: Answers, bell: Bell) -> None:
-        self._queue = database
+        self._database = database
         self._lot = context.lot
         self._ledger = context.ledger
         self._store = context.store
         self._episodes = context.episodes
         self._answers = answers
         self._deadlines = context.deadlines
-        self._pause = Pause(context.lot, answers.by_model)  # replaced by the broker's at `start`
+        self._pause: Pause | None = None  # the broker's, from `start`
         self._bell = bell
         self._now = context.clock
         self._lease_s = context.lease_s
@@ -55,7 +55,7 @@ class Replicas:
     async def start(self, pause: Pause) -> int:
         """Join: hear the others, obey the pause, take over what dead replicas left. Returns how many turns."""
         self._pause = pause
-        await self._queue.start(self._heard)
+        await self._database.start(self._heard)
         await self._obey_pause()
         taken = await self._take_over()
         self._beating = asyncio.create_task(self._beat(), name="trajproxy-heartbeat")
@@ -66,7 +66,7 @@ class Replicas:
             self._beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beating
-        await self._queue.stop()
+        await self._database.stop()
 
     async def retried(self, found: Slot | None, live: LiveEpisode, wire: bytes) -> Slot | None:
         """An SDK retry, with the turn this replica found for it (see `retries`): back in every replica's queue if
@@ -80,7 +80,7 @@ class Replicas:
     async def attach(self, live: LiveEpisode, wire: bytes) -> Slot | None:
         """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked: this
         replica holds it from now on, and the retry waits on it."""
-        turn = await self._queue.attach(live.episode.id, wire)
+        turn = await self._database.attach(live.episode.id, wire)
         if turn is None:
             return None
         slot = self._lot.get(turn.id) or self._adopt(turn)
@@ -106,12 +106,12 @@ class Replicas:
 
     def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
         """Tell every replica of a pause (or of its end, None, with the policy version it names), in order."""
-        self._after(lambda: self._queue.set_pause(mode, retry_after_s, policy_version))
+        self._after(lambda: self._database.set_pause(mode, retry_after_s, policy_version))
 
     def away(self, slot: Slot, away: bool) -> None:
         """Keep a turn out of every replica's queue while its agent is away (it hung up), or put it back."""
         if self._lot.get(slot.turn.id) is slot:
-            self._after(lambda: self._queue.away(slot.turn.id, away))
+            self._after(lambda: self._database.away(slot.turn.id, away))
 
     def _after(self, change: Callable[[], Awaitable[None]]) -> None:
         """Make a change once the ones asked before it are made (a hang-up, then its retry: held, then back)."""
@@ -152,7 +152,7 @@ class Replicas:
         """Hand over what the database holds for turns this replica's agents wait on and others have settled."""
         if not turn_ids:
             return
-        for turn in (await self._queue.turns(turn_ids)).values():
+        for turn in (await self._database.turns(turn_ids)).values():
             slot = self._lot.get(turn.id)
             if slot is None or turn.status.open:
                 continue
@@ -182,7 +182,8 @@ class Replicas:
                 slot.fail(error)
 
     async def _obey_pause(self) -> None:
-        mode, retry_after_s, policy_version = await self._queue.pause_state()
+        assert self._pause is not None, "obeyed only once started"
+        mode, retry_after_s, policy_version = await self._database.pause_state()
         if policy_version is not None:
             self._answers.policy_version = policy_version
         if mode is not None:
@@ -194,7 +195,7 @@ class Replicas:
 
     async def _beat(self) -> None:
         while True:
-            await asyncio.sleep(self._queue.heartbeat_s)
+            await asyncio.sleep(self._database.heartbeat_s)
             try:
                 await self._take_over()
             except StorageError as e:
@@ -202,7 +203,7 @@ class Replicas:
 
     async def _take_over(self) -> int:
         """Say this replica is alive, and take over the open turns of replicas that are not."""
-        taken = await self._queue.beat()
+        taken = await self._database.beat()
         failed: list[Turn] = []
         for turn, held_for in taken:
             if self._lot.get(turn.id) is not None:  # its own, taken back (it was thought dead for a while)

@@ -71,7 +71,7 @@ class Steps:
         self, episode_id: str, turn_id: str, action: Reply, wait_s: float, lease_s: float | None
     ) -> TimeStep:
         """Answer the call `turn_id` with `action`, then wait for the agent's next call."""
-        turn = await self._broker.turn(turn_id)
+        turn = await self._broker.queue.turn(turn_id)
         if turn.episode_id != episode_id:
             raise Conflict(f"turn {turn_id} belongs to another episode")
         await self._broker.answers.reply(turn_id, action)  # idempotent: a step sent again answers nothing twice

@@ -113,7 +113,7 @@ class AgentRoutes:
         if previous_id is None:
             return parsed
         try:
-            previous = await self._broker.turn(previous_id)
+            previous = await self._broker.queue.turn(previous_id)
         except NotFound:
             previous = None
         if previous is None or previous.episode_id != episode.id:

@@ -168,7 +168,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
 
     @router.get("/turns/{turn_id}", response_model=wire.Turn)
     async def get_turn(turn_id: str) -> Response:
-        return json_response(turn_view(await broker.turn(turn_id)))
+        return json_response(turn_view(await broker.queue.turn(turn_id)))
 
     @router.post("/turns/{turn_id}/reply", response_model=wire.Turn)
     async def reply(turn_id: str, body: wire.ReplyIn) -> Response:

@@ -111,7 +111,7 @@ async def _by_hand(
     """Read a hand answer for the turn and record it as the trainer API would, `answered_by: human`. A form that
     cannot be used, or a turn no longer open (answered meanwhile, its agent gone), shows the form again with why."""
     try:
-        turn = await pages.broker.turn(turn_id)
+        turn = await pages.broker.queue.turn(turn_id)
     except NotFound:
         return pages.missing(request, f"There is no turn {turn_id!r}.")
     try:
@@ -120,6 +120,6 @@ async def _by_hand(
     except Refused as e:
         return turn_page(pages, request, turn, 400, {**typed, f"{form_name}refused": str(e)})
     except TrajproxyError as e:
-        turn = await pages.broker.turn(turn_id)
+        turn = await pages.broker.queue.turn(turn_id)
         return turn_page(pages, request, turn, 409, {**typed, f"{form_name}refused": e.message})
     return RedirectResponse(f"/ui/turns/{turn_id}", 303)

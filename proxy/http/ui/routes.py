@@ -88,7 +88,7 @@ def page_routes(pages: Pages) -> APIRouter:
     @router.get("/turns/{turn_id}")
     async def turn(request: Request, turn_id: str) -> Response:
         try:
-            found = await pages.broker.turn(turn_id)
+            found = await pages.broker.queue.turn(turn_id)
         except NotFound:
             return pages.missing(request, f"There is no turn {turn_id!r}.")
         return turn_page(pages, request, found)
@@ -96,7 +96,7 @@ def page_routes(pages: Pages) -> APIRouter:
     @router.get("/turns/{turn_id}/raw")
     async def raw(turn_id: str) -> Response:
         """The turn as the trainer API gives it: the request as received and normalised, and the reply."""
-        return json_response(turn_view(await pages.broker.turn(turn_id)))
+        return json_response(turn_view(await pages.broker.queue.turn(turn_id)))
 
     return router
 
