@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from proxy.core.context import Context
-from proxy.core.errors import NotFound, TrajproxyError, TurnClosed, UpstreamError
+from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed, UpstreamError
 from proxy.core.parking import Slot
 from proxy.core.values import ModelRoute, Reply, Turn, TurnStatus, Usage
 
@@ -160,6 +160,12 @@ class Answers:
         size = sum(len(replies[i][0].wire) for i in missing)
         loaded = all(tokens.ready(replies[i][0].request.get("model")) for i in missing)
         return count() if loaded and size <= _COUNT_OFF_LOOP_BYTES else await asyncio.to_thread(count)
+
+
+def handed_out_again(turn_id: str, lease_id: str | None) -> Conflict:
+    return Conflict(
+        f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; this reply was not recorded"
+    )
 
 
 def same_reply(recorded: Reply, offered: Reply) -> bool:

@@ -1,4 +1,4 @@
-"""The bell: wakes trainers' pulls waiting on the shared queue when a notice says turns may have become pullable."""
+"""The bell: wakes trainers' pulls waiting for turns (of one episode, or of any) when turns may have become pullable."""
 
 from __future__ import annotations
 

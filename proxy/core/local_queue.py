@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from proxy.core.answers import Answer, Answers, Claim, Outcome, same_reply
+from proxy.core.answers import Answer, Answers, Claim, Outcome, handed_out_again, same_reply
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, TrajproxyError, TurnClosed
@@ -114,12 +114,7 @@ class LocalBook:
             if slot is not None and lease_id is not None and (before := _before_restart(slot.turn, lease_id)):
                 slot.turn = replace(slot.turn, deliveries=before)  # the delivery its reply names is recorded
             elif slot is not None and lease_id is not None and slot.turn.lease_id != lease_id:
-                claims.append(
-                    Conflict(
-                        f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; "
-                        "this reply was not recorded"
-                    )
-                )
+                claims.append(handed_out_again(turn_id, lease_id))
                 continue
             claims.append(None if slot is None else Claim(slot.turn, reply, slot))
         return claims

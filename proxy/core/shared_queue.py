@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from proxy.core.answers import Answer, Answers, Claim, Outcome, same_reply
+from proxy.core.answers import Answer, Answers, Claim, Outcome, handed_out_again, same_reply
 from proxy.core.bell import Bell
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
@@ -121,9 +121,14 @@ class SharedBook:
                 claims.append(NotFound(f"no turn {turn_id!r}"))
                 continue
             try:
-                claims.append(Claim(turn, reply, delivery=self._delivery(turn_id, lease_id)))
+                delivery = self._delivery(turn_id, lease_id)
             except Conflict as e:
                 claims.append(e)
+                continue
+            if delivery is not None and turn.status.open and delivery != turn.deliveries:
+                claims.append(handed_out_again(turn_id, lease_id))
+                continue
+            claims.append(Claim(turn, reply, delivery=delivery))
         return claims
 
     async def record(self, claims: Sequence[Claim], now: float) -> list[Outcome | None]:
