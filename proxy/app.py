@@ -29,7 +29,6 @@ from proxy.http.agent import AgentRoutes
 from proxy.http.docs import add_docs
 from proxy.http.edge import asks_upgrade, error_body, invalid, redact, refuse_upgrade, status_of
 from proxy.http.fast import FastLane
-from proxy.http.gate import TrainerGate
 from proxy.http.metrics import add_metrics
 from proxy.http.queries import DeclaredQueries
 from proxy.http.sandbox_door import from_sandbox, sandbox_door
@@ -37,6 +36,7 @@ from proxy.http.stalls import timed_body
 from proxy.http.stream import PATH as STREAM_PATH
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
+from proxy.http.trainer_gate import TrainerGate
 from proxy.http.ui import add_ui
 from proxy.metrics import PrometheusMetrics
 from proxy.served import ServedUpstream

@@ -35,9 +35,9 @@ from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.values import Turn
 from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
-from proxy.http.gate import too_deep
 from proxy.http.trainer import answer_all
-from proxy.http.views import turn_view
+from proxy.http.trainer_gate import too_deep
+from proxy.http.trainer_json import turn_view
 from proxy.wire import replies
 
 PATH = "/api/turns/stream"

@@ -18,7 +18,7 @@ from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
 from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Turn, route_of
 from proxy.http.edge import disconnected, status_of
-from proxy.http.views import (
+from proxy.http.trainer_json import (
     episode_settings,
     episode_view,
     reply_from,
