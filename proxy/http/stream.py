@@ -40,7 +40,6 @@ from proxy.http.trainer_gate import too_deep
 from proxy.http.trainer_json import turn_view
 from proxy.wire import replies
 
-PATH = "/api/turns/stream"
 PULL_WAIT_S = 30.0  # one long poll after another; its length only sets how often an idle stream looks again
 _INTERNAL_ERROR = 1011
 _MAX_REASON_BYTES = 123  # what a close frame holds
