@@ -112,15 +112,15 @@ def route_table(
         ),
         trainer_api("POST", "/api/turns/{turn_id}/forward", trainer.forward, wire.Turn),
         Route(WEBSOCKET, "/api/turns/stream", Door.TRAINER, stream),  # leased turns pushed, replies sent back
-        Route("GET HEAD", "/api/docs", Door.OPEN, api),  # the schema and its page: no data, no token
-        Route("GET HEAD", "/api/openapi.json", Door.OPEN, api),
+        Route(ANY, "/api/docs", Door.OPEN, api),  # the schema and its page: no data, no token (FastAPI's 405s)
+        Route(ANY, "/api/openapi.json", Door.OPEN, api),
         Route(ANY, "/api/{path:path}", Door.TRAINER, api),  # the rest under /api: the door, then FastAPI's 404/405
         # Open, on TCP
         Route("GET HEAD", "/health", Door.SOCKET, sandbox_health),  # on the sandbox socket, bare
-        Route("GET HEAD", "/health", Door.OPEN, api, health.health, in_schema=False),
+        Route("GET", "/health", Door.OPEN, api, health.health, in_schema=False),
         Route("GET HEAD", "/", Door.OPEN, api, root, in_schema=False),
-        Route("GET HEAD", "/metrics", Door.OPEN, api),
-        Route("GET HEAD", "/docs-assets/{path:path}", Door.OPEN, api),  # the docs page's scripts and styles
+        Route("GET", "/metrics", Door.OPEN, api),
+        Route(ANY, "/docs-assets/{path:path}", Door.OPEN, api),  # the docs page's scripts and styles
         Route(ANY, "/ui", Door.OPEN, api),  # the web page, which asks for its own login
         Route(ANY, "/ui/{path:path}", Door.OPEN, api),
         # Anything else: on the sandbox socket a 403 (a 404 under /e/<key>), on TCP FastAPI's 404 or 405
@@ -139,7 +139,7 @@ def framework_routes(table: Sequence[Route]) -> APIRouter:
             router.add_api_route(
                 route.path,
                 route.endpoint,
-                methods=sorted(route.allowed - {"HEAD"}),
+                methods=sorted(route.allowed),
                 status_code=route.status,
                 response_model=route.model,
                 include_in_schema=route.in_schema,
