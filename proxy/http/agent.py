@@ -10,6 +10,7 @@ which the table's 405 uses too. The key in the path (`/e/<key>`) and Gemini's `{
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 from urllib.parse import parse_qsl
 
 from starlette.types import Receive, Scope, Send
@@ -29,6 +30,15 @@ from proxy.settings import Settings
 
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
 MODELS = b'{"object":"list","data":[{"id":"trajproxy","object":"model","created":0,"owned_by":"trajproxy"}]}'
+
+
+class AgentHandler(Protocol):
+    """A plain ASGI handler of an agent route, with the dialect its errors (and its route's 405) are shaped in."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, /) -> None: ...
 
 
 async def refuse(send: Send, dialect: Dialect, error: TrajproxyError) -> None:

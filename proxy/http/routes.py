@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import wire
 from proxy.dialects.dialect import Dialect
-from proxy.http.agent import AgentCalls, not_allowed
+from proxy.http.agent import AgentCalls, AgentHandler, not_allowed
 from proxy.http.edge import asks_upgrade, refuse_upgrade
 from proxy.http.health import Health, root
 from proxy.http.sandbox_door import from_sandbox, sandbox_door, sandbox_health
@@ -43,7 +43,7 @@ from proxy.http.trainer import TrainerApi
 from proxy.http.trainer_gate import TrainerGate
 
 WEBSOCKET = "WEBSOCKET"  # a route's method for a WebSocket handshake
-ANY = "*"  # every HTTP method: the framework says which it allows
+ANY = "*"  # as a method: every HTTP method (the framework says which it allows); as a path: every path
 
 
 class Door(enum.Enum):
@@ -76,7 +76,7 @@ def route_table(
 ) -> list[Route]:
     """Every route trajproxy serves."""
 
-    def agent(methods: str, path: str, handler: Any) -> Route:
+    def agent(methods: str, path: str, handler: AgentHandler) -> Route:
         return Route(methods, path, Door.AGENT, handler, keyed=True, dialect=handler.dialect)
 
     def trainer_api(methods: str, path: str, endpoint: Callable[..., Any], model: type, status: int = 200) -> Route:
@@ -163,6 +163,7 @@ class Router:
     What is not a request (the server's lifespan: the store opens and closes) goes to FastAPI."""
 
     def __init__(self, table: Sequence[Route], gate: TrainerGate, api: ASGIApp, body_read_timeout_s: float) -> None:
+        self.table = tuple(table)
         self._gate = gate
         self._api = api
         self._body_read_timeout_s = body_read_timeout_s
@@ -183,7 +184,7 @@ class Router:
         elif scope["type"] != "websocket":
             await self._api(scope, receive, send)
             return
-        found = self._match(scope)
+        found = self.match(scope)
         if found is None:  # a WebSocket handshake on a path that takes none
             await refuse_upgrade(scope, send)
             return
@@ -204,7 +205,9 @@ class Router:
                 receive = admitted
         await route.serve(scope, receive, send)
 
-    def _match(self, scope: Scope) -> tuple[Route, dict[str, str]] | None:
+    def match(self, scope: Scope) -> tuple[Route, dict[str, str]] | None:
+        """The route that serves the request, and its path's parameters (the key of `/e/<key>` as `key`); None for
+        a WebSocket handshake on a path that takes none."""
         path: str = scope["path"]
         if path.startswith("/e/"):  # an agent route with the episode key in the path
             key, _, rest = path[3:].partition("/")
