@@ -18,7 +18,7 @@ import msgspec
 import orjson
 
 from proxy import wire
-from proxy.http.views import reply_from
+from proxy.http.trainer_json import reply_from
 from proxy.wire import replies
 
 ITEM = {

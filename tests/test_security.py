@@ -89,7 +89,7 @@ from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.core import keys
 from proxy.core.broker import Broker
 from proxy.http.edge import MAX_JSON_DEPTH
-from proxy.http.gate import TrainerGate
+from proxy.http.trainer_gate import TrainerGate
 from proxy.storage.sql import engine_url
 from sandbox.containers import Limits, SandboxSpec
 from sandbox.docker_sandbox import DockerSandboxes

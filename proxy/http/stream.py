@@ -35,12 +35,11 @@ from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.values import Turn
 from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
-from proxy.http.gate import too_deep
 from proxy.http.trainer import answer_all
-from proxy.http.views import turn_view
+from proxy.http.trainer_gate import too_deep
+from proxy.http.trainer_json import turn_view
 from proxy.wire import replies
 
-PATH = "/api/turns/stream"
 PULL_WAIT_S = 30.0  # one long poll after another; its length only sets how often an idle stream looks again
 _INTERNAL_ERROR = 1011
 _MAX_REASON_BYTES = 123  # what a close frame holds

@@ -16,12 +16,12 @@ from starlette.responses import RedirectResponse, Response
 from proxy import wire
 from proxy.core.errors import NotFound, TrajproxyError
 from proxy.core.values import Turn
+from proxy.http.trainer_json import reply_from
 from proxy.http.ui.auth import check_door, local_path
 from proxy.http.ui.forms import Refused, hand_answer, hand_error, hand_reward
 from proxy.http.ui.pages import Pages, field, form
 from proxy.http.ui.routes import guard, turn_page
 from proxy.http.ui.throttle import LoginThrottle, retry_after
-from proxy.http.views import reply_from
 
 HUMAN = "human"  # answered_by of a turn answered on the page
 log = logging.getLogger("trajproxy")

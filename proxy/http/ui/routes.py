@@ -13,11 +13,11 @@ from starlette.responses import RedirectResponse, Response
 from proxy.core.errors import NotFound
 from proxy.core.values import Turn
 from proxy.http.trainer import json_response
+from proxy.http.trainer_json import turn_view
 from proxy.http.ui import views
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
 from proxy.http.ui.lineage import lineage
 from proxy.http.ui.pages import Pages
-from proxy.http.views import turn_view
 
 QUEUE_SHOWN = 200
 

@@ -1,12 +1,13 @@
 """TrainerGate: the trainer API's door; the token, the query's names, the body size and its JSON nesting are checked
-before any route reads the body or waits."""
+before any route reads the body or waits. The route table (`proxy.http.routes`) sends every route whose door is the
+trainer's through it."""
 
 from __future__ import annotations
 
 import contextlib
 
 import orjson
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorized
 from proxy.core.keys import same_secret
@@ -23,50 +24,45 @@ from proxy.http.edge import (
 )
 from proxy.http.queries import DeclaredQueries
 
-OPEN_PATHS = frozenset({"/api/docs", "/api/openapi.json"})  # the schema only; no data
-
 
 class TrainerGate:
-    """Pure ASGI (no BaseHTTPMiddleware): requests outside /api pass straight through."""
-
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int, queries: DeclaredQueries) -> None:
-        self._app = app
+    def __init__(self, token: str | None, max_body_bytes: int, queries: DeclaredQueries) -> None:
         self._token = token
         self._max_body_bytes = max_body_bytes
         self._queries = queries
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope.get("path", "")
-        if scope["type"] == "websocket":  # the trainer's stream: the same door, checked before the handshake is
-            try:  # accepted; its query is the stream's own to check
-                self._check_door(scope)
-            except TrajproxyError as e:
-                await deny(scope, send, status_of(e), error_body(e.kind, e.message))
-                return
-            await self._app(scope, receive, send)
-            return
-        if scope["type"] != "http" or not path.startswith("/api/") or path in OPEN_PATHS:
-            await self._app(scope, receive, send)
-            return
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Check an HTTP request at the door and read its body: what its route reads the body from, or None once
+        the request has been refused."""
         try:
             self._check_door(scope)
-            unknown = self._queries.refusal(scope["method"], path, scope["query_string"])
+            unknown = self._queries.refusal(scope["method"], scope["path"], scope["query_string"])
         except TrajproxyError as e:
             await self._drain(scope, receive)
             await _refuse(send, status_of(e), e.kind, e.message)
-            return
+            return None
         if unknown is not None:
             await self._drain(scope, receive)
             await _refuse(send, 422, BadRequest.kind, unknown)  # FastAPI's status for a query it cannot take
-            return
+            return None
         try:
             body = await read_body(scope, receive, self._max_body_bytes)
             if too_deep(body):
                 raise BadRequest(TOO_DEEP)
         except TrajproxyError as e:
             await _refuse(send, status_of(e), e.kind, e.message)
-            return
-        await self._app(scope, replay(body, receive), send)
+            return None
+        return replay(body, receive)
+
+    async def admit_handshake(self, scope: Scope, send: Send) -> bool:
+        """Check a WebSocket handshake (the trainer's stream) before it is accepted; its query is the stream's own
+        to check. False once it has been refused."""
+        try:
+            self._check_door(scope)
+        except TrajproxyError as e:
+            await deny(scope, send, status_of(e), error_body(e.kind, e.message))
+            return False
+        return True
 
     async def _drain(self, scope: Scope, receive: Receive) -> None:
         """Read and drop the body of a request refused before it was read (up to the body limit, and as long as it
