@@ -21,6 +21,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy import __version__
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.prometheus_metrics import PrometheusMetrics
+from proxy.adapters.served_upstream import ServedUpstream
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.keys import new_id
@@ -38,14 +42,10 @@ from proxy.http.stream import PATH as STREAM_PATH
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
 from proxy.http.ui import add_ui
-from proxy.metrics import PrometheusMetrics
-from proxy.served import ServedUpstream
 from proxy.settings import Settings
 from proxy.storage.shared import PostgresQueue
 from proxy.storage.sql import SqlStore
-from proxy.tokens import TiktokenCounter
 from proxy.trainer_token import settle
-from proxy.upstream import LitellmUpstream
 
 log = logging.getLogger("trajproxy")
 

@@ -2,7 +2,7 @@
 
 Each turn is one agent call (`proxy.http.agent`), and a share of one trainer pull and one batch reply. Those
 skip FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when
-they went through it), and a batch reply's body is decoded into msgspec Structs (`proxy.wire.replies`), not
+they went through it), and a batch reply's body is decoded into msgspec Structs (`proxy.schema.replies`), not
 pydantic models. A trainer request whose query or body does not validate goes on to its FastAPI route, which
 answers with the usual 422 and is also what the OpenAPI schema describes.
 """
@@ -16,13 +16,13 @@ import msgspec
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy import wire
+from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.http.edge import error_body, read_body, replay, respond, status_of
 from proxy.http.trainer import next_batch, reply_batch
+from proxy.schema import replies
 from proxy.settings import Settings
-from proxy.wire import replies
 
 # The batch reply's body, decoded into Structs; what they refuse goes to the route, whose pydantic model may
 # accept it (`5.0` for an integer) or says what is wrong
@@ -47,7 +47,7 @@ class FastLane:
 
     async def _next_turns(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            query = wire.TurnsQuery.model_validate(_query(scope))
+            query = schema.TurnsQuery.model_validate(_query(scope))
         except ValidationError:
             await self._app(scope, receive, send)
             return
@@ -65,7 +65,7 @@ class FastLane:
             return
         try:
             batch = _REPLIES.decode(raw)
-            query = wire.RepliesQuery.model_validate(_query(scope))
+            query = schema.RepliesQuery.model_validate(_query(scope))
         except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
             await self._app(scope, replay(raw, receive), send)
             return

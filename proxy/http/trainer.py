@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from proxy import wire
+from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
@@ -27,8 +27,8 @@ from proxy.http.views import (
     trajectory_view,
     turn_view,
 )
+from proxy.schema import replies
 from proxy.settings import Settings
-from proxy.wire import replies
 
 T = TypeVar("T")
 
@@ -59,14 +59,14 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[
 
 
 def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
-    refused = {"model": wire.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
-    failed = {"model": wire.ApiError, "description": "the database or a model answering for the trainer failed"}
+    refused = {"model": schema.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
+    failed = {"model": schema.ApiError, "description": "the database or a model answering for the trainer failed"}
     # TrainerGate has checked the token, the query's names and the body size
     router = APIRouter(prefix="/api", tags=["trainer"], responses={"4XX": refused, "5XX": failed})
     steps = Steps(broker)
 
-    @router.post("/episodes", status_code=201, response_model=wire.EpisodeCreated)
-    async def create_episode(body: wire.EpisodeCreate, request: Request) -> Response:
+    @router.post("/episodes", status_code=201, response_model=schema.EpisodeCreated)
+    async def create_episode(body: schema.EpisodeCreate, request: Request) -> Response:
         episode, key = await broker.create_episode(
             body.task, body.metadata, body.turn_timeout_s, **episode_settings(body)
         )
@@ -85,8 +85,8 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         }
         return {**episode_view(episode), "key": key, "env": env}
 
-    @router.post("/episodes/{episode_id}/fork", status_code=201, response_model=wire.Forks)
-    async def fork(episode_id: str, body: wire.ForkIn, request: Request) -> Response:
+    @router.post("/episodes/{episode_id}/fork", status_code=201, response_model=schema.Forks)
+    async def fork(episode_id: str, body: schema.ForkIn, request: Request) -> Response:
         made = await broker.fork(
             episode_id,
             body.at_turn,
@@ -99,7 +99,7 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         )
         return json_response({"episodes": [created(episode, key, request) for episode, key in made]}, 201)
 
-    @router.get("/episodes", response_model=wire.EpisodeList)
+    @router.get("/episodes", response_model=schema.EpisodeList)
     async def list_episodes(
         status: EpisodeStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -114,27 +114,27 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
             }
         )
 
-    @router.get("/episodes/{episode_id}", response_model=wire.Episode)
+    @router.get("/episodes/{episode_id}", response_model=schema.Episode)
     async def get_episode(episode_id: str) -> Response:
         return json_response(episode_view(await broker.episode(episode_id)))
 
-    @router.post("/episodes/{episode_id}/finish", response_model=wire.Episode)
-    async def finish_episode(episode_id: str, body: wire.FinishIn) -> Response:
+    @router.post("/episodes/{episode_id}/finish", response_model=schema.Episode)
+    async def finish_episode(episode_id: str, body: schema.FinishIn) -> Response:
         episode = await broker.finish(episode_id, EpisodeStatus(body.status), body.reason)
         return json_response(episode_view(episode))
 
-    @router.post("/episodes/{episode_id}/rewards", status_code=201, response_model=wire.Reward)
-    async def add_reward(episode_id: str, body: wire.RewardIn) -> Response:
+    @router.post("/episodes/{episode_id}/rewards", status_code=201, response_model=schema.Reward)
+    async def add_reward(episode_id: str, body: schema.RewardIn) -> Response:
         reward = await broker.add_reward(
             episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=body.turn_id
         )
         return json_response(reward_view(reward), 201)
 
-    @router.get("/episodes/{episode_id}/trajectory", response_model=wire.Trajectory)
+    @router.get("/episodes/{episode_id}/trajectory", response_model=schema.Trajectory)
     async def trajectory(episode_id: str) -> Response:
         return json_response(trajectory_view(*await broker.trajectory(episode_id)))
 
-    @router.post("/episodes/{episode_id}/reset", response_model=wire.TimeStep)
+    @router.post("/episodes/{episode_id}/reset", response_model=schema.TimeStep)
     async def reset(
         episode_id: str,
         request: Request,
@@ -145,10 +145,10 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo)
         return json_response(timestep_view(step)) if step else Response(status_code=499)
 
-    @router.post("/episodes/{episode_id}/step", response_model=wire.TimeStep)
+    @router.post("/episodes/{episode_id}/step", response_model=schema.TimeStep)
     async def step(
         episode_id: str,
-        body: wire.StepIn,
+        body: schema.StepIn,
         request: Request,
         wait: Annotated[float, Query(ge=0, le=600)] = 60,
         lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
@@ -161,44 +161,44 @@ def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
         result = await until_disconnect(request.receive, action, steps.undo)
         return json_response(timestep_view(result)) if result else Response(status_code=499)
 
-    @router.get("/turns/next", response_model=wire.TurnBatch)
-    async def next_turns(request: Request, query: Annotated[wire.TurnsQuery, Query()]) -> Response:
+    @router.get("/turns/next", response_model=schema.TurnBatch)
+    async def next_turns(request: Request, query: Annotated[schema.TurnsQuery, Query()]) -> Response:
         status, body = await next_batch(broker, query, request.receive)
         return Response(body, status, media_type="application/json")
 
-    @router.get("/turns/{turn_id}", response_model=wire.Turn)
+    @router.get("/turns/{turn_id}", response_model=schema.Turn)
     async def get_turn(turn_id: str) -> Response:
         return json_response(turn_view(await broker.turn(turn_id)))
 
-    @router.post("/turns/{turn_id}/reply", response_model=wire.Turn)
-    async def reply(turn_id: str, body: wire.ReplyIn) -> Response:
+    @router.post("/turns/{turn_id}/reply", response_model=schema.Turn)
+    async def reply(turn_id: str, body: schema.ReplyIn) -> Response:
         turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
         return json_response(turn_view(turn))
 
-    @router.post("/pause", response_model=wire.PauseState)
-    async def pause(body: wire.PauseIn) -> Response:
+    @router.post("/pause", response_model=schema.PauseState)
+    async def pause(body: schema.PauseIn) -> Response:
         """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
         in_flight = await broker.weights.pause(body.mode, body.retry_after_s, body.drain_s)
         return json_response(pause_view(broker, 0, in_flight))
 
-    @router.post("/resume", response_model=wire.PauseState)
-    async def resume(body: wire.ResumeIn) -> Response:
+    @router.post("/resume", response_model=schema.PauseState)
+    async def resume(body: schema.ResumeIn) -> Response:
         """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
         it (a weight update's step)."""
         released = broker.weights.resume(body.policy_version)
         return json_response(pause_view(broker, released, 0))
 
-    @router.post("/turns/replies", response_model=wire.ReplyResults)
+    @router.post("/turns/replies", response_model=schema.ReplyResults)
     async def reply_many(
-        body: wire.ReplyBatch, request: Request, query: Annotated[wire.RepliesQuery, Query()]
+        body: schema.ReplyBatch, request: Request, query: Annotated[schema.RepliesQuery, Query()]
     ) -> Response:
         """Answer a batch of turns (one model batch's outputs); results come back in the same order. With
         `pull=N`, the next batch comes back too, leased, in `turns`."""
         status, reply = await reply_batch(broker, body, query, request.receive)
         return Response(reply, status, media_type="application/json")
 
-    @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
-    async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
+    @router.post("/turns/{turn_id}/forward", response_model=schema.Turn)
+    async def forward(turn_id: str, body: schema.ForwardIn) -> Response:
         route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
         turn = await broker.forward(turn_id, route, body.lease_id, None)
         return json_response(turn_view(turn))
@@ -215,7 +215,7 @@ def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
 # well-formed, and the routes above when it is not (and for the schema).
 
 
-async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
+async def next_batch(broker: Broker, query: schema.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
     """Lease a batch of turns (long-polling up to `query.wait`); 499 if the trainer hung up meanwhile."""
     if query.episode is not None:
         await broker.episode(query.episode)
@@ -227,7 +227,7 @@ async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -
 
 
 async def reply_batch(
-    broker: Broker, batch: wire.ReplyBatch | replies.ReplyBatch, query: wire.RepliesQuery, receive: Receive
+    broker: Broker, batch: schema.ReplyBatch | replies.ReplyBatch, query: schema.RepliesQuery, receive: Receive
 ) -> tuple[int, bytes]:
     """Answer the batch; with `query.pull`, then lease the next batch (long-polling up to `query.wait`). The
     replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
@@ -236,14 +236,14 @@ async def reply_batch(
     results = await answer_all(broker, batch.replies)
     if not query.pull:
         return 200, orjson.dumps({"results": results})
-    pulled = wire.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
+    pulled = schema.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
     status, body = await next_batch(broker, pulled, receive)
     if status != 200:
         return status, body
     return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})
 
 
-async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
+async def answer_all(broker: Broker, items: Sequence[schema.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
     """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
     status: what both the batch route and the stream acknowledge with."""
     answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]

@@ -40,7 +40,7 @@ from sqlmodel import SQLModel
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
 from proxy.core.errors import StorageError
 from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
-from proxy.storage.sole import SoleServer
+from proxy.storage.database_lock import DatabaseLock
 from proxy.storage.tables import (
     TURN_SETTLED,
     TURN_STATE,
@@ -118,7 +118,7 @@ class SqlStore:
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
         self._engine: Engine | None = None
         self._writer: Writer | None = None
-        self._sole = SoleServer(self.url, shared=replica is not None)
+        self._sole = DatabaseLock(self.url, shared=replica is not None)
 
     async def open(self) -> None:
         if self.replica is not None and self.url.startswith("sqlite"):

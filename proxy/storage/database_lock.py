@@ -44,7 +44,7 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-class SoleServer:
+class DatabaseLock:
     def __init__(self, url: str, *, shared: bool = False) -> None:
         parsed = database_url(url)
         memory = parsed.database in (None, "", ":memory:")
@@ -134,6 +134,6 @@ class SoleServer:
 def check_free(url: str, *, shared: bool = False) -> None:
     """Refuse, before anything starts, a database another process serves (StorageError saying so); the store
     takes the lock for real when it opens."""
-    probe = SoleServer(url, shared=shared)
+    probe = DatabaseLock(url, shared=shared)
     probe.acquire()
     probe.release()

@@ -19,7 +19,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.serving import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET, KeyRedactor, install_log_filter
+from proxy.servers.redaction import KeyRedactor, install_log_filter
+from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
 
 # granian admits at most this many requests at once per worker, holding the rest in the accept queue: parked calls
 # are requests, and a run parks thousands.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from proxy.metrics import PrometheusMetrics
+    from proxy.adapters.prometheus_metrics import PrometheusMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +37,9 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
 
     Raises CannotListen if the port cannot be bound, StorageError if another process serves the database."""
     from proxy.app import create_app
-    from proxy.serving import front, listen
-    from proxy.storage.sole import check_free
+    from proxy.servers.front import front
+    from proxy.servers.sockets import listen
+    from proxy.storage.database_lock import check_free
     from proxy.trainer_token import settle
 
     check_free(database_url, shared=bool(settings.get("shared")))
