@@ -1,4 +1,5 @@
-"""Settings, read once at start-up from flags and TRAJPROXY_* environment variables."""
+"""Settings, read once at start-up from flags and TRAJPROXY_* environment variables; `key=value` flags read
+as pairs."""
 
 from __future__ import annotations
 

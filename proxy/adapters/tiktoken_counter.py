@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import tiktoken
+
 from proxy.core.values import JsonObject
 
 FALLBACK_ENCODING = "o200k_base"
@@ -68,8 +70,6 @@ class TiktokenCounter:
 
 
 def _encoding_for(model: str | None) -> Any:
-    import tiktoken
-
     if model:
         try:
             return tiktoken.encoding_for_model(model.rsplit("/", 1)[-1])

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from proxy import __version__
+from proxy.cli.export import export_command
 from proxy.cli.serve import serve
 from proxy.settings import Settings
 
@@ -25,9 +26,6 @@ DESCRIPTION = (
     "agents` builds and lists agent bundles; `trajproxy sandbox prune` removes containers that runs left. "
     "`trajproxy COMMAND --help` says more."
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,8 +127,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"trajproxy: invalid settings:\n{e}")
         serve(settings)
     elif args.command == "export":
-        from proxy.cli.export import export_command
-
         sys.exit(export_command(args))
     else:  # a plugin's command: its parser names the function that runs it
         sys.exit(args.handler(args))

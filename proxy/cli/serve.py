@@ -6,8 +6,13 @@ import gc
 import logging
 import sys
 
+from proxy.app import create_app
+from proxy.core.errors import StorageError
+from proxy.servers.front import front
+from proxy.servers.sockets import listen
 from proxy.settings import Settings
-from proxy.trainer_token import KeptToken
+from proxy.storage.database_lock import check_free
+from proxy.trainer_token import KeptToken, TokenFileError, settle
 
 # The collector's thresholds while serving. Python's defaults (700, 10, 10) ran a full collection every 2 s or so at
 # 64 agents, each up to 135 ms, over everything alive, imports included: 6% of the core and most of the p99
@@ -25,10 +30,8 @@ def settle_collector() -> None:
 
 
 def serve(settings: Settings) -> None:
-    from proxy.core.errors import StorageError
-    from proxy.storage.database_lock import check_free
-    from proxy.trainer_token import TokenFileError, settle
-
+    """Serve until SIGINT or SIGTERM; exit with a one-line reason if the settings, the database, the token file or
+    the port refuse."""
     if (refusal := settings.refusal()) is not None:
         sys.exit(f"trajproxy: {refusal}")
     try:
@@ -39,10 +42,6 @@ def serve(settings: Settings) -> None:
         settings, kept = settle(settings)
     except TokenFileError as e:
         sys.exit(f"trajproxy: {e}")
-    from proxy.app import create_app
-    from proxy.servers.front import front
-    from proxy.servers.sockets import listen
-
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     try:

@@ -7,14 +7,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import uvicorn
+
 from proxy.servers.redaction import install_log_filter
 from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
 
 
 def uvicorn_config(app: Any, **overrides: Any) -> Any:
     """The uvicorn configuration trajproxy is served with; `overrides` for log level, shutdown grace and so on."""
-    import uvicorn
-
     options: dict[str, Any] = {
         "access_log": False,  # paths may carry episode keys (/e/<key>/...)
         **WEBSOCKET,
@@ -28,19 +28,22 @@ def uvicorn_config(app: Any, **overrides: Any) -> Any:
     return config
 
 
+class _Quiet(uvicorn.Server):
+    """uvicorn's server without its signal handlers: embedded in a program, Ctrl-C belongs to the program."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class UvicornFront:
+    """Serve `app` on `sockets` with uvicorn: under `run()` until SIGINT or SIGTERM, under `serve()` until `stop()`."""
+
     def __init__(self, app: Any, sockets: list[socket.socket], log_level: str, graceful_s: float = 5.0) -> None:
-        import uvicorn
-
-        class Quiet(uvicorn.Server):
-            @contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
         self._sockets = sockets
         self._config = uvicorn_config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=graceful_s)
         self._server = uvicorn.Server(self._config)
-        self._quiet = Quiet(self._config)
+        self._quiet = _Quiet(self._config)
 
     @property
     def started(self) -> bool:

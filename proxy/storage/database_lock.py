@@ -12,6 +12,7 @@ import fcntl
 import os
 from typing import Any
 
+import psycopg
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -81,8 +82,6 @@ class DatabaseLock:
         self._holding = path
 
     def _lock_postgres(self, url: str) -> None:
-        import psycopg
-
         if self._locked is not None:
             return
         if url in _sessions:

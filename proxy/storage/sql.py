@@ -118,16 +118,16 @@ class SqlStore:
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
         self._engine: Engine | None = None
         self._writer: Writer | None = None
-        self._sole = DatabaseLock(self.url, shared=replica is not None)
+        self._database_lock = DatabaseLock(self.url, shared=replica is not None)
 
     async def open(self) -> None:
         if self.replica is not None and self.url.startswith("sqlite"):
             raise StorageError("--shared needs Postgres: one process serves a SQLite database (drop --shared)")
-        self._sole.acquire()
+        self._database_lock.acquire()
         try:
             self._engine = await asyncio.to_thread(self._connect)
         except BaseException:
-            self._sole.release()
+            self._database_lock.release()
             raise
         self._writer = Writer(self._engine, self._on_commit)
 
@@ -144,7 +144,7 @@ class SqlStore:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
-        self._sole.release()
+        self._database_lock.release()
 
     # Writes (group-committed)
 

@@ -10,10 +10,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
+import proxy.http.ui.display as display
 from proxy.core.errors import NotFound
 from proxy.core.values import Turn
 from proxy.http.trainer import json_response
-from proxy.http.ui import display
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
 from proxy.http.ui.lineage import lineage
 from proxy.http.ui.pages import Pages
