@@ -98,7 +98,9 @@ class ApiCalls:
         return long_poll("POST", path, schema.TimeStep.model_validate, wait_s, lease_s, json=body)
 
     @staticmethod
-    def next_turns(episode: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> ApiCall[schema.TurnBatch]:
+    def next_turns(
+        episode: str | None, max_turns: int, wait_s: float, lease_s: float | None
+    ) -> ApiCall[schema.TurnBatch]:
         params = {"max": max_turns} | ({"episode": episode} if episode is not None else {})
         return long_poll("GET", "/api/turns/next", schema.TurnBatch.model_validate, wait_s, lease_s, params=params)
 
@@ -118,7 +120,9 @@ class ApiCalls:
 
     @staticmethod
     def reply_many(replies: Sequence[dict[str, Any]]) -> ApiCall[schema.ReplyResults]:
-        return ApiCall("POST", "/api/turns/replies", schema.ReplyResults.model_validate, json={"replies": list(replies)})
+        return ApiCall(
+            "POST", "/api/turns/replies", schema.ReplyResults.model_validate, json={"replies": list(replies)}
+        )
 
     @staticmethod
     def reply_and_pull(
