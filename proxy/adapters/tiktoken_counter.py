@@ -15,8 +15,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import tiktoken
-
 from proxy.core.values import JsonObject
 
 FALLBACK_ENCODING = "o200k_base"
@@ -70,6 +68,9 @@ class TiktokenCounter:
 
 
 def _encoding_for(model: str | None) -> Any:
+    # lazy: imported with the first encoding a reply without usage needs; a trainer that sends usage never loads it
+    import tiktoken
+
     if model:
         try:
             return tiktoken.encoding_for_model(model.rsplit("/", 1)[-1])

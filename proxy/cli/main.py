@@ -9,16 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib.metadata import entry_points
-from typing import Any
-
-from pydantic import ValidationError
+from pkgutil import resolve_name
 
 from proxy import __version__
-from proxy.cli.export import export_command
-from proxy.cli.serve import serve
 from proxy.settings import Settings
 
 PLUGINS = "trajproxy.commands"
+# The function that runs each of proxy's own commands, named as an entry point is ("module:function") and loaded
+# when that command runs, as a plugin's is: `trajproxy export` and `--help` never import the app `serve` builds
+# (fastapi, SQLAlchemy, the dialects: seconds at every start).
+RUNNERS = {"serve": "proxy.cli.serve:serve_command", "export": "proxy.cli.export:export_command"}
 DESCRIPTION = (
     "Turn unmodified LLM agents into RL environments: `trajproxy serve` runs the proxy that parks each agent's "
     "calls for a trainer to answer and records them; `trajproxy run` runs an agent on each task in a Docker "
@@ -119,14 +119,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.command == "serve":
-        given: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
-        try:
-            settings = Settings(**given)
-        except ValidationError as e:
-            sys.exit(f"trajproxy: invalid settings:\n{e}")
-        serve(settings)
-    elif args.command == "export":
-        sys.exit(export_command(args))
-    else:  # a plugin's command: its parser names the function that runs it
-        sys.exit(args.handler(args))
+    # A plugin's command: its parser names the function that runs it.
+    run = resolve_name(RUNNERS[args.command]) if args.command in RUNNERS else args.handler
+    sys.exit(run(args))

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
 import sys
+from typing import Any
+
+from pydantic import ValidationError
 
 from proxy.app import create_app
 from proxy.core.errors import StorageError
@@ -27,6 +31,17 @@ def settle_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """`trajproxy serve`: its flags as settings (each flag left out falls to TRAJPROXY_<NAME>, then the default)."""
+    given: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    try:
+        settings = Settings(**given)
+    except ValidationError as e:
+        sys.exit(f"trajproxy: invalid settings:\n{e}")
+    serve(settings)
+    return 0
 
 
 def serve(settings: Settings) -> None:
