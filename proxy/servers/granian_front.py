@@ -20,6 +20,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from granian._futures import _future_watcher_wrapper, _new_cbscheduler
+from granian.asgi import LifespanProtocol, _callback_wrapper
+from granian.constants import HTTPModes
+from granian.http import HTTP1Settings
+
 from proxy.servers.redaction import KeyRedactor, install_log_filter
 from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
 
@@ -61,9 +66,6 @@ class GranianFront:
             self._loop.call_soon_threadsafe(self._stopping.set)
 
     async def serve(self) -> None:
-        # lazy: granian's ASGI layer loads its Rust extension; only `--server granian` needs it
-        from granian.asgi import LifespanProtocol
-
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         _quiet_logs(self.log_level)
@@ -85,12 +87,6 @@ class GranianFront:
             _log.info("Application shutdown complete.")
 
     def _start_worker(self, worker_id: int, sock: socket.socket, stop: Any, state: dict[str, Any]) -> None:
-        # lazy: as in serve()
-        from granian._futures import _future_watcher_wrapper, _new_cbscheduler
-        from granian.asgi import _callback_wrapper
-        from granian.constants import HTTPModes
-        from granian.http import HTTP1Settings
-
         uds = sock.family == socket.AF_UNIX
         sock.listen(LISTEN_BACKLOG)  # again, as uvicorn does: a socket given bound but not yet listening
         native = _native()
