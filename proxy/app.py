@@ -43,7 +43,7 @@ from proxy.http.stream import TurnStream
 from proxy.http.trainer import trainer_routes
 from proxy.http.ui import add_ui
 from proxy.settings import Settings
-from proxy.storage.shared import PostgresQueue
+from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
 from proxy.trainer_token import settle
 

@@ -1,6 +1,6 @@
 """SqlStore: the Store port over SQLite (default, WAL) or Postgres. Writes are group-committed by one writer
 thread (`proxy.storage.writer`); reads run on a thread of their own connection pool. Given a replica id, it is one
-of several replicas sharing a Postgres database (`proxy.storage.shared` holds their queue).
+of several replicas sharing a Postgres database (`proxy.storage.postgres_queue` holds their queue).
 """
 
 from __future__ import annotations
@@ -345,7 +345,7 @@ class SqlStore:
         assert self._writer is not None, "SqlStore.open() was not awaited"
         return self._writer.write(op)
 
-    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.shared`)
+    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.postgres_queue`)
 
     async def _read(self, query: Callable[[Connection], Any]) -> list[Any]:
         engine = self._engine

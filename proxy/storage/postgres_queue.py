@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from proxy.core.errors import StorageError
 from proxy.core.values import Turn, TurnStatus
 from proxy.storage.database_lock import driver_url
-from proxy.storage.listen import Listener
+from proxy.storage.notifications import Listener
 from proxy.storage.sql import SqlStore, turns
 from proxy.storage.tables import TURN_SETTLED, turn_from, turn_row, turn_state
 
