@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
-from proxy.embedded import embedded_proxy  # noqa: E402
+from proxy.servers.embedded import embedded_proxy  # noqa: E402
 from sandbox.bundles import Bundles  # noqa: E402
 from sandbox.containers import SandboxSpec  # noqa: E402
 from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402

@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 from proxy.client import AsyncTrainerClient  # noqa: E402
-from proxy.embedded import embedded_proxy  # noqa: E402
+from proxy.servers.embedded import embedded_proxy  # noqa: E402
 from sandbox.docker_sandbox import DockerSandboxes  # noqa: E402
 from sandbox.formats import harbor  # noqa: E402
 from sandbox.policies import TrainerPolicy  # noqa: E402

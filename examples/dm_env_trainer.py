@@ -20,7 +20,7 @@ from typing import Any
 import docker
 
 from proxy.client import AsyncTrainerClient
-from proxy.embedded import embedded_proxy
+from proxy.servers.embedded import embedded_proxy
 from sandbox.docker_sandbox import DockerSandboxes
 from sandbox.env import AgentEnv
 from sandbox.runner import AGENTS, RunConfig

@@ -14,6 +14,10 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from proxy import __version__
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.prometheus_metrics import PrometheusMetrics
+from proxy.adapters.served_upstream import ServedUpstream
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import TrajproxyError
@@ -32,14 +36,10 @@ from proxy.http.stream import TurnStream
 from proxy.http.trainer import TrainerApi
 from proxy.http.trainer_gate import TrainerGate
 from proxy.http.ui import add_ui
-from proxy.metrics import PrometheusMetrics
-from proxy.served import ServedUpstream
 from proxy.settings import Settings
-from proxy.storage.shared import PostgresQueue
+from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
-from proxy.tokens import TiktokenCounter
 from proxy.trainer_token import settle
-from proxy.upstream import LitellmUpstream
 
 log = logging.getLogger("trajproxy")
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
 
-from proxy import wire
+from proxy import schema
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.containers import Sandboxes
 from sandbox.policies import TrainerPolicy
@@ -36,7 +36,7 @@ class AgentEnv:
         self._task = task
         self._runner = Runner(trainer, sandboxes, TrainerPolicy(), config)
         self._run: asyncio.Task[Outcome] | None = None
-        self.episode: wire.EpisodeCreated | None = None
+        self.episode: schema.EpisodeCreated | None = None
         self.outcome: Outcome | None = None  # once the run is over: status, reward, the agent's diff
         self._ended = False
 
@@ -61,17 +61,17 @@ class AgentEnv:
             if current is not None and current.cancelling():  # we are being cancelled ourselves
                 raise
 
-    async def reset(self) -> wire.TimeStep:
+    async def reset(self) -> schema.TimeStep:
         """The FIRST TimeStep: the agent's first LLM request (or LAST, if it ended without one)."""
         return await self._patiently(lambda episode_id: self._trainer.reset(episode_id, wait_s=_POLL_S))
 
-    async def step(self, action: Action) -> wire.TimeStep:
+    async def step(self, action: Action) -> schema.TimeStep:
         """Answer the agent's current request; the next TimeStep is its next request (MID), or, once it has
         finished and been graded, LAST with the episode's reward."""
         message = {"content": action} if isinstance(action, str) else action
         return await self._patiently(lambda episode_id: self._trainer.step(episode_id, message=message, wait_s=_POLL_S))
 
-    async def _patiently(self, call: Callable[[str], Awaitable[wire.TimeStep]]) -> wire.TimeStep:
+    async def _patiently(self, call: Callable[[str], Awaitable[schema.TimeStep]]) -> schema.TimeStep:
         """Send a reset or step until the agent has called or ended (sending it again is safe)."""
         if self.episode is None or self._run is None:
             raise RuntimeError("the environment is not started: use it as `async with AgentEnv(...) as env`")

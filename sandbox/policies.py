@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from proxy.cli import key_values
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from proxy.core.values import SERVED_KINDS
+from proxy.settings import key_values
 
 _POLL_S = 1.0
 

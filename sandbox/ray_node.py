@@ -33,7 +33,7 @@ from sandbox.gates import GATE_POOL
 NODE_LABEL = "trajproxy.node"
 _REPLICA_START_S = 60.0
 _PR_SET_PDEATHSIG = 1
-_SERVE = "from proxy.cli import main; main()"
+_SERVE = "from proxy.cli.main import main; main()"
 
 
 def _die_with_parent() -> None:

@@ -24,7 +24,7 @@ from sandbox.run_identity import RunIdentity
 
 if TYPE_CHECKING:
     from proxy.client import AsyncTrainerClient
-    from proxy.wire import Episode
+    from proxy.schema import Episode
     from sandbox.tasks import Task
 
 _PAGE = 1000  # the most the trainer API lists at once

@@ -28,7 +28,7 @@ ORACLE = "oracle"  # --agent oracle: each task's own solution instead of an agen
 if TYPE_CHECKING:
     import signal
 
-    from proxy.wire import EpisodeCreated
+    from proxy.schema import EpisodeCreated
     from sandbox.injection import InjectedAgent
     from sandbox.policies import Policy
     from sandbox.runner import Outcome, Progress, RunConfig

@@ -107,7 +107,7 @@ async def run_proxy(
         yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, args.socket_name, None
         return
     from proxy.core.errors import StorageError
-    from proxy.embedded import CannotListen, embedded_proxy
+    from proxy.servers.embedded import CannotListen, embedded_proxy
     from sandbox.gates import SOCKET_NAME
 
     try:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy import wire
+from proxy import schema
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents import AGENTS
 from sandbox.containers import (
@@ -122,7 +122,7 @@ class Runner:
         self._on_outcome = on_outcome or (lambda _outcome: None)  # each task's outcome, as soon as it ends
 
     async def run_many(
-        self, tasks: Iterable[Task], concurrency: int, episodes: Sequence[wire.EpisodeCreated] = ()
+        self, tasks: Iterable[Task], concurrency: int, episodes: Sequence[schema.EpisodeCreated] = ()
     ) -> list[Outcome]:
         """Run tasks, `concurrency` at a time; one task's failure never stops the others. With `episodes` (one
         per task, e.g. forks of a recorded episode), each task runs in its episode instead of a new one."""
@@ -130,7 +130,7 @@ class Runner:
         self.progress.total += len(todo)
         gate = asyncio.Semaphore(concurrency)
 
-        async def one(task: Task, episode: wire.EpisodeCreated | None) -> Outcome:
+        async def one(task: Task, episode: schema.EpisodeCreated | None) -> Outcome:
             async with gate:
                 outcome = await self.run(task, episode)
                 for _ in range(LOST_RUNS - 1):  # its episode is recorded failed with no reward; a new one runs
@@ -148,7 +148,7 @@ class Runner:
             runs = [group.create_task(one(task, episodes[i] if episodes else None)) for i, task in enumerate(todo)]
         return [run.result() for run in runs]
 
-    async def open(self, task: Task) -> wire.EpisodeCreated:
+    async def open(self, task: Task) -> schema.EpisodeCreated:
         """A new episode for the task, as `run` would create."""
         metadata = {**task.metadata, **self._config.metadata}
         metadata |= {"task_id": task.id, "label": task.label, "line": task.line}
@@ -159,7 +159,7 @@ class Runner:
                 options["routes"] = [*options.get("routes", []), *agent.routes]
         return await self._trainer.create_episode(task=task.prompt, metadata=metadata, **options)
 
-    async def run(self, task: Task, episode: wire.EpisodeCreated | None = None) -> Outcome:
+    async def run(self, task: Task, episode: schema.EpisodeCreated | None = None) -> Outcome:
         """Run one task to its end: an episode with a reward, finished, failed or cancelled.
         `episode` is one `open` made for it already; by default the run makes its own."""
         self._count(running=1)

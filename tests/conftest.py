@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse
 
 from proxy.app import create_app
 from proxy.client import TrainerClient
-from proxy.serving import LISTEN_BACKLOG, Front, front
+from proxy.servers.front import Front, front
+from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from proxy.trainer_token import kept_token

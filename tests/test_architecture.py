@@ -37,9 +37,9 @@ HOMES = {
     "starlette": ("proxy/http/", "proxy/app.py"),
     "sqlmodel": ("proxy/storage/",),
     "sqlalchemy": ("proxy/storage/",),
-    "tiktoken": ("proxy/tokens.py",),
-    "uvicorn": ("proxy/serving.py",),  # each HTTP server in one adapter, behind serving.Front
-    "granian": ("proxy/granian_front.py",),
+    "tiktoken": ("proxy/adapters/tiktoken_counter.py",),
+    "uvicorn": ("proxy/servers/uvicorn_front.py",),  # each HTTP server in one adapter, behind servers.front.Front
+    "granian": ("proxy/servers/granian_front.py",),
     "docker": (),  # containers are the sandbox's business, never the proxy's
 }
 
@@ -130,7 +130,12 @@ def test_the_scanner_sees_imports_at_every_depth() -> None:
 
 def test_the_scan_covers_the_package() -> None:
     names = {name_of(path) for path in modules()}
-    assert {"proxy/app.py", "proxy/core/ports.py", "proxy/storage/sql.py", "proxy/tokens.py"} <= names
+    assert {
+        "proxy/app.py",
+        "proxy/core/ports.py",
+        "proxy/storage/sql.py",
+        "proxy/adapters/tiktoken_counter.py",
+    } <= names
     assert any(i.root == "fastapi" for i in imports_of(PACKAGE / "app.py"))
     assert any(i.root == "sqlalchemy" for i in imports_of(PACKAGE / "storage" / "sql.py"))
 
@@ -195,7 +200,7 @@ def test_the_proxy_never_imports_the_sandbox() -> None:
 def test_the_sandbox_commands_reach_the_command_line_through_the_entry_point() -> None:
     from importlib.metadata import entry_points
 
-    from proxy.cli import PLUGINS, _parser
+    from proxy.cli.main import PLUGINS, _parser
 
     assert [plugin.value for plugin in entry_points(group=PLUGINS)] == ["sandbox.launch:add_commands"]
     parsed = _parser().parse_args(["sandbox", "prune"])
@@ -207,16 +212,16 @@ def test_the_sandbox_commands_reach_the_command_line_through_the_entry_point() -
 # Lowest first: a module may import from its own layer or one below it, never from one above. A folder ends in "/".
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the domain", ("proxy/__init__.py", "proxy/core/")),
-    ("the trainer API's schema and the settings", ("proxy/wire/", "proxy/settings.py", "proxy/trainer_token.py")),
+    ("the trainer API's schema and the settings", ("proxy/schema/", "proxy/settings.py", "proxy/trainer_token.py")),
     (
         "adapters: what the core's ports and the agents' wire formats are made of",
         (
             "proxy/dialects/",
             "proxy/storage/",
-            "proxy/tokens.py",
-            "proxy/upstream.py",
-            "proxy/served.py",
-            "proxy/metrics.py",
+            "proxy/adapters/tiktoken_counter.py",
+            "proxy/adapters/litellm_upstream.py",
+            "proxy/adapters/served_upstream.py",
+            "proxy/adapters/prometheus_metrics.py",
             "proxy/client/",
         ),
     ),
@@ -224,7 +229,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the app: everything wired together", ("proxy/app.py",)),
     (
         "servers and commands",
-        ("proxy/serving.py", "proxy/granian_front.py", "proxy/embedded.py", "proxy/cli.py", "proxy/export_command.py"),
+        (
+            "proxy/servers/front.py",
+            "proxy/servers/granian_front.py",
+            "proxy/servers/embedded.py",
+            "proxy/cli/main.py",
+            "proxy/cli/export.py",
+        ),
     ),
     ("the sandbox: agents, tasks, backends, runs", ("sandbox/",)),
 ]

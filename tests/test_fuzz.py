@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from proxy import wire
+from proxy import schema
 from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.http.edge import MAX_JSON_DEPTH
 from proxy.storage.sql import engine_url
@@ -532,7 +532,7 @@ def check_refusal(endpoint: Endpoint, response: httpx.Response, request: object 
     assert isinstance(error["message"], str) and len(error["message"]) > 10, body
 
 
-def check_recorded(endpoint: Endpoint, trajectory: wire.Trajectory, accepted: list[bytes]) -> None:
+def check_recorded(endpoint: Endpoint, trajectory: schema.Trajectory, accepted: list[bytes]) -> None:
     """The episode recorded one answered turn per accepted call, in order, each with the body as sent."""
     turns = trajectory.turns
     assert [turn.seq for turn in turns] == list(range(len(accepted)))

@@ -165,4 +165,4 @@ def test_metrics_need_no_token_but_the_api_still_does(server: Any) -> None:
 
 def test_prometheus_is_imported_in_its_adapter_alone() -> None:
     importers = {name_of(path) for path in modules() if any(i.root == "prometheus_client" for i in imports_of(path))}
-    assert importers == {"proxy/metrics.py"}
+    assert importers == {"proxy/adapters/prometheus_metrics.py"}

@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import Conflict, NotFound
@@ -22,10 +24,8 @@ from proxy.core.local_queue import LocalQueue
 from proxy.core.queue import TurnQueue
 from proxy.core.shared_queue import SharedQueue
 from proxy.core.values import Reply, TurnStatus
-from proxy.storage.shared import PostgresQueue
+from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
-from proxy.tokens import TiktokenCounter
-from proxy.upstream import LitellmUpstream
 from tests.conftest import POSTGRES_URL, fresh_schema
 
 WAIT_S = 10.0

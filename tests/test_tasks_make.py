@@ -30,7 +30,7 @@ from tests.test_cli import clean_env
 
 SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
 TOOLZ = "toolz==1.2.0"
-MAKE = [sys.executable, "-c", "from proxy.cli import main; main()", "tasks", "make"]
+MAKE = [sys.executable, "-c", "from proxy.cli.main import main; main()", "tasks", "make"]
 pytestmark = pytest.mark.timeout(1200)  # image builds and validation runs on a shared 2-core machine
 BUGGY = b'''LIMIT = 1 + 2
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import EpisodeClosed, StorageError
@@ -18,8 +20,6 @@ from proxy.core.local_queue import LocalQueue
 from proxy.core.parking import Slot
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, Usage
 from proxy.storage.sql import SqlStore
-from proxy.tokens import TiktokenCounter
-from proxy.upstream import LitellmUpstream
 
 WAIT_S = 10.0
 REFUSAL_S = 0.05  # a refused write fails after a moment, as a commit that fails does, not at once

@@ -11,10 +11,10 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from proxy.adapters.prometheus_metrics import CONTENT_TYPE, PrometheusMetrics, Snapshot
 from proxy.core.broker import Broker
 from proxy.core.catalog import Catalog
 from proxy.core.errors import Forbidden
-from proxy.metrics import CONTENT_TYPE, PrometheusMetrics, Snapshot
 
 
 def on_sandbox_socket(request: Request) -> bool:

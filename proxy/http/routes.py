@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy import wire
+from proxy import schema
 from proxy.dialects.dialect import Dialect
 from proxy.http.agent import AgentCalls, AgentHandler, not_allowed
 from proxy.http.edge import asks_upgrade, refuse_upgrade
@@ -93,24 +93,29 @@ def route_table(
         agent("POST", "/v1/models/{model:path}:{method:path}", agents.gemini),
         # The trainer API, in its schema's order: FastAPI serves it, but for the batch pull and reply (the trainer's
         # share of every turn), served plain when their input is well-formed, and by FastAPI when it is not
-        trainer_api("POST", "/api/episodes", trainer.create_episode, wire.EpisodeCreated, 201),
-        trainer_api("POST", "/api/episodes/{episode_id}/fork", trainer.fork, wire.Forks, 201),
-        trainer_api("GET", "/api/episodes", trainer.list_episodes, wire.EpisodeList),
-        trainer_api("GET", "/api/episodes/{episode_id}", trainer.get_episode, wire.Episode),
-        trainer_api("POST", "/api/episodes/{episode_id}/finish", trainer.finish_episode, wire.Episode),
-        trainer_api("POST", "/api/episodes/{episode_id}/rewards", trainer.add_reward, wire.Reward, 201),
-        trainer_api("GET", "/api/episodes/{episode_id}/trajectory", trainer.trajectory, wire.Trajectory),
-        trainer_api("POST", "/api/episodes/{episode_id}/reset", trainer.reset, wire.TimeStep),
-        trainer_api("POST", "/api/episodes/{episode_id}/step", trainer.step, wire.TimeStep),
-        Route("GET", "/api/turns/next", Door.TRAINER, trainer.batch_pull, trainer.next_turns, 200, wire.TurnBatch),
-        trainer_api("GET", "/api/turns/{turn_id}", trainer.get_turn, wire.Turn),
-        trainer_api("POST", "/api/turns/{turn_id}/reply", trainer.reply, wire.Turn),
-        trainer_api("POST", "/api/pause", trainer.pause, wire.PauseState),
-        trainer_api("POST", "/api/resume", trainer.resume, wire.PauseState),
+        trainer_api("POST", "/api/episodes", trainer.create_episode, schema.EpisodeCreated, 201),
+        trainer_api("POST", "/api/episodes/{episode_id}/fork", trainer.fork, schema.Forks, 201),
+        trainer_api("GET", "/api/episodes", trainer.list_episodes, schema.EpisodeList),
+        trainer_api("GET", "/api/episodes/{episode_id}", trainer.get_episode, schema.Episode),
+        trainer_api("POST", "/api/episodes/{episode_id}/finish", trainer.finish_episode, schema.Episode),
+        trainer_api("POST", "/api/episodes/{episode_id}/rewards", trainer.add_reward, schema.Reward, 201),
+        trainer_api("GET", "/api/episodes/{episode_id}/trajectory", trainer.trajectory, schema.Trajectory),
+        trainer_api("POST", "/api/episodes/{episode_id}/reset", trainer.reset, schema.TimeStep),
+        trainer_api("POST", "/api/episodes/{episode_id}/step", trainer.step, schema.TimeStep),
+        Route("GET", "/api/turns/next", Door.TRAINER, trainer.batch_pull, trainer.next_turns, 200, schema.TurnBatch),
+        trainer_api("GET", "/api/turns/{turn_id}", trainer.get_turn, schema.Turn),
+        trainer_api("POST", "/api/turns/{turn_id}/reply", trainer.reply, schema.Turn),
+        trainer_api("POST", "/api/pause", trainer.pause, schema.PauseState),
+        trainer_api("POST", "/api/resume", trainer.resume, schema.PauseState),
         Route(
-            "POST", "/api/turns/replies", Door.TRAINER, trainer.batch_reply, trainer.reply_many, model=wire.ReplyResults
+            "POST",
+            "/api/turns/replies",
+            Door.TRAINER,
+            trainer.batch_reply,
+            trainer.reply_many,
+            model=schema.ReplyResults,
         ),
-        trainer_api("POST", "/api/turns/{turn_id}/forward", trainer.forward, wire.Turn),
+        trainer_api("POST", "/api/turns/{turn_id}/forward", trainer.forward, schema.Turn),
         Route(WEBSOCKET, "/api/turns/stream", Door.TRAINER, stream),  # leased turns pushed, replies sent back
         Route(ANY, "/api/docs", Door.OPEN, api),  # the schema and its page: no data, no token (FastAPI's 405s)
         Route(ANY, "/api/openapi.json", Door.OPEN, api),
@@ -131,8 +136,8 @@ def route_table(
 
 def framework_routes(table: Sequence[Route]) -> APIRouter:
     """FastAPI's routes: the table's that name an endpoint, in the table's order (the schema's)."""
-    failed = {"model": wire.ApiError, "description": "the database or a model answering for the trainer failed"}
-    refused = {"model": wire.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
+    failed = {"model": schema.ApiError, "description": "the database or a model answering for the trainer failed"}
+    refused = {"model": schema.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
     router = APIRouter(tags=["trainer"], responses={"4XX": refused, "5XX": failed})
     for route in table:
         if route.endpoint is not None:

@@ -4,7 +4,7 @@
 serves them, validates what they take and describes them in the OpenAPI schema. The two calls a trainer makes
 for every batch (a batch pull, a batch reply) are also served as plain ASGI (`batch_pull`, `batch_reply`): they skip
 FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when they went
-through it), and a batch reply's body is decoded into msgspec Structs (`proxy.wire.replies`), not pydantic models.
+through it), and a batch reply's body is decoded into msgspec Structs (`proxy.schema.replies`), not pydantic models.
 A pull or reply whose query or body does not validate goes on to its FastAPI route, which answers with the usual
 422 and is also what the schema describes. TrainerGate has checked the token, the query's names and the body size
 before any of them.
@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy import wire
+from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
@@ -40,8 +40,8 @@ from proxy.http.trainer_json import (
     trajectory_view,
     turn_view,
 )
+from proxy.schema import replies
 from proxy.settings import Settings
-from proxy.wire import replies
 
 T = TypeVar("T")
 # The batch reply's body, decoded into Structs; what they refuse goes to the route, whose pydantic model may
@@ -68,7 +68,7 @@ class TrainerApi:
     async def batch_pull(self, scope: Scope, receive: Receive, send: Send) -> None:
         """GET /api/turns/next, when its query validates."""
         try:
-            query = wire.TurnsQuery.model_validate(_query(scope))
+            query = schema.TurnsQuery.model_validate(_query(scope))
         except ValidationError:
             await self._api(scope, receive, send)
             return
@@ -87,7 +87,7 @@ class TrainerApi:
             return
         try:
             batch = _REPLIES.decode(raw)
-            query = wire.RepliesQuery.model_validate(_query(scope))
+            query = schema.RepliesQuery.model_validate(_query(scope))
         except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
             await self._api(scope, replay(raw, receive), send)
             return
@@ -99,13 +99,13 @@ class TrainerApi:
 
     # FastAPI's handlers
 
-    async def create_episode(self, body: wire.EpisodeCreate, request: Request) -> Response:
+    async def create_episode(self, body: schema.EpisodeCreate, request: Request) -> Response:
         episode, key = await self._broker.create_episode(
             body.task, body.metadata, body.turn_timeout_s, **episode_settings(body)
         )
         return json_response(self._created(episode, key, request), 201)
 
-    async def fork(self, episode_id: str, body: wire.ForkIn, request: Request) -> Response:
+    async def fork(self, episode_id: str, body: schema.ForkIn, request: Request) -> Response:
         made = await self._broker.fork(
             episode_id,
             body.at_turn,
@@ -136,11 +136,11 @@ class TrainerApi:
     async def get_episode(self, episode_id: str) -> Response:
         return json_response(episode_view(await self._broker.episode(episode_id)))
 
-    async def finish_episode(self, episode_id: str, body: wire.FinishIn) -> Response:
+    async def finish_episode(self, episode_id: str, body: schema.FinishIn) -> Response:
         episode = await self._broker.finish(episode_id, EpisodeStatus(body.status), body.reason)
         return json_response(episode_view(episode))
 
-    async def add_reward(self, episode_id: str, body: wire.RewardIn) -> Response:
+    async def add_reward(self, episode_id: str, body: schema.RewardIn) -> Response:
         reward = await self._broker.rewards.add(
             episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=body.turn_id
         )
@@ -164,7 +164,7 @@ class TrainerApi:
     async def step(
         self,
         episode_id: str,
-        body: wire.StepIn,
+        body: schema.StepIn,
         request: Request,
         wait: Annotated[float, Query(ge=0, le=600)] = 60,
         lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
@@ -178,37 +178,37 @@ class TrainerApi:
         result = await until_disconnect(request.receive, action, steps.undo)
         return json_response(timestep_view(result)) if result else Response(status_code=499)
 
-    async def next_turns(self, request: Request, query: Annotated[wire.TurnsQuery, Query()]) -> Response:
+    async def next_turns(self, request: Request, query: Annotated[schema.TurnsQuery, Query()]) -> Response:
         status, body = await next_batch(self._broker, query, request.receive)
         return Response(body, status, media_type="application/json")
 
     async def get_turn(self, turn_id: str) -> Response:
         return json_response(turn_view(await self._broker.queue.turn(turn_id)))
 
-    async def reply(self, turn_id: str, body: wire.ReplyIn) -> Response:
+    async def reply(self, turn_id: str, body: schema.ReplyIn) -> Response:
         turn = await self._broker.answers.reply(turn_id, reply_from(body, turn_id), body.lease_id)
         return json_response(turn_view(turn))
 
-    async def pause(self, body: wire.PauseIn) -> Response:
+    async def pause(self, body: schema.PauseIn) -> Response:
         """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
         in_flight = await self._broker.weights.pause(body.mode, body.retry_after_s, body.drain_s)
         return json_response(pause_view(self._broker, 0, in_flight))
 
-    async def resume(self, body: wire.ResumeIn) -> Response:
+    async def resume(self, body: schema.ResumeIn) -> Response:
         """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
         it (a weight update's step)."""
         released = self._broker.weights.resume(body.policy_version)
         return json_response(pause_view(self._broker, released, 0))
 
     async def reply_many(
-        self, body: wire.ReplyBatch, request: Request, query: Annotated[wire.RepliesQuery, Query()]
+        self, body: schema.ReplyBatch, request: Request, query: Annotated[schema.RepliesQuery, Query()]
     ) -> Response:
         """Answer a batch of turns (one model batch's outputs); results come back in the same order. With
         `pull=N`, the next batch comes back too, leased, in `turns`."""
         status, reply = await reply_batch(self._broker, body, query, request.receive)
         return Response(reply, status, media_type="application/json")
 
-    async def forward(self, turn_id: str, body: wire.ForwardIn) -> Response:
+    async def forward(self, turn_id: str, body: schema.ForwardIn) -> Response:
         route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
         turn = await self._broker.answers.forward(turn_id, route, body.lease_id, None)
         return json_response(turn_view(turn))
@@ -256,7 +256,7 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[
 # The two calls a trainer makes for every batch, whichever way they came in (plain, or through FastAPI)
 
 
-async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
+async def next_batch(broker: Broker, query: schema.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
     """Lease a batch of turns (long-polling up to `query.wait`); 499 if the trainer hung up meanwhile."""
     if query.episode is not None:
         await broker.episode(query.episode)
@@ -268,7 +268,7 @@ async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -
 
 
 async def reply_batch(
-    broker: Broker, batch: wire.ReplyBatch | replies.ReplyBatch, query: wire.RepliesQuery, receive: Receive
+    broker: Broker, batch: schema.ReplyBatch | replies.ReplyBatch, query: schema.RepliesQuery, receive: Receive
 ) -> tuple[int, bytes]:
     """Answer the batch; with `query.pull`, then lease the next batch (long-polling up to `query.wait`). The
     replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
@@ -277,14 +277,14 @@ async def reply_batch(
     results = await answer_all(broker, batch.replies)
     if not query.pull:
         return 200, orjson.dumps({"results": results})
-    pulled = wire.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
+    pulled = schema.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
     status, body = await next_batch(broker, pulled, receive)
     if status != 200:
         return status, body
     return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})
 
 
-async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
+async def answer_all(broker: Broker, items: Sequence[schema.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
     """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
     status: what both the batch route and the stream acknowledge with."""
     answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]

@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 
-from proxy import wire
+from proxy import schema
 from proxy.core.steps import TimeStep
 from proxy.core.values import AgentError, Budget, Episode, JsonObject, ModelRoute, Reply, Reward, Turn, Usage, route_of
-from proxy.wire import replies
+from proxy.schema import replies
 
 
 def episode_view(episode: Episode) -> JsonObject:
@@ -89,11 +89,11 @@ def trajectory_view(episode: Episode, turns: list[Turn], rewards: list[Reward]) 
     }
 
 
-def reply_from(body: wire.ReplyIn | replies.ReplyItem, turn_id: str) -> Reply:
+def reply_from(body: schema.ReplyIn | replies.ReplyItem, turn_id: str) -> Reply:
     """The domain reply for a trainer's (from the pydantic model or the hot path's Struct, alike); tool-call ids
     are derived from the turn, so a resent reply matches."""
     message = None
-    given: Sequence[wire.ToolCall | replies.ToolCall] = ()
+    given: Sequence[schema.ToolCall | replies.ToolCall] = ()
     finish_reason = body.finish_reason
     if isinstance(body, replies.ReplyItem):
         message = body.message_for_agent()
@@ -122,7 +122,7 @@ def reply_from(body: wire.ReplyIn | replies.ReplyItem, turn_id: str) -> Reply:
     )
 
 
-def _tool_call(call: wire.ToolCall | replies.ToolCall, turn_id: str, index: int) -> JsonObject:
+def _tool_call(call: schema.ToolCall | replies.ToolCall, turn_id: str, index: int) -> JsonObject:
     arguments: Any = call.function.arguments
     if not isinstance(arguments, str):
         arguments = orjson.dumps(arguments).decode()
@@ -162,7 +162,7 @@ def _reply_view(reply: Reply) -> JsonObject:
     }
 
 
-def episode_settings(body: wire.EpisodeCreate) -> JsonObject:
+def episode_settings(body: schema.EpisodeCreate) -> JsonObject:
     """The broker's keyword arguments for a new episode's policy, routes and budget."""
     return {
         "policy": route_of(body.policy, body.policy_options),

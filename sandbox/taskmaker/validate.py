@@ -69,7 +69,7 @@ def run_tasks(folder: Path, options: list[str], concurrency: int, timeout_s: flo
 
 def trajproxy() -> list[str]:
     """The trajproxy command line of this Python."""
-    return [sys.executable, "-c", "from proxy.cli import main; main()"]
+    return [sys.executable, "-c", "from proxy.cli.main import main; main()"]
 
 
 def free_port() -> int:

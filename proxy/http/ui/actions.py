@@ -13,7 +13,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
-from proxy import wire
+from proxy import schema
 from proxy.core.errors import NotFound, TrajproxyError
 from proxy.core.values import Turn
 from proxy.http.trainer_json import reply_from
@@ -104,7 +104,7 @@ async def _by_hand(
     pages: Pages,
     request: Request,
     turn_id: str,
-    read: Callable[[Turn], wire.ReplyIn],
+    read: Callable[[Turn], schema.ReplyIn],
     typed: dict[str, Any],
     form_name: str = "",
 ) -> Response:

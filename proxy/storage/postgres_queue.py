@@ -18,8 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.core.errors import StorageError
 from proxy.core.values import Turn, TurnStatus
-from proxy.storage.listen import Listener
-from proxy.storage.sole import driver_url
+from proxy.storage.database_lock import driver_url
+from proxy.storage.notifications import Listener
 from proxy.storage.sql import SqlStore, turns
 from proxy.storage.tables import TURN_SETTLED, turn_from, turn_row, turn_state
 
@@ -131,7 +131,7 @@ def wire_hash(wire: bytes) -> str:
 
 
 class PostgresQueue:
-    """The `SharedQueue` port on the Postgres database an `SqlStore` (with a replica id) serves."""
+    """The `SharedDatabase` port (what `SharedQueue` stands on) on the Postgres database an `SqlStore` (with a replica id) serves."""
 
     def __init__(self, store: SqlStore, *, dead_after_s: float) -> None:
         assert store.replica is not None, "a shared queue needs a store opened as a replica"

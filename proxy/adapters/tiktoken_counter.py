@@ -68,6 +68,7 @@ class TiktokenCounter:
 
 
 def _encoding_for(model: str | None) -> Any:
+    # lazy: imported with the first encoding a reply without usage needs; a trainer that sends usage never loads it
     import tiktoken
 
     if model:

@@ -1,4 +1,4 @@
-"""How granian serves trajproxy: its Rust HTTP/1.1 and WebSocket protocol layer on the sockets `serving.listen`
+"""How granian serves trajproxy: its Rust HTTP/1.1 and WebSocket protocol layer on the sockets `sockets.listen`
 opens (TCP and the sandboxes' Unix socket), one worker on the caller's event loop, graceful shutdown bounded.
 
 granian's embedded server binds one address of its own and, on shutdown, stops waiting for the requests in flight
@@ -12,6 +12,7 @@ on granian's loggers. Its WebSocket frames are limited to 16 MiB, and it sends n
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -19,7 +20,13 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.serving import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET, KeyRedactor, install_log_filter
+from granian._futures import _future_watcher_wrapper, _new_cbscheduler
+from granian.asgi import LifespanProtocol, _callback_wrapper
+from granian.constants import HTTPModes
+from granian.http import HTTP1Settings
+
+from proxy.servers.redaction import KeyRedactor, install_log_filter
+from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
 
 # granian admits at most this many requests at once per worker, holding the rest in the accept queue: parked calls
 # are requests, and a run parks thousands.
@@ -30,7 +37,7 @@ _log = logging.getLogger("trajproxy")
 
 @dataclass
 class GranianFront:
-    """Serve `app` on `sockets` until `stop()` (or, under `run()`, SIGINT/SIGTERM): a `serving.Front`."""
+    """Serve `app` on `sockets` until `stop()` (or, under `run()`, SIGINT/SIGTERM): a `front.Front`."""
 
     app: Any
     sockets: list[socket.socket]
@@ -59,8 +66,6 @@ class GranianFront:
             self._loop.call_soon_threadsafe(self._stopping.set)
 
     async def serve(self) -> None:
-        from granian.asgi import LifespanProtocol
-
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         _quiet_logs(self.log_level)
@@ -82,11 +87,6 @@ class GranianFront:
             _log.info("Application shutdown complete.")
 
     def _start_worker(self, worker_id: int, sock: socket.socket, stop: Any, state: dict[str, Any]) -> None:
-        from granian._futures import _future_watcher_wrapper, _new_cbscheduler
-        from granian.asgi import _callback_wrapper
-        from granian.constants import HTTPModes
-        from granian.http import HTTP1Settings
-
         uds = sock.family == socket.AF_UNIX
         sock.listen(LISTEN_BACKLOG)  # again, as uvicorn does: a socket given bound but not yet listening
         native = _native()
@@ -152,16 +152,15 @@ class GranianFront:
 def _loop_factory() -> Any:
     """uvloop's event loop where it is installed (uvicorn[standard] brings it), as uvicorn and granian's CLI choose."""
     try:
-        import uvloop
+        import uvloop  # lazy: optional (uvicorn[standard] brings it), and only `run()` makes a loop
     except ImportError:
         return None
     return uvloop.new_event_loop
 
 
 def _native() -> Any:
-    """granian's Rust extension: its stubs type the worker's arguments differently from what its own code passes."""
-    import importlib
-
+    """granian's Rust extension, looked up by name: its stubs type the worker's arguments differently from what its
+    own code passes."""
     return importlib.import_module("granian._granian")
 
 

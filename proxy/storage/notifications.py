@@ -18,7 +18,7 @@ _RECONNECT_S = 0.5
 
 class Listener:
     def __init__(self, url: str, channels: Sequence[str], on_notice: Callable[[str, str], None]) -> None:
-        self._url = url  # as psycopg takes it (see `proxy.storage.sole.driver_url`)
+        self._url = url  # as psycopg takes it (see `proxy.storage.database_lock.driver_url`)
         self._channels = tuple(channels)
         self._on_notice = on_notice  # (channel, payload); channel "" after a reconnection
         self._conn: psycopg.AsyncConnection[object] | None = None

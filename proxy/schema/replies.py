@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from proxy.wire.fields import _INT32_MAX, _INT64, _no_nul, _storable
+from proxy.schema.fields import _INT32_MAX, _INT64, _no_nul, _storable
 
 # msgspec refuses what is not valid Unicode (a lone surrogate, bytes that are not UTF-8) as it decodes: only U+0000,
 # which names may not hold, and free-form JSON (integers past 64 bits) are checked here.

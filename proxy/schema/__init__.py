@@ -1,8 +1,8 @@
 """Pydantic models of the trainer API's JSON, shared by the server routes and `proxy.client`: what requests may
 carry (`fields`), the request bodies (`requests`) and the responses (`responses`)."""
 
-from proxy.wire.fields import HttpStatus, Json, Limit, ModelOptions, Name, Text, TokenCount, TokenId
-from proxy.wire.requests import (
+from proxy.schema.fields import HttpStatus, Json, Limit, ModelOptions, Name, Text, TokenCount, TokenId
+from proxy.schema.requests import (
     AgentErrorIn,
     EpisodeCreate,
     FinishIn,
@@ -27,7 +27,7 @@ from proxy.wire.requests import (
     TurnsQuery,
     UsageIn,
 )
-from proxy.wire.responses import (
+from proxy.schema.responses import (
     ApiError,
     Budget,
     Episode,

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
-from proxy.wire.fields import (
+from proxy.schema.fields import (
     HttpStatus,
     Json,
     Limit,

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from proxy.wire.fields import _Open
-from proxy.wire.requests import AgentErrorIn
+from proxy.schema.fields import _Open
+from proxy.schema.requests import AgentErrorIn
 
 
 class ErrorDetail(_Open):

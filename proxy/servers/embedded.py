@@ -11,12 +11,15 @@ import contextlib
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from proxy.adapters.prometheus_metrics import PrometheusMetrics
+from proxy.app import create_app
+from proxy.servers.front import front
+from proxy.servers.sockets import listen
 from proxy.settings import Settings
-
-if TYPE_CHECKING:
-    from proxy.metrics import PrometheusMetrics
+from proxy.storage.database_lock import check_free
+from proxy.trainer_token import settle
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +39,6 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
     """Serve trajproxy on 127.0.0.1:`port` (0: any free port) and a Unix socket, until the block ends.
 
     Raises CannotListen if the port cannot be bound, StorageError if another process serves the database."""
-    from proxy.app import create_app
-    from proxy.serving import front, listen
-    from proxy.storage.sole import check_free
-    from proxy.trainer_token import settle
-
     check_free(database_url, shared=bool(settings.get("shared")))
     with tempfile.TemporaryDirectory(prefix="trajproxy-") as folder:
         config = Settings(port=port, database_url=database_url, socket_path=f"{folder}/proxy.sock", **settings)

@@ -12,6 +12,7 @@ import fcntl
 import os
 from typing import Any
 
+import psycopg
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -44,7 +45,7 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-class SoleServer:
+class DatabaseLock:
     def __init__(self, url: str, *, shared: bool = False) -> None:
         parsed = database_url(url)
         memory = parsed.database in (None, "", ":memory:")
@@ -81,8 +82,6 @@ class SoleServer:
         self._holding = path
 
     def _lock_postgres(self, url: str) -> None:
-        import psycopg
-
         if self._locked is not None:
             return
         if url in _sessions:
@@ -134,6 +133,6 @@ class SoleServer:
 def check_free(url: str, *, shared: bool = False) -> None:
     """Refuse, before anything starts, a database another process serves (StorageError saying so); the store
     takes the lock for real when it opens."""
-    probe = SoleServer(url, shared=shared)
+    probe = DatabaseLock(url, shared=shared)
     probe.acquire()
     probe.release()

@@ -7,18 +7,18 @@ status). `sandbox` adds `run`, `agents` and `sandbox` so; proxy itself never imp
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
-
-from pydantic import ValidationError
+from pkgutil import resolve_name
 
 from proxy import __version__
 from proxy.settings import Settings
 
 PLUGINS = "trajproxy.commands"
+# The function that runs each of proxy's own commands, named as an entry point is ("module:function") and loaded
+# when that command runs, as a plugin's is: `trajproxy export` and `--help` never import the app `serve` builds
+# (fastapi, SQLAlchemy, the dialects: seconds at every start).
+RUNNERS = {"serve": "proxy.cli.serve:serve_command", "export": "proxy.cli.export:export_command"}
 DESCRIPTION = (
     "Turn unmodified LLM agents into RL environments: `trajproxy serve` runs the proxy that parks each agent's "
     "calls for a trainer to answer and records them; `trajproxy run` runs an agent on each task in a Docker "
@@ -26,9 +26,6 @@ DESCRIPTION = (
     "agents` builds and lists agent bundles; `trajproxy sandbox prune` removes containers that runs left. "
     "`trajproxy COMMAND --help` says more."
 )
-
-if TYPE_CHECKING:
-    from proxy.trainer_token import KeptToken
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,81 +119,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.command == "serve":
-        given: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
-        try:
-            settings = Settings(**given)
-        except ValidationError as e:
-            sys.exit(f"trajproxy: invalid settings:\n{e}")
-        serve(settings)
-    elif args.command == "export":
-        from proxy.export_command import export_command
-
-        sys.exit(export_command(args))
-    else:  # a plugin's command: its parser names the function that runs it
-        sys.exit(args.handler(args))
-
-
-def serve(settings: Settings) -> None:
-    from proxy.core.errors import StorageError
-    from proxy.storage.sole import check_free
-    from proxy.trainer_token import TokenFileError, settle
-
-    if (refusal := settings.refusal()) is not None:
-        sys.exit(f"trajproxy: {refusal}")
-    try:
-        check_free(settings.database_url, shared=settings.shared)
-    except StorageError as e:
-        sys.exit(f"trajproxy: {e}")
-    try:
-        settings, kept = settle(settings)
-    except TokenFileError as e:
-        sys.exit(f"trajproxy: {e}")
-    from proxy.app import create_app
-    from proxy.serving import front, listen, settle_collector
-
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    try:
-        sockets = listen(settings)
-    except OSError as e:
-        sys.exit(f"trajproxy: cannot listen: {e}")
-    where = f"http://{settings.host}:{sockets[0].getsockname()[1]}"
-    logging.getLogger("trajproxy").info(
-        "serving on %s%s (%s)",
-        where,
-        f" and unix:{settings.socket_path}" if settings.socket_path else "",
-        settings.server,
-    )
-    _announce_token(kept)
-    settle_collector()
-    front(settings.server, app, sockets, settings.log_level).run()
-
-
-def _announce_token(kept: KeptToken | None) -> None:
-    """Say where the trainer token is (on the terminal only; never in a log line), and the token itself once, when
-    it is made and someone is at the terminal to copy it."""
-    if kept is None:
-        return
-    if kept.made and sys.stdout.isatty():
-        print(f"trajproxy: a new trainer token, shown this once: {kept.token}")
-    print(
-        f"trajproxy: the trainer API needs the token in {kept.path} (TrainerClient and trajproxy run read it "
-        f"from there; elsewhere: export TRAJPROXY_TRAINER_TOKEN=$(cat {kept.path}))",
-        flush=True,
-    )
-
-
-def key_values(items: list[str], flag: str) -> dict[str, Any]:
-    """`key=value` pairs from a repeated flag; a value that reads as JSON (a number, true, null, a list, a string in
-    quotes) is taken so, any other as text. ValueError names the flag and the pair that is not one."""
-    pairs: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{flag} {item!r}: expected key=value")
-        try:
-            pairs[key] = json.loads(raw)
-        except ValueError:
-            pairs[key] = raw
-    return pairs
+    # A plugin's command: its parser names the function that runs it.
+    run = resolve_name(RUNNERS[args.command]) if args.command in RUNNERS else args.handler
+    sys.exit(run(args))

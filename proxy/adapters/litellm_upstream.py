@@ -62,7 +62,8 @@ def _cost(litellm: Any, model: str, response: Any) -> float | None:
 
 
 def _import_litellm() -> Any:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # read before the import, never fetched
+    # lazy: litellm takes seconds to import, and only calls routed to a hosted model need it
     import litellm
 
     litellm.telemetry = False
