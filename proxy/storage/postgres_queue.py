@@ -131,7 +131,8 @@ def wire_hash(wire: bytes) -> str:
 
 
 class PostgresQueue:
-    """The `SharedDatabase` port (what `SharedQueue` stands on) on the Postgres database an `SqlStore` (with a replica id) serves."""
+    """The `SharedDatabase` port (what `SharedQueue` stands on) on the Postgres database an `SqlStore` (with a
+    replica id) serves."""
 
     def __init__(self, store: SqlStore, *, dead_after_s: float) -> None:
         assert store.replica is not None, "a shared queue needs a store opened as a replica"
