@@ -18,7 +18,6 @@ from typing import Any
 
 from proxy import wire
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
-from sandbox.agents import AGENTS
 from sandbox.containers import (
     SCRATCH_BYTES,
     ExecResult,
@@ -36,6 +35,8 @@ from sandbox.policies import Policy
 from sandbox.tasks import Grade, GradingMode, Task, tail
 
 __all__ = ["AGENTS", "Outcome", "Progress", "RunConfig", "Runner"]
+
+AGENTS = {"minimal": "minimal-agent @{task_file} --workdir {workdir}"}  # the command that starts each known agent
 
 DIFF_FILE = "/tmp/trajproxy.diff"
 CAPTURE_DIFF = "git add -A >/dev/null && git diff --cached --binary HEAD"
