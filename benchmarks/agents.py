@@ -27,14 +27,14 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HE
 sys.path.insert(0, str(HERE.parent))
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
 from proxy.embedded import embedded_proxy  # noqa: E402
-from sandbox.bundles import Bundles  # noqa: E402
-from sandbox.containers import SandboxSpec  # noqa: E402
-from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402
-from sandbox.formats.jsonl import ExitCode  # noqa: E402
-from sandbox.injection import InjectedAgent  # noqa: E402
-from sandbox.manifests import load, presets  # noqa: E402
-from sandbox.runner import AGENTS, RunConfig, Runner  # noqa: E402
-from sandbox.tasks import Task  # noqa: E402
+from sandbox.agents.bundles import Bundles  # noqa: E402
+from sandbox.agents.injection import InjectedAgent  # noqa: E402
+from sandbox.agents.manifests import load, presets  # noqa: E402
+from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes  # noqa: E402
+from sandbox.backends.interface import SandboxSpec  # noqa: E402
+from sandbox.run.runner import AGENTS, RunConfig, Runner  # noqa: E402
+from sandbox.tasks.formats.jsonl import ExitCode  # noqa: E402
+from sandbox.tasks.task import Task  # noqa: E402
 from tests.test_injection import BARE, BARE_DOCKERFILE, PRESETS, TASK, text_commands  # noqa: E402
 
 sys.path.insert(0, str(HERE))

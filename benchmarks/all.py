@@ -37,8 +37,8 @@ Result = dict[str, Any]
 
 
 def load_sandbox_benchmark() -> Any:
-    """benchmarks/sandbox.py, under a name that does not shadow the sandbox package."""
-    spec = importlib.util.spec_from_file_location("sandbox_benchmark", HERE / "sandbox.py")
+    """benchmarks/sandbox_start.py, under a name that does not shadow the sandbox package."""
+    spec = importlib.util.spec_from_file_location("sandbox_benchmark", HERE / "sandbox_start.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

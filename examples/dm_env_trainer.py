@@ -21,10 +21,10 @@ import docker
 
 from proxy.client import AsyncTrainerClient
 from proxy.embedded import embedded_proxy
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.env import AgentEnv
-from sandbox.runner import AGENTS, RunConfig
-from sandbox.tasks import Task, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.env import AgentEnv
+from sandbox.run.runner import AGENTS, RunConfig
+from sandbox.tasks.task import Task, read_tasks
 
 EXAMPLE = Path(__file__).parent / "tasks" / "calc"
 AGENT = Path(__file__).parent.parent / "agents" / "minimal"

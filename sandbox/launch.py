@@ -1,4 +1,4 @@
-"""The command line of the sandbox side: `trajproxy run` (its options; the run is `sandbox.run_command`),
+"""The command line of the sandbox side: `trajproxy run` (its options; the run is `sandbox.run.command`),
 `trajproxy agents` and `trajproxy sandbox prune`."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.manifests import PLACEHOLDERS, presets
-from sandbox.run_report import console as _console
-from sandbox.taskmaker.command import add_commands as taskmaker_commands
-from sandbox.tasks import FORMATS, GRADING_MODES
+from sandbox.agents.manifests import PLACEHOLDERS, presets
+from sandbox.run.report import console as _console
+from sandbox.tasks.task import FORMATS, GRADING_MODES
+from sandbox.tasks.taskmaker.command import add_commands as taskmaker_commands
 
 if TYPE_CHECKING:
-    from sandbox.docker_sandbox import Pruned
+    from sandbox.backends.docker_sandboxes import Pruned
 
 
 def _labels_from(given: list[str]) -> dict[str, str]:
@@ -222,8 +222,8 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def main(args: argparse.Namespace) -> int:
     """Run the `run`, `agents` or `sandbox` command; returns the exit status."""
-    from sandbox.docker_sandbox import DockerSandboxes
-    from sandbox.run_command import run_command
+    from sandbox.backends.docker_sandboxes import DockerSandboxes
+    from sandbox.run.command import run_command
 
     console = _console()
     if args.command == "agents":
@@ -256,9 +256,9 @@ def fork_spec(text: str) -> tuple[str, int]:
 def _agents(console: Any, args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sandbox.bundles import BundleError, Bundles
-    from sandbox.containers import SandboxError
-    from sandbox.manifests import ManifestError, load, presets
+    from sandbox.agents.bundles import BundleError, Bundles
+    from sandbox.agents.manifests import ManifestError, load, presets
+    from sandbox.backends.interface import SandboxError
 
     bundles = Bundles(Path(args.bundles) if args.bundles else None)
     if args.action == "build":

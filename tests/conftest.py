@@ -29,8 +29,8 @@ from proxy.serving import LISTEN_BACKLOG, Front, front
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from proxy.trainer_token import kept_token
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.tasks import Task, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.tasks.task import Task, read_tasks
 from tests.lanes import LANES, Lane
 from tests.vllm_server import VllmServer, build_tiny_model, copy_model, vllm_server
 

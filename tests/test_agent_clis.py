@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.client import TrainerClient
-from sandbox.manifests import load
+from sandbox.agents.manifests import load
 from tests.test_export import lines_of
 
 CLIS = Path(__file__).parent.parent / "agents" / "cli"

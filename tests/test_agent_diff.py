@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import AGENTS, RunConfig, Runner
-from sandbox.tasks import Task
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import AGENTS, RunConfig, Runner
+from sandbox.tasks.task import Task
 from tests.conftest import EXAMPLE
 
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.env import AgentEnv
-from sandbox.runner import AGENTS, RunConfig
-from sandbox.tasks import Task
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.env import AgentEnv
+from sandbox.run.runner import AGENTS, RunConfig
+from sandbox.tasks.task import Task
 from tests.conftest import ROOT, mine
 
 FIX = {"content": "```bash\nsed -i 's/return a - b/return a + b/' calc.py\n```"}

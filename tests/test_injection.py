@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundle, BundleError, Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats.jsonl import ExitCode
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.tasks import Task
+from sandbox.agents.bundles import Bundle, BundleError, Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.formats.jsonl import ExitCode
+from sandbox.tasks.task import Task
 
 BARE = "trajproxy-test/bare-task"  # python:3.11-slim with Python and Node removed, a non-root user
 OLD = "trajproxy-test/old-task"  # debian:bullseye-slim

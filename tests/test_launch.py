@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.images import MANAGED
-from sandbox.run_identity import RunIdentity
+from sandbox.backends.images import MANAGED
+from sandbox.run.identity import RunIdentity
 from tests.conftest import EXAMPLE, SANDBOX_IMAGE
 
 TRAJPROXY = str(Path(sys.executable).parent / "trajproxy")

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.containers import Limits
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats.jsonl import ExitCode
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import AGENTS, Outcome, RunConfig, Runner
-from sandbox.tasks import Task, TaskError, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.interface import Limits
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import AGENTS, Outcome, RunConfig, Runner
+from sandbox.tasks.formats.jsonl import ExitCode
+from sandbox.tasks.task import Task, TaskError, read_tasks
 from tests.conftest import EXAMPLE, mine
 
 

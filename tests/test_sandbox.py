@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from proxy.client import TrainerClient
-from sandbox.containers import Limits, SandboxError, SandboxSpec
-from sandbox.docker_sandbox import MANAGED, DockerSandboxes
-from sandbox.run_identity import RunIdentity
+from sandbox.backends.docker_sandboxes import MANAGED, DockerSandboxes
+from sandbox.backends.interface import Limits, SandboxError, SandboxSpec
+from sandbox.run.identity import RunIdentity
 from tests.conftest import mine
 
 IMAGE = "python:3.11-slim"
