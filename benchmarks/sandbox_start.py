@@ -45,7 +45,8 @@ from sandbox.agents.manifests import load  # noqa: E402
 from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes  # noqa: E402
 from sandbox.backends.interface import SandboxSpec  # noqa: E402
 from sandbox.run.runner import AGENTS, Outcome, RunConfig, Runner  # noqa: E402
-from sandbox.tasks.task import Task, read_tasks  # noqa: E402
+from sandbox.tasks.read import read_tasks  # noqa: E402
+from sandbox.tasks.task import Task  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from harness import cpu_seconds, percentile, pin_load, start_server  # noqa: E402

@@ -34,7 +34,8 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes  # noqa: E402
 from sandbox.run.policies import TrainerPolicy  # noqa: E402
 from sandbox.run.runner import RunConfig, Runner  # noqa: E402
 from sandbox.tasks.formats import harbor  # noqa: E402
-from sandbox.tasks.task import GradingMode, Task, read_tasks  # noqa: E402
+from sandbox.tasks.read import read_tasks  # noqa: E402
+from sandbox.tasks.task import GradingMode, Task  # noqa: E402
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"
 SWEBENCH = ROOT / "examples" / "tasks" / "swebench"

@@ -24,7 +24,8 @@ from proxy.embedded import embedded_proxy
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.env import AgentEnv
 from sandbox.run.runner import AGENTS, RunConfig
-from sandbox.tasks.task import Task, read_tasks
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 
 EXAMPLE = Path(__file__).parent / "tasks" / "calc"
 AGENT = Path(__file__).parent.parent / "agents" / "minimal"

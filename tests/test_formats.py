@@ -24,7 +24,8 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.policies import Policy, ScriptedPolicy, TrainerPolicy
 from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.formats import harbor, swebench
-from sandbox.tasks.task import Task, TaskError, read_tasks
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 from tests.conftest import ROOT
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"

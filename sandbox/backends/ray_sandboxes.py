@@ -10,7 +10,7 @@ stop are calls to that node's actor. A node whose actor dies (the node lost, its
 sandboxes with it: their calls raise SandboxLost, so the runner records those episodes failed with no reward and
 runs their tasks again on the nodes left.
 
-This module imports Ray; only `trajproxy run --ray` imports this module.
+Ray itself is imported only when `ray_sandboxes` is entered (`trajproxy run --ray`): it is an optional extra.
 """
 
 from __future__ import annotations
@@ -23,16 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import ray
-import ray.exceptions
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 from sandbox.backends.interface import ExecResult, SandboxError, SandboxLost, SandboxSpec
 from sandbox.backends.ray_node import SandboxNode, pack
 
 RESOURCE = "trajproxy_sandboxes"
 PROXY_PORT = 8000  # the gate's port: agents' base URL is http://127.0.0.1:8000, as on one engine
-_LOST = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)
 T = TypeVar("T")
 
 
@@ -48,13 +43,14 @@ class _Node:
         """Await one of its actor's calls; its death is SandboxLost, an error of the call itself the SandboxError."""
         if self.lost:
             raise SandboxLost(self.lost)
+        errors = _ray().exceptions
         try:
             return await ref
-        except ray.exceptions.RayTaskError as e:
+        except errors.RayTaskError as e:
             if isinstance(e.cause, SandboxError):
                 raise SandboxError(str(e.cause)) from None
             raise SandboxError(f"node {self.node_id[:12]}: {e.cause!r}") from None
-        except _LOST as e:
+        except (errors.RayActorError, errors.WorkerCrashedError, errors.NodeDiedError) as e:
             self.lost = self.lost or f"Ray node {self.node_id[:12]} was lost with its sandboxes ({type(e).__name__})"
             raise SandboxLost(self.lost) from None
 
@@ -174,10 +170,11 @@ async def ray_sandboxes(
 ) -> AsyncIterator[RaySandboxes]:
     """Join the Ray cluster at `address` ("auto": the local one's), place a SandboxNode on each node that declares
     `trajproxy_sandboxes`, each pruning its engine's leaked containers, and stop them all at the end."""
+    ray = _ray()
     # On a thread: ray.init on the main thread would replace the run's SIGTERM handling with its own (sys.exit).
     await asyncio.to_thread(_connect, address)
     try:
-        cluster: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        cluster: list[dict[str, Any]] = ray.nodes()
         offered = [node for node in cluster if node["Alive"] and node["Resources"].get(RESOURCE, 0) >= 1]
         if not offered:
             raise SandboxError(
@@ -187,7 +184,7 @@ async def ray_sandboxes(
         actor = ray.remote(SandboxNode)
         nodes = []
         for node in offered:
-            affinity = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+            affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
             placed = actor.options(num_cpus=0, max_restarts=0, scheduling_strategy=affinity)
             handle = placed.remote(node["NodeID"], database_url, token, labels)
             nodes.append(_Node(node["NodeID"], handle, int(node["Resources"][RESOURCE])))
@@ -200,7 +197,19 @@ async def ray_sandboxes(
         ray.shutdown()
 
 
+def _ray() -> Any:
+    """The ray module, once Ray is installed; SandboxError, saying how to install it, where it is not."""
+    try:
+        # lazy: Ray is an optional extra (trajproxy[ray]) that takes seconds to import, and only --ray needs it
+        import ray
+        import ray.util.scheduling_strategies
+    except ImportError as e:
+        raise SandboxError(f"--ray needs Ray ({e}): pip install 'trajproxy[ray]'") from e
+    return ray
+
+
 def _connect(address: str) -> None:
+    ray = _ray()
     logging.getLogger("ray._private.worker").setLevel(logging.ERROR)  # its "SIGTERM handler is not set": as meant
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, configure_logging=False)
@@ -212,4 +221,4 @@ async def _close(node: _Node) -> None:
     with contextlib.suppress(SandboxError):
         await node.call(node.actor.close.remote())
     with contextlib.suppress(Exception):  # gone already
-        ray.kill(node.actor)
+        _ray().kill(node.actor)

@@ -10,18 +10,29 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
+from proxy.client import AsyncTrainerClient, TrajproxyAPIError
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.interface import Limits
 from sandbox.run.identity import RunIdentity
 from sandbox.run.places import Refused, run_proxy, run_sandboxes, socket_place
+from sandbox.run.policies import Policy, policy_from, policy_options
 from sandbox.run.report import ResultsFile, exit_status, progress_text, status_line, summarise
 from sandbox.run.report import console as _console
-from sandbox.run.resume import RAN_BY, RUN
-from sandbox.run.runner import Runner
+from sandbox.run.resume import RAN_BY, RUN, cancel_abandoned, done_tasks, still_to_run
+from sandbox.run.runner import Outcome, Progress, RunConfig, Runner
 from sandbox.run.signals import Interrupted, until_signalled, until_stopped
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 
 ORACLE = "oracle"  # --agent oracle: each task's own solution instead of an agent
 
@@ -29,10 +40,6 @@ if TYPE_CHECKING:
     import signal
 
     from proxy.wire import EpisodeCreated
-    from sandbox.agents.injection import InjectedAgent
-    from sandbox.run.policies import Policy
-    from sandbox.run.runner import Outcome, Progress, RunConfig
-    from sandbox.tasks.task import Task, TaskError
 
 
 def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
@@ -59,8 +66,6 @@ def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
 
 def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskError], Policy, RunConfig]:
     """The tasks, the policy and how to run them, as the command line asks; Refused says why not."""
-    from sandbox.run.policies import policy_from, policy_options
-    from sandbox.tasks.task import read_tasks
 
     def model_failed(episode_id: str, message: str) -> None:
         console.print(f"{episode_id}: {message} (its agent got a 502)", style="red", markup=False, soft_wrap=True)
@@ -89,9 +94,6 @@ def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskE
 
 
 def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConfig:
-    from sandbox.backends.interface import Limits
-    from sandbox.run.runner import RunConfig
-
     given = Limits()
     return RunConfig(
         metadata={RAN_BY: ran_by(args), RUN: RunIdentity.current().labels()},
@@ -134,8 +136,6 @@ def _results_file(args: argparse.Namespace) -> ResultsFile | None:
 
 
 def _on_signal(signum: signal.Signals, first: bool) -> None:
-    import os
-
     name = signum.name
     if first:
         said = f"{name}: stopping: the unfinished episodes are recorded as cancelled and their containers removed"
@@ -155,9 +155,6 @@ async def _run(
     labels: dict[str, str],
     results: ResultsFile | None,
 ) -> int:
-    from proxy.client import AsyncTrainerClient
-    from sandbox.tasks.task import Task, TaskError
-
     console = _console()
     tasks = [task for task in parsed if isinstance(task, Task)]
     rejected = [e for e in parsed if isinstance(e, TaskError)]
@@ -196,8 +193,6 @@ async def _run(
 async def _keep_serving(console: Any, url: str) -> None:
     """--keep-serving: the run's trajproxy stays up, for a trainer to read what it recorded, until a stopping
     signal; the run then ends as it would have without the wait."""
-    import os
-
     said = (
         f"serving what this run recorded at {url} (the trainer API under /api); Ctrl-C or `kill {os.getpid()}` stops it"
     )
@@ -219,9 +214,7 @@ class _Running:
 async def _run_tasks(console: Any, url: str, run: _Running, progress_every_s: float) -> list[Outcome]:
     """Run the tasks with their counts shown live (the calls parked on a reply read from trajproxy's /health); off
     a terminal, where rich shows only the last frame, a plain progress line every `progress_every_s`."""
-    from rich.live import Live
-
-    from sandbox.run.runner import Progress
+    from rich.live import Live  # lazy: rich loads only when something is shown (sandbox.run.report)
 
     try:
         with Live(status_line(Progress(total=len(run.tasks))), console=console, refresh_per_second=4) as live:
@@ -255,9 +248,6 @@ async def _resumed(
     """The tasks not done yet in the trainer's database by this run's agent, model, policy and grading (see
     sandbox.run.resume for which count as done), and an outcome for each skipped, saying why; a killed run's
     unfinished episodes of these tasks are closed as cancelled."""
-    from sandbox.run.resume import cancel_abandoned, done_tasks, still_to_run
-    from sandbox.run.runner import Outcome
-
     who = ran_by(args)
     ids = [task.id for task in tasks]
     if closed := await cancel_abandoned(trainer, ids, who, RunIdentity.current()):
@@ -273,8 +263,6 @@ async def _resumed(
 
 async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> tuple[list[Task], list[Any]]:
     """The task of the episode --fork names, found among `tasks` by its id, and the forks made of it."""
-    from proxy.client import TrajproxyAPIError
-
     parent_id, at_turn = args.fork
     try:
         parent = await trainer.episode(parent_id)
@@ -295,8 +283,6 @@ async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> t
 
 async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
     """Keep the count of calls waiting on a reply fresh, from trajproxy's /health."""
-    import httpx
-
     async with httpx.AsyncClient(base_url=url, timeout=5) as http:
         while True:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
@@ -308,10 +294,6 @@ async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
 def _injected(console: Any, agent: str, model: str | None, root: str | None) -> InjectedAgent:
     """The agent's manifest and its bundle, built now (with a progress display) if it is not built yet;
     ValueError (ManifestError, BundleError) says in one line why it cannot be had."""
-    from sandbox.agents.bundles import Bundles
-    from sandbox.agents.injection import InjectedAgent
-    from sandbox.agents.manifests import load
-
     manifest = load(agent)
     bundles = Bundles(Path(root) if root else None)
     bundle = bundles.find(manifest)

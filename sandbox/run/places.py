@@ -9,10 +9,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from sandbox.backends.interface import SandboxCounter, Sandboxes
+import docker
+import docker.errors
+
+from proxy.core.errors import StorageError
+from proxy.embedded import CannotListen, embedded_proxy
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.gate_containers import GATE_POOL, SOCKET_NAME
+from sandbox.backends.interface import SandboxCounter, SandboxError, Sandboxes
+from sandbox.backends.ray_sandboxes import ray_sandboxes
 
 
 class Refused(Exception):
@@ -23,14 +30,9 @@ def socket_place(given: str | None) -> tuple[str, str]:
     """--socket-source as the sandboxes' gates will use it (the folder or volume to mount, the socket's name in it):
     the socket's path, a folder holding proxy.sock, or a Docker volume holding proxy.sock. Checked here, before any
     sandbox starts: a gate that cannot reach trajproxy only shows as agents failing."""
-    from sandbox.backends.gate_containers import SOCKET_NAME
-
     if not given:
         raise Refused("--proxy-url needs --socket-source (the path of its --socket-path, or the volume holding it)")
     if "/" not in given:  # a named volume: its socket cannot be seen from here, but the volume can
-        import docker
-        import docker.errors
-
         try:
             docker.from_env().volumes.get(given)
         except docker.errors.NotFound:
@@ -61,16 +63,9 @@ async def run_sandboxes(
     """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine, with
     `proxy`'s socket source and name, sandbox counter and trainer token, for about `starts` agents. Either way,
     containers that runs now gone left on an engine (a crash, a kill -9) are removed first."""
-    from sandbox.backends.interface import SandboxError
-
     socket_source, socket_name, counter, token = proxy
     if args.ray:
-        # Ray is imported here only, under --ray: it is an optional extra, and a run without it never loads it.
-        try:
-            from sandbox.backends.ray_sandboxes import ray_sandboxes
-        except ImportError as e:
-            raise SystemExit(f"trajproxy run: --ray needs Ray ({e}): pip install 'trajproxy[ray]'") from e
-        try:
+        try:  # Ray itself loads only once this is entered: an optional extra, that a run without --ray never loads
             async with ray_sandboxes(args.ray, args.database_url, token, labels) as spread:
                 slots = sum(node.slots for node in spread.nodes)
                 console.print(f"sandboxes on {len(spread.nodes)} Ray node(s), {slots} at once")
@@ -78,9 +73,6 @@ async def run_sandboxes(
         except SandboxError as e:
             raise SystemExit(f"trajproxy run: {e}") from e
         return
-    from sandbox.backends.docker_sandboxes import DockerSandboxes
-    from sandbox.backends.gate_containers import GATE_POOL
-
     with contextlib.suppress(SandboxError):  # no engine: each task says so
         if removed := (await DockerSandboxes("unused").prune()).removed:
             console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
@@ -106,10 +98,6 @@ async def run_proxy(
     if args.proxy_url:
         yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, args.socket_name, None
         return
-    from proxy.core.errors import StorageError
-    from proxy.embedded import CannotListen, embedded_proxy
-    from sandbox.backends.gate_containers import SOCKET_NAME
-
     try:
         async with embedded_proxy(args.database_url, args.port, **({"shared": True} if args.ray else {})) as proxy:
             yield proxy.url, proxy.token, proxy.socket_folder, SOCKET_NAME, proxy.metrics

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.table import Table  # lazy: as rich's console
 
     from sandbox.run.runner import Outcome, Progress
     from sandbox.tasks.task import TaskError
@@ -22,7 +22,7 @@ _UNTERMINAL_WIDTH = 160  # off a terminal (a pipe, a CI log) rich would take 80 
 
 def console() -> Any:
     """Standard error, as wide as its terminal; off one, as wide as a log reads well."""
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich loads only when something is shown, not for `trajproxy --help`
 
     console = Console(file=_Unbreakable(sys.stderr))  # type: ignore[arg-type]  # a file in all rich uses
     if not console.is_terminal:
@@ -51,7 +51,7 @@ class _Unbreakable:
 
 
 def status_line(progress: Progress) -> Table:
-    from rich.table import Table
+    from rich.table import Table  # lazy: as rich's console
 
     mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
     done = progress.finished + progress.failed
@@ -83,7 +83,7 @@ def summarise(
 ) -> None:
     """The end-of-run table: each task run, and each `--resume` skipped (status `skipped`, with the episode that
     did it and why); then the output of the agents that failed, and the totals."""
-    from rich.table import Column, Table
+    from rich.table import Column, Table  # lazy: as rich's console
 
     skipped = skipped or []
     ids = [outcome.episode_id or "-" for outcome in [*skipped, *outcomes]]

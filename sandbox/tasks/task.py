@@ -1,13 +1,13 @@
-"""Tasks, whatever format they come in: what the agent is asked, in which image, and how its work is graded.
+"""A task, whatever format it came in: what the agent is asked, in which image, and how its work is graded.
 
-Three formats read into the same Task (`sandbox/tasks/formats/`): slime's JSONL (`eval_cmd`'s exit code is the reward),
-Harbor task directories (Terminal-Bench 2; a verifier writes the reward) and SWE-bench instances (graded by the
-`swebench` package). `read_tasks` tells them apart by what the path is, or by the format it is given.
+Three formats read into the same Task (`sandbox/tasks/formats/`, read by `sandbox.tasks.read`): slime's JSONL
+(`eval_cmd`'s exit code is the reward), Harbor task directories (Terminal-Bench 2; a verifier writes the reward) and
+SWE-bench instances (graded by the `swebench` package).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -79,37 +79,6 @@ class Task:
         """The task as a person finds it: its own id, else (a JSONL line with none) its line."""
         made_up = not self.id or self.id.startswith(f"line-{self.line}-")
         return f"line {self.line}" if made_up else self.id
-
-
-def read_tasks(
-    path: str | Path,
-    *,
-    image: str | None = None,
-    image_template: str | None = None,
-    format: str | None = None,
-) -> Iterator[Task | TaskError]:
-    """Every task at `path` as a Task, or as the TaskError that says why it cannot run. A directory is Harbor
-    tasks; a file of JSONL objects with `instance_id` and `base_commit` is SWE-bench; other JSONL is slime's."""
-    from sandbox.tasks.formats import harbor, jsonl, swebench
-
-    path = Path(path)
-    chosen = format or _format_of(path)
-    if chosen == "harbor":
-        yield from harbor.read(path, image=image)
-    elif chosen == "swebench":
-        yield from swebench.read(path, image=image, image_template=image_template)
-    elif chosen == "jsonl":
-        yield from jsonl.read(path, image=image)
-    else:
-        raise TaskError(f"unknown task format {chosen!r}: use one of {', '.join(FORMATS)}")
-
-
-def _format_of(path: Path) -> str:
-    if path.is_dir():
-        return "harbor"
-    from sandbox.tasks.formats import swebench
-
-    return "swebench" if swebench.looks_like(path) else "jsonl"
 
 
 def read_only(value: Any, where: str) -> bool:

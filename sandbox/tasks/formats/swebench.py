@@ -103,6 +103,7 @@ def harness() -> Any:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
+        # lazy: swebench (an optional extra) takes seconds to import; only SWE-bench tasks need it
         import swebench.harness.constants
         import swebench.harness.grading
         import swebench.harness.test_spec.create_scripts
@@ -186,7 +187,7 @@ def parse(instance: Any, *, line: int = 0, image: str | None = None, image_templ
 def _instances(path: Path) -> Iterator[tuple[int, Any]]:
     """(line or row number, the instance or the TaskError that says why it cannot be read)"""
     if path.suffix in _DATASET_SUFFIXES:
-        import datasets
+        import datasets  # lazy: datasets (with swebench, an optional extra) is slow to import; only its files need it
 
         loaded = datasets.load_dataset(_DATASET_SUFFIXES[path.suffix], data_files=str(path), split="train")
         for number, row in enumerate(loaded, start=1):

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
+import docker.errors
+
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.images import context_tag
 from sandbox.backends.interface import Limits, SandboxError
@@ -222,15 +225,12 @@ def _publish(out: Path, written: list[Made], failures: Callable[[str], list[str]
 
 
 def _remove_image(tag: str) -> None:
-    import docker
-    import docker.errors
-
     with contextlib.suppress(docker.errors.DockerException):  # not there, or in use: not ours to force
         docker.from_env().images.remove(tag, force=True)
 
 
 def _show(console: Any, made: Making) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich's tables load only for the table (this module is in `--help`'s path)
 
     table = Table("task", "kind", "failing tests", "difficulty", title=f"tasks made from {made.project}")
     for row in made.tasks:
