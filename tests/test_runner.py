@@ -50,15 +50,21 @@ def test_a_right_fix_earns_1_and_a_wrong_one_0(proxied: Any, sandboxes: DockerSa
     assert (wrong.status, wrong.reward) == ("finished", 0.0), wrong.reason
 
     trainer = TrainerClient(proxied.url, proxied.token)
-    recorded = trainer.trajectory(solved.episode_id)  # type: ignore[arg-type]
+    assert_fixed_and_graded(trainer, solved, example_task.prompt)
+    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
+
+
+def assert_fixed_and_graded(trainer: TrainerClient, outcome: Outcome, prompt: str) -> None:
+    """What the trainer API holds of an episode the minimal agent fixed by solve.script.jsonl: its three turns
+    answered, the task its first message, the tests seen passing, and the grader's reward of 1."""
+    recorded = trainer.trajectory(str(outcome.episode_id))
     assert recorded.episode.status == "finished"
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3
-    assert recorded.turns[0].request["messages"][1]["content"] == example_task.prompt
+    assert recorded.turns[0].request["messages"][1]["content"] == prompt
     assert "exit code 0" in recorded.turns[2].request["messages"][-1]["content"]  # it saw the tests pass
     [reward] = recorded.rewards
     assert (reward.name, reward.value, reward.source) == ("reward", 1.0, "grader")
     assert reward.info["grader"]["verdict"] == "tests pass"
-    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
 
 
 def test_eight_tasks_at_concurrency_four(proxied: Any, sandboxes: DockerSandboxes, example_task: Task) -> None:
