@@ -32,10 +32,11 @@ from sandbox.agents.injection import InjectedAgent  # noqa: E402
 from sandbox.agents.manifests import load, presets  # noqa: E402
 from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes  # noqa: E402
 from sandbox.backends.interface import SandboxSpec  # noqa: E402
-from sandbox.run.runner import AGENTS, RunConfig, Runner  # noqa: E402
+from sandbox.run.runner import RunConfig, Runner  # noqa: E402
 from sandbox.tasks.formats.jsonl import ExitCode  # noqa: E402
 from sandbox.tasks.task import Task  # noqa: E402
 from tests.test_injection import BARE, BARE_DOCKERFILE, PRESETS, TASK, text_commands  # noqa: E402
+from tests.test_runner import BAKED_MINIMAL  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from harness import percentile  # noqa: E402
@@ -113,7 +114,7 @@ async def start_times(names: list[str], episodes: int) -> dict[str, Any]:
         async with embedded_proxy(f"sqlite:///{folder}/bench.db") as proxy:
             args = (episodes, proxy.socket_folder, proxy.url, proxy.token)
             baked = Task(TASK, BAKED_IMAGE, "/repo", ExitCode("true"))
-            results["minimal (baked)"] = await starts(RunConfig(AGENTS["minimal"]), baked, text_commands, *args)
+            results["minimal (baked)"] = await starts(RunConfig(BAKED_MINIMAL), baked, text_commands, *args)
             print(f"start minimal (baked): {results['minimal (baked)']}", flush=True)
             for name in names:
                 _, answer = PRESETS.get(name, ("", text_commands))  # its own tool format, where the tests have one

@@ -44,7 +44,7 @@ from sandbox.agents.injection import InjectedAgent  # noqa: E402
 from sandbox.agents.manifests import load  # noqa: E402
 from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes  # noqa: E402
 from sandbox.backends.interface import SandboxSpec  # noqa: E402
-from sandbox.run.runner import AGENTS, Outcome, RunConfig, Runner  # noqa: E402
+from sandbox.run.runner import Outcome, RunConfig, Runner  # noqa: E402
 from sandbox.tasks.read import read_tasks  # noqa: E402
 from sandbox.tasks.task import Task  # noqa: E402
 
@@ -64,7 +64,8 @@ body = json.dumps({{"model": "m", "messages": [{{"role": "user", "content": open
 request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body.encode(),
     headers={{"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"}})
 urllib.request.urlopen(request, timeout=300).read()'"""
-AGENT_COMMANDS = {"minimal": AGENTS["minimal"], "stdlib": STDLIB_AGENT}
+BAKED_MINIMAL = "minimal-agent @{task_file} --workdir {workdir}"  # as its image (agents/minimal/Dockerfile) installs it
+AGENT_COMMANDS = {"minimal": BAKED_MINIMAL, "stdlib": STDLIB_AGENT}
 Marks = dict[str, dict[str, float]]
 
 

@@ -14,11 +14,15 @@ from proxy.client import AsyncTrainerClient, TrainerClient
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.interface import Limits
 from sandbox.run.policies import ScriptedPolicy
-from sandbox.run.runner import AGENTS, Outcome, RunConfig, Runner
+from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.formats.jsonl import ExitCode
 from sandbox.tasks.read import read_tasks
 from sandbox.tasks.task import Task, TaskError
 from tests.conftest import EXAMPLE, mine
+
+# The minimal agent as its image installs it (agents/minimal/Dockerfile; the example task's image builds on it), run
+# as a command already in the image (--agent-cmd): no bundle to build or mount.
+BAKED_MINIMAL = "minimal-agent @{task_file} --workdir {workdir}"
 
 
 @pytest.fixture
@@ -35,7 +39,7 @@ def run_tasks(
                 trainer,
                 sandboxes,
                 ScriptedPolicy(EXAMPLE / script),
-                RunConfig(agent_cmd=config.pop("agent_cmd", AGENTS["minimal"]), **config),
+                RunConfig(agent_cmd=config.pop("agent_cmd", BAKED_MINIMAL), **config),
             )
             return await runner.run_many(tasks, concurrency=concurrency)
 

@@ -7,11 +7,12 @@ names an agent.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.agents.bundles import Bundle
-from sandbox.agents.manifests import BUNDLE_MOUNT, HOME, TASK_FILE, Manifest, Rendered
+from sandbox.agents.bundles import Bundle, Bundles
+from sandbox.agents.manifests import BUNDLE_MOUNT, HOME, TASK_FILE, Manifest, Rendered, load
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,20 @@ class InjectedAgent:
                 "bundle": BUNDLE_MOUNT,
             }
         )
+
+
+def inject(
+    agent: str,
+    model: str | None = None,
+    bundles: Bundles | None = None,
+    on_step: Callable[[str], None] = lambda _: None,
+) -> InjectedAgent:
+    """An agent ready to run in any task's image: a preset's name or a manifest's path, and its bundle, built now
+    (once per machine; `on_step` is told each step) where it is not built yet. ValueError (ManifestError,
+    BundleError) says in one line why it cannot be had."""
+    manifest = load(agent)
+    bundles = bundles or Bundles()
+    return InjectedAgent(manifest, bundles.find(manifest) or bundles.build(manifest, on_step), model)
 
 
 def launch_script(rendered: Rendered) -> str:

@@ -20,7 +20,7 @@ import httpx
 
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents.bundles import Bundles
-from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.injection import InjectedAgent, inject
 from sandbox.agents.manifests import load
 from sandbox.backends.interface import Limits
 from sandbox.run.identity import RunIdentity
@@ -296,9 +296,10 @@ def _injected(console: Any, agent: str, model: str | None, root: str | None) -> 
     ValueError (ManifestError, BundleError) says in one line why it cannot be had."""
     manifest = load(agent)
     bundles = Bundles(Path(root) if root else None)
-    bundle = bundles.find(manifest)
-    if bundle is None:
-        with console.status(f"building {manifest.name} {manifest.version} (once)") as status:
-            bundle = bundles.build(manifest, on_step=lambda step: status.update(f"{manifest.name}: {step}"))
-        console.print(f"built {manifest.name} {manifest.version} ({bundle.digest[:12]}) in {bundle.built_s:g} s")
-    return InjectedAgent(manifest, bundle, model)
+    if bundles.find(manifest) is not None:
+        return inject(agent, model, bundles)
+    with console.status(f"building {manifest.name} {manifest.version} (once)") as status:
+        injected = inject(agent, model, bundles, on_step=lambda step: status.update(f"{manifest.name}: {step}"))
+    built = injected.bundle
+    console.print(f"built {manifest.name} {manifest.version} ({built.digest[:12]}) in {built.built_s:g} s")
+    return injected

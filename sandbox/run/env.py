@@ -1,7 +1,7 @@
 """The dm_env view of a task: an agent working on it in a sandbox is the environment, its LLM calls the
 observations, the policy's replies the actions, the grade the reward.
 
-async with AgentEnv(trainer, sandboxes, task, RunConfig(agent_cmd=AGENTS["minimal"])) as env:
+async with AgentEnv(trainer, sandboxes, task, RunConfig(agent=inject("minimal"))) as env:
     step = await env.reset()                    # FIRST: the agent's first LLM request, in chat shape
     while not step.last():
         step = await env.step(policy(step.observation))   # MID: its next request

@@ -1,7 +1,7 @@
 """The runner: each task becomes an episode; its agent works in a sandbox, and its work is graded: in a fresh
 container of the task's image with the agent's diff applied, or in place, in the agent's own once it has stopped.
 
-runner = Runner(trainer, sandboxes, ScriptedPolicy("solve.jsonl"), RunConfig(agent_cmd=AGENTS["minimal"]))
+runner = Runner(trainer, sandboxes, ScriptedPolicy("solve.jsonl"), RunConfig(agent=inject("minimal")))
 outcomes = await runner.run_many(tasks, concurrency=4)
 """
 
@@ -34,9 +34,7 @@ from sandbox.backends.interface import (
 from sandbox.run.policies import Policy
 from sandbox.tasks.task import Grade, GradingMode, Task, tail
 
-__all__ = ["AGENTS", "Outcome", "Progress", "RunConfig", "Runner"]
-
-AGENTS = {"minimal": "minimal-agent @{task_file} --workdir {workdir}"}  # the command that starts each known agent
+__all__ = ["Outcome", "Progress", "RunConfig", "Runner"]
 
 DIFF_FILE = "/tmp/trajproxy.diff"
 CAPTURE_DIFF = "git add -A >/dev/null && git diff --cached --binary HEAD"
@@ -56,8 +54,9 @@ LOST_RUNS = 3  # a task whose sandbox's machine dies runs again elsewhere, at mo
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
-    """How to run each task. The agent is `agent` (a manifest and its bundle, injected into the task's image), or
-    else `agent_cmd`, a command already in the image, which may use {task_file} (the task text) and {workdir}.
+    """How to run each task. The agent is `agent` (a manifest and its bundle, injected into the task's image:
+    `sandbox.agents.injection.inject`), or else `agent_cmd`, a command already in the image (`--agent-cmd`), which
+    may use {task_file} (the task text) and {workdir}.
     What is left None here comes from each task (a Harbor task's timeouts and resources), else the defaults."""
 
     agent_cmd: str = ""
