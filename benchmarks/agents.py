@@ -21,9 +21,7 @@ from typing import Any
 
 import docker
 
-# This folder's sandbox.py shadows the sandbox package: import the package with this folder off the path first.
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
 from proxy.embedded import embedded_proxy  # noqa: E402

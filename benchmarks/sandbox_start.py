@@ -28,33 +28,30 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import docker
 
-# This file's name shadows the sandbox package: import the package with this folder off the path first.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
-from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
-from sandbox.agents.bundles import Bundles  # noqa: E402
-from sandbox.agents.injection import InjectedAgent  # noqa: E402
-from sandbox.agents.manifests import load  # noqa: E402
-from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes  # noqa: E402
-from sandbox.backends.interface import SandboxSpec  # noqa: E402
-from sandbox.run.runner import Outcome, RunConfig, Runner  # noqa: E402
-from sandbox.tasks.read import read_tasks  # noqa: E402
-from sandbox.tasks.task import Task  # noqa: E402
+from proxy.client import AsyncTrainerClient, TrajproxyAPIError
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.interface import SandboxSpec
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 
+HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from harness import cpu_seconds, percentile, pin_load, start_server  # noqa: E402
+from sandbox_timing import Stopwatch, TimedSandboxes  # noqa: E402
 
 ROOT = HERE.parent
 EXAMPLE = ROOT / "examples" / "tasks" / "calc"
 AGENT_IMAGE, TASK_IMAGE = "trajproxy/agent-minimal", "trajproxy/example-calc"
-EPISODE_LABEL = "trajproxy.episode"
 DONE = {"content": "```bash\necho TASK_COMPLETE\n```"}
 STEPS = ("images", "gate", "agent box", "relay and upload", "agent to first call")
 PRESETS = ("codex", "claude-code")  # injected from their bundles (built on first use)
@@ -66,85 +63,6 @@ request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completi
 urllib.request.urlopen(request, timeout=300).read()'"""
 BAKED_MINIMAL = "minimal-agent @{task_file} --workdir {workdir}"  # as its image (agents/minimal/Dockerfile) installs it
 AGENT_COMMANDS = {"minimal": BAKED_MINIMAL, "stdlib": STDLIB_AGENT}
-Marks = dict[str, dict[str, float]]
-
-
-class Stopwatch:
-    """The first time each named step of each episode was reached (unix seconds, the server's clock too)."""
-
-    def __init__(self) -> None:
-        self.marks: Marks = defaultdict(dict)
-
-    def mark(self, episode: str | None, name: str) -> None:
-        if episode is not None:
-            self.marks[episode].setdefault(name, time.time())
-
-
-class TimedContainer:
-    """A docker container whose upload and first exec are marked."""
-
-    def __init__(self, container: Any, episode: str | None, watch: Stopwatch) -> None:
-        self._container, self._episode, self._watch = container, episode, watch
-
-    def put_archive(self, *args: Any, **kwargs: Any) -> Any:
-        done = self._container.put_archive(*args, **kwargs)
-        self._watch.mark(self._episode, "uploaded")
-        return done
-
-    def exec_run(self, *args: Any, **kwargs: Any) -> Any:
-        self._watch.mark(self._episode, "exec")
-        return self._container.exec_run(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._container, name)
-
-
-class TimedContainers:
-    def __init__(self, containers: Any, watch: Stopwatch) -> None:
-        self._containers, self._watch = containers, watch
-
-    def create(self, image: str, command: list[str], **options: Any) -> Any:
-        episode = options.get("labels", {}).get(EPISODE_LABEL)
-        role = "gate" if command[:2] == ["python3", "-c"] else "agent"
-        self._watch.mark(episode, f"{role} create")
-        container = self._containers.create(image, command, **options)
-        started, watch = container.start, self._watch
-
-        def start(*args: Any, **kwargs: Any) -> Any:
-            result = started(*args, **kwargs)
-            watch.mark(episode, f"{role} started")
-            return result
-
-        container.start = start
-        return container if role == "gate" else TimedContainer(container, episode, watch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._containers, name)
-
-
-class TimedDocker:
-    """A docker client whose container starts, uploads and execs are marked on a stopwatch."""
-
-    def __init__(self, client: Any, watch: Stopwatch) -> None:
-        self._client = client
-        self.containers = TimedContainers(client.containers, watch)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-
-class TimedSandboxes(DockerSandboxes):
-    """DockerSandboxes that marks when each episode's (first) sandbox was asked for."""
-
-    def __init__(self, socket_source: str, watch: Stopwatch, client: Any, label: str, gate_pool: int) -> None:
-        labels = {"trajproxy.bench": label}
-        super().__init__(socket_source, labels=labels, client=TimedDocker(client, watch), gate_pool=gate_pool)
-        self._watch = watch
-
-    async def start(self, spec: SandboxSpec) -> DockerSandbox:
-        if spec.proxy:
-            self._watch.mark(spec.labels.get(EPISODE_LABEL), "start")
-        return await super().start(spec)
 
 
 class FirstCalls:

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,10 +23,8 @@ from typing import Any
 
 import docker
 
-# benchmarks/sandbox_start.py shadows the sandbox package: import the package with this folder off the path.
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 from proxy.client import AsyncTrainerClient  # noqa: E402
 from proxy.embedded import embedded_proxy  # noqa: E402
 from sandbox.backends.docker_sandboxes import DockerSandboxes  # noqa: E402
