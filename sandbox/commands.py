@@ -1,5 +1,5 @@
-"""What `trajproxy run`, `trajproxy agents` and `trajproxy sandbox prune` do, once `sandbox.launch` has parsed
-them (this module loads only when one of them runs)."""
+"""What `trajproxy run`, `trajproxy agents`, `trajproxy sandbox prune` and `trajproxy tasks make` do, once
+`sandbox.launch` has parsed them (this module loads only when one of them runs)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes, Pruned
 from sandbox.backends.interface import SandboxError
 from sandbox.run.command import run_command
 from sandbox.run.report import console as _console
+from sandbox.tasks.taskmaker import command as taskmaker
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the `run`, `agents` or `sandbox` command; returns the exit status."""
+    """Run the `run`, `agents`, `sandbox` or `tasks` command; returns the exit status."""
+    if args.command == "tasks":
+        return taskmaker.main(args)
     console = _console()
     if args.command == "agents":
         return _agents(console, args)

@@ -1,5 +1,6 @@
-"""The command line of the sandbox side: the options of `trajproxy run`, `trajproxy agents` and `trajproxy sandbox
-prune` (what each does is `sandbox.commands`)."""
+"""The command line of the sandbox side: the options of `trajproxy run`, `trajproxy agents`, `trajproxy sandbox
+prune` and `trajproxy tasks make`. What each does is `sandbox.commands`, loaded only when one runs: `trajproxy
+--help` and `trajproxy serve` build this parser and import no more than it needs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import argparse
 
 from sandbox.agents.manifests import PLACEHOLDERS, presets
 from sandbox.tasks.task import FORMATS, GRADING_MODES
-from sandbox.tasks.taskmaker.command import add_commands as taskmaker_commands
 
 
 class _WithDefaults(argparse.HelpFormatter):
@@ -197,7 +197,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sandbox.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="only containers with this label (repeatable)"
     )
-    taskmaker_commands(commands)
+    _taskmaker_commands(commands)
 
 
 def _positive(text: str) -> int:
@@ -214,8 +214,28 @@ def fork_spec(text: str) -> tuple[str, int]:
     return episode, int(turn)
 
 
+def _taskmaker_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = commands.add_parser("tasks", help="make training tasks from a repository")
+    actions = tasks.add_subparsers(dest="action", required=True)
+    make = actions.add_parser(
+        "make",
+        help="Harbor tasks from a Python project's own tests, by injected bugs",
+        description="Build the project with its test dependencies, run its tests twice (the flaky ones are left out), "
+        "inject bugs where the passing tests look (operators, comparisons, off-by-ones, constants, dropped lines "
+        "and branches, swapped arguments), keep those that make some tests fail and leave the rest passing, and "
+        "write each as a Harbor task that `trajproxy run DIR` runs; every task is checked with the oracle "
+        "(reward 1) and an agent that changes nothing (reward 0).",
+    )
+    make.add_argument("source", help="a Python project: a folder, a git repository, or an sdist/archive")
+    make.add_argument("--out", required=True, help="the folder to write the tasks to (new or empty)")
+    make.add_argument("--max", type=int, default=10, help="at most this many tasks (default: 10)")
+    make.add_argument("--seed", type=int, default=0, help="the seed that orders candidate bugs (default: 0)")
+    make.add_argument("--concurrency", type=int, default=2, help="tasks validated at once (default: 2)")
+    make.set_defaults(handler=main)
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the `run`, `agents` or `sandbox` command; returns the exit status."""
+    """Run the `run`, `agents`, `sandbox` or `tasks` command; returns the exit status."""
     # lazy: what the commands run (httpx, the wire models, the Docker SDK) loads only when one runs: `trajproxy
     # --help` and `trajproxy serve` build this parser, and never pay for it
     from sandbox import commands

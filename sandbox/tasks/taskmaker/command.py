@@ -38,26 +38,6 @@ INDEX = "tasks.jsonl"
 SUMMARY = "summary.json"
 
 
-def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    tasks = commands.add_parser("tasks", help="make training tasks from a repository")
-    actions = tasks.add_subparsers(dest="action", required=True)
-    make = actions.add_parser(
-        "make",
-        help="Harbor tasks from a Python project's own tests, by injected bugs",
-        description="Build the project with its test dependencies, run its tests twice (the flaky ones are left out), "
-        "inject bugs where the passing tests look (operators, comparisons, off-by-ones, constants, dropped lines "
-        "and branches, swapped arguments), keep those that make some tests fail and leave the rest passing, and "
-        "write each as a Harbor task that `trajproxy run DIR` runs; every task is checked with the oracle "
-        "(reward 1) and an agent that changes nothing (reward 0).",
-    )
-    make.add_argument("source", help="a Python project: a folder, a git repository, or an sdist/archive")
-    make.add_argument("--out", required=True, help="the folder to write the tasks to (new or empty)")
-    make.add_argument("--max", type=int, default=10, help="at most this many tasks (default: 10)")
-    make.add_argument("--seed", type=int, default=0, help="the seed that orders candidate bugs (default: 0)")
-    make.add_argument("--concurrency", type=int, default=2, help="tasks validated at once (default: 2)")
-    make.set_defaults(handler=main)
-
-
 def main(args: argparse.Namespace) -> int:
     console = _console()
     out = Path(args.out)
