@@ -13,7 +13,6 @@ over them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import statistics
@@ -28,21 +27,13 @@ sys.path.insert(0, str(HERE))
 import capacity  # noqa: E402
 import large_calls  # noqa: E402
 import overhead  # noqa: E402
+import sandbox_start  # noqa: E402
 import storage  # noqa: E402
 import turns  # noqa: E402
 from harness import LOAD_CORE, SERVER_CORE, fresh_database, pin_load  # noqa: E402
 
 Column = tuple[str, str, str]  # header, key, format
 Result = dict[str, Any]
-
-
-def load_sandbox_benchmark() -> Any:
-    """benchmarks/sandbox.py, under a name that does not shadow the sandbox package."""
-    spec = importlib.util.spec_from_file_location("sandbox_benchmark", HERE / "sandbox.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def median_of(runs: Sequence[Result]) -> Result:
@@ -218,7 +209,7 @@ def run_sandbox(args: argparse.Namespace) -> list[Result]:
     except docker.errors.DockerException as e:
         print(f"\n### Sandbox start\n\nnot run: no Docker engine answers ({e})")
         return []
-    bench = load_sandbox_benchmark()
+    bench = sandbox_start
     sequential, at_once = (3, 4) if args.quick else (20, 32)
 
     def run(agent: str) -> Result:

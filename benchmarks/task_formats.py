@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,17 +23,16 @@ from typing import Any
 
 import docker
 
-# benchmarks/sandbox.py shadows the sandbox package: import the package with this folder off the path.
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 from proxy.client import AsyncTrainerClient  # noqa: E402
 from proxy.servers.embedded import embedded_proxy  # noqa: E402
-from sandbox.docker_sandbox import DockerSandboxes  # noqa: E402
-from sandbox.formats import harbor  # noqa: E402
-from sandbox.policies import TrainerPolicy  # noqa: E402
-from sandbox.runner import RunConfig, Runner  # noqa: E402
-from sandbox.tasks import GradingMode, Task, read_tasks  # noqa: E402
+from sandbox.backends.docker_sandboxes import DockerSandboxes  # noqa: E402
+from sandbox.run.policies import TrainerPolicy  # noqa: E402
+from sandbox.run.runner import RunConfig, Runner  # noqa: E402
+from sandbox.tasks.formats import harbor  # noqa: E402
+from sandbox.tasks.read import read_tasks  # noqa: E402
+from sandbox.tasks.task import GradingMode, Task  # noqa: E402
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"
 SWEBENCH = ROOT / "examples" / "tasks" / "swebench"

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]  # benchmarks/sandbox.py shadows
 sys.path.insert(0, str(HERE.parent))
-from sandbox.taskmaker.validate import free_port, trajproxy  # noqa: E402
-from sandbox.taskmaker.write import solution_script  # noqa: E402
+from sandbox.tasks.taskmaker.validate import free_port, trajproxy  # noqa: E402
+from sandbox.tasks.taskmaker.write import solution_script  # noqa: E402
 from tests.test_tasks_make import sdist  # noqa: E402
 
 

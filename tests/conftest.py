@@ -30,8 +30,9 @@ from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from proxy.trainer_token import kept_token
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.tasks import Task, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 from tests.lanes import LANES, Lane
 from tests.vllm_server import VllmServer, build_tiny_model, copy_model, vllm_server
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.client import TrainerClient
-from sandbox.manifests import load
+from sandbox.agents.manifests import load
 from tests.test_export import lines_of
 
 CLIS = Path(__file__).parent.parent / "agents" / "cli"
@@ -66,6 +66,25 @@ def answer_until_exit(
     agent.wait(timeout=120)
     thread.join(timeout=10)
     return seen
+
+
+def run_answered(
+    trainer: TrainerClient,
+    command: list[str],
+    work: Path,
+    env: dict[str, str],
+    policy: Callable[[Any], dict[str, Any]],
+    **popen: Any,
+) -> tuple[list[Any], str]:
+    """Run an agent's CLI in `work`, answered by `policy` until it exits, which it must with 0: the turns it made,
+    and what it printed on stdout."""
+    agent = subprocess.Popen(
+        command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+    seen = answer_until_exit(trainer, agent, policy)
+    stdout, stderr = agent.communicate()
+    assert agent.returncode == 0, stderr[-2000:]
+    return seen, stdout
 
 
 def tool_calls(tool: str, *arguments: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
@@ -144,18 +163,13 @@ def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
     episode = trainer.create_episode(task=TASK)
     work, home = folders(tmp_path, "work", "home")
     env = claude_env(episode, home)
-    agent = subprocess.Popen(
-        [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     policy = tool_calls(
         "Bash",
         {"command": "echo hi > hello.txt", "description": "Create hello.txt"},
         {"command": "echo bye > bye.txt", "description": "Create bye.txt"},
     )
-    seen = answer_until_exit(trainer, agent, policy)
-    stdout, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"]
+    seen, stdout = run_answered(trainer, command, work, env, policy)
     result = json.loads(stdout)
     assert (result["is_error"], result["result"]) == (False, "Done: hello.txt and bye.txt created.")
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
@@ -180,14 +194,9 @@ def test_codex_exec_completes_a_task_in_three_calls_recorded_as_one_branch(
         f'base_url = "{episode.env["OPENAI_BASE_URL"]}"\nenv_key = "TRAJPROXY_KEY"\nwire_api = "responses"\n'
     )
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home), "TRAJPROXY_KEY": episode.key}
-    agent = subprocess.Popen(
-        [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access", TASK],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     policy = tool_calls("exec_command", {"cmd": "echo hi > hello.txt"}, {"cmd": "echo bye > bye.txt"})
-    seen = answer_until_exit(trainer, agent, policy)
-    stdout, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access", TASK]
+    seen, stdout = run_answered(trainer, command, work, env, policy)
     assert "Done: hello.txt and bye.txt created." in stdout
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
@@ -221,13 +230,8 @@ def test_mini_swe_agent_completes_a_task_in_three_calls_with_its_default_tool_ca
 
     trajectory = tmp_path / "trajectory.json"
     options = ["--yolo", "--cost-limit", "0", "--exit-immediately", "-o", str(trajectory)]
-    agent = subprocess.Popen(
-        [mini, "-m", "openai/policy", "-t", TASK, *options],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    seen = answer_until_exit(trainer, agent, policy)
-    _, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [mini, "-m", "openai/policy", "-t", TASK, *options]
+    seen, _ = run_answered(trainer, command, work, env, policy, stdin=subprocess.DEVNULL)
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
     assert json.loads(trajectory.read_text())["info"]["exit_status"] == "Submitted"
 
@@ -251,14 +255,10 @@ def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
     for file in preset.files:
         Path(file.path).parent.mkdir(parents=True, exist_ok=True)
         Path(file.path).write_text(file.content)
-    agent = subprocess.Popen(
-        [gemini, "-p", TASK, "-m", "policy", "--yolo", "--output-format", "json"],
-        cwd=work, env={**os.environ, **preset.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     policy = tool_calls("run_shell_command", {"command": "echo hi > hello.txt"}, {"command": "echo bye > bye.txt"})
-    seen = answer_until_exit(trainer, agent, lambda turn: time.sleep(0.2) or policy(turn))
-    stdout, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [gemini, "-p", TASK, "-m", "policy", "--yolo", "--output-format", "json"]
+    env = {**os.environ, **preset.env}
+    seen, stdout = run_answered(trainer, command, work, env, lambda turn: time.sleep(0.2) or policy(turn))
     assert json.loads(stdout)["response"] == "Done: hello.txt and bye.txt created."
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
@@ -309,13 +309,16 @@ def test_a_claude_code_episode_with_a_sub_agent_splits_its_reward_over_its_two_b
             "logprobs": [-0.5, -0.5],
         }
 
-    agent = subprocess.Popen(
-        [claude, "-p", "Create hello.txt containing hi", "--allowedTools", "Bash Agent", "--output-format", "json"],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    answer_until_exit(trainer, agent, policy)
-    _, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [
+        claude,
+        "-p",
+        "Create hello.txt containing hi",
+        "--allowedTools",
+        "Bash Agent",
+        "--output-format",
+        "json",
+    ]
+    run_answered(trainer, command, work, env, policy)
     assert (work / "hello.txt").read_text() == "hi\n"
     turns = trainer.trajectory(episode.id).turns
     # the main conversation, the sub-agent's two calls, the main one's last: its reply seeing the sub-agent's report

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.tasks import Task
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.task import Task
 from tests.conftest import EXAMPLE
 
 SCRIPTS = {"minimal": "solve.script.jsonl", "mini-swe-agent": "solve.mini-swe-agent.script.jsonl"}

@@ -17,14 +17,15 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats import harbor, swebench
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.policies import Policy, ScriptedPolicy, TrainerPolicy
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.tasks import Task, TaskError, read_tasks
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import Policy, ScriptedPolicy, TrainerPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.formats import harbor, swebench
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 from tests.conftest import ROOT
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"

@@ -11,13 +11,18 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.containers import Limits
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats.jsonl import ExitCode
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import AGENTS, Outcome, RunConfig, Runner
-from sandbox.tasks import Task, TaskError, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.interface import Limits
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.formats.jsonl import ExitCode
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 from tests.conftest import EXAMPLE, mine
+
+# The minimal agent as its image installs it (agents/minimal/Dockerfile; the example task's image builds on it), run
+# as a command already in the image (--agent-cmd): no bundle to build or mount.
+BAKED_MINIMAL = "minimal-agent @{task_file} --workdir {workdir}"
 
 
 @pytest.fixture
@@ -34,7 +39,7 @@ def run_tasks(
                 trainer,
                 sandboxes,
                 ScriptedPolicy(EXAMPLE / script),
-                RunConfig(agent_cmd=config.pop("agent_cmd", AGENTS["minimal"]), **config),
+                RunConfig(agent_cmd=config.pop("agent_cmd", BAKED_MINIMAL), **config),
             )
             return await runner.run_many(tasks, concurrency=concurrency)
 
@@ -49,15 +54,21 @@ def test_a_right_fix_earns_1_and_a_wrong_one_0(proxied: Any, sandboxes: DockerSa
     assert (wrong.status, wrong.reward) == ("finished", 0.0), wrong.reason
 
     trainer = TrainerClient(proxied.url, proxied.token)
-    recorded = trainer.trajectory(solved.episode_id)  # type: ignore[arg-type]
+    assert_fixed_and_graded(trainer, solved, example_task.prompt)
+    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
+
+
+def assert_fixed_and_graded(trainer: TrainerClient, outcome: Outcome, prompt: str) -> None:
+    """What the trainer API holds of an episode the minimal agent fixed by solve.script.jsonl: its three turns
+    answered, the task its first message, the tests seen passing, and the grader's reward of 1."""
+    recorded = trainer.trajectory(str(outcome.episode_id))
     assert recorded.episode.status == "finished"
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3
-    assert recorded.turns[0].request["messages"][1]["content"] == example_task.prompt
+    assert recorded.turns[0].request["messages"][1]["content"] == prompt
     assert "exit code 0" in recorded.turns[2].request["messages"][-1]["content"]  # it saw the tests pass
     [reward] = recorded.rewards
     assert (reward.name, reward.value, reward.source) == ("reward", 1.0, "grader")
     assert reward.info["grader"]["verdict"] == "tests pass"
-    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
 
 
 def test_eight_tasks_at_concurrency_four(proxied: Any, sandboxes: DockerSandboxes, example_task: Task) -> None:
