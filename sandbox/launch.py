@@ -20,6 +20,10 @@ class _WithDefaults(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+# What runs each command, named as an entry point is and loaded only when one runs (`proxy.cli.main` resolves it):
+# `trajproxy --help` and `trajproxy serve` build this parser and never import what the commands use (httpx, the
+# Docker SDK, Rich).
+RUN = "sandbox.commands:main"
 BUNDLES_HELP = "the bundles' folder (default: $TRAJPROXY_BUNDLES, else ~/.cache/trajproxy/bundles)"
 
 
@@ -179,15 +183,15 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default="policy",
         help="a call that differs: to the policy, or fail",
     )
-    run.set_defaults(handler=main)
+    run.set_defaults(handler=RUN)
     agents = commands.add_parser("agents", help="build and list agent bundles")
     agents.add_argument("action", choices=["build", "list"], help="build: build each agent's bundle; list: show them")
     agents.add_argument("names", nargs="*", metavar="AGENT", help="presets or manifest files (build)")
     agents.add_argument("--bundles", help=BUNDLES_HELP)
     agents.add_argument("--force", action="store_true", help="build again even if the bundle is there")
-    agents.set_defaults(handler=main)
+    agents.set_defaults(handler=RUN)
     sandbox = commands.add_parser("sandbox", help="manage sandboxes")
-    sandbox.set_defaults(handler=main)
+    sandbox.set_defaults(handler=RUN)
     sandbox.add_argument(
         "action",
         choices=["prune"],
@@ -231,13 +235,6 @@ def _taskmaker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     make.add_argument("--max", type=int, default=10, help="at most this many tasks (default: 10)")
     make.add_argument("--seed", type=int, default=0, help="the seed that orders candidate bugs (default: 0)")
     make.add_argument("--concurrency", type=int, default=2, help="tasks validated at once (default: 2)")
-    make.set_defaults(handler=main)
+    make.set_defaults(handler=RUN)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the `run`, `agents`, `sandbox` or `tasks` command; returns the exit status."""
-    # lazy: what the commands run (httpx, the wire models, the Docker SDK) loads only when one runs: `trajproxy
-    # --help` and `trajproxy serve` build this parser, and never pay for it
-    from sandbox import commands
-
-    return commands.main(args)

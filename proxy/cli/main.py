@@ -2,7 +2,8 @@
 
 Other packages add commands through the `trajproxy.commands` entry point group: a function that takes the
 subcommands' parsers, adds its own, and sets `handler` on each to the function that runs it (returning an exit
-status). `sandbox` adds `run`, `agents` and `sandbox` so; proxy itself never imports it."""
+status), named as an entry point is ("module:function") and loaded only when its command runs. `sandbox` adds
+`run`, `agents`, `sandbox` and `tasks` so; proxy itself never imports it."""
 
 from __future__ import annotations
 
@@ -120,5 +121,5 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     # A plugin's command: its parser names the function that runs it.
-    run = resolve_name(RUNNERS[args.command]) if args.command in RUNNERS else args.handler
+    run = resolve_name(RUNNERS.get(args.command) or args.handler)
     sys.exit(run(args))
