@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,7 @@ def test_a_task_image_is_built_once_for_its_content(engine: Any, sandboxes: Dock
 
 
 def test_harbor_task_directories_explain_what_is_wrong(tmp_path: Path) -> None:
-    cases = {
+    cases: dict[str, Callable[[Path], object]] = {
         "no-instruction": lambda f: (f / "instruction.md").write_text("  \n"),
         "bad-toml": lambda f: (f / "task.toml").write_text("[agent\n"),
         "bad-memory": lambda f: (f / "task.toml").write_text('[environment]\nmemory = "lots"\n'),
@@ -246,7 +247,7 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     """A row shaped like slime's SWE rows, taken as it is: no eval_cmd, no image or workdir in `metadata`, but
     `remote_env_info` with `image_url`, `workdir`, `instance_id` and `f2p_script`, which grades the agent's work,
     and `pre_commands` (here they commit a `sub` that the tests need), run before the agent and before the grade."""
-    row = {
+    row: dict[str, Any] = {  # a JSON row
         "prompt": "unused: metadata.problem_statement is the task",
         "label": "calc__calc-1",
         "metadata": {

@@ -314,7 +314,8 @@ def test_a_turn_whose_agent_never_comes_back_is_taken_over_and_abandoned(replica
     row = turn_rows(b.database_url)[0]
     assert (row.status, row.replica) == ("abandoned", b.health()["replica"])
     assert row.replica != held_by
-    assert "did not come back" in trainer_on(b, replicas).trajectory(episode.id).turns[0].reason
+    reason = trainer_on(b, replicas).trajectory(episode.id).turns[0].reason
+    assert reason is not None and "did not come back" in reason
 
 
 def test_a_pause_on_one_replica_holds_calls_on_every_one_until_resumed_on_any(replicas: Any) -> None:

@@ -3,11 +3,13 @@ same chat message the trainer recorded; in every dialect, streamed or not."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from pydantic import BaseModel
 
 from proxy.client import TrainerClient
 
@@ -42,6 +44,7 @@ def echo_chat(client: openai.OpenAI, stream: bool) -> list[Any]:
 
 def echo_anthropic(client: anthropic.Anthropic, stream: bool) -> list[Any]:
     messages: list[Any] = [{"role": "user", "content": "go"}]
+    content: Sequence[BaseModel]  # the SDK's content blocks, parsed or not
     if stream:
         with client.messages.stream(model="m", max_tokens=50, messages=messages) as events:
             content = events.get_final_message().content
@@ -54,6 +57,7 @@ def echo_anthropic(client: anthropic.Anthropic, stream: bool) -> list[Any]:
 
 def echo_responses(client: openai.OpenAI, stream: bool) -> list[Any]:
     items: list[Any] = [{"role": "user", "content": "go"}]
+    output: Sequence[BaseModel]  # the SDK's output items, parsed or not
     if stream:
         with client.responses.stream(model="m", input=items) as events:
             output = events.get_final_response().output

@@ -171,4 +171,4 @@ def test_task_files_explain_what_is_wrong(tmp_path: Path) -> None:
 
 
 def _fields(task: Task) -> dict[str, Any]:
-    return {name: getattr(task, name) for name in Task.__slots__}  # type: ignore[attr-defined]
+    return {name: getattr(task, name) for name in Task.__slots__}

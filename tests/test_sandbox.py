@@ -19,7 +19,8 @@ import pytest
 
 from proxy.client import TrainerClient
 from sandbox.containers import Limits, SandboxError, SandboxSpec
-from sandbox.docker_sandbox import MANAGED, DockerSandboxes
+from sandbox.docker_sandbox import DockerSandboxes
+from sandbox.images import MANAGED
 from sandbox.run_identity import RunIdentity
 from tests.conftest import mine
 
