@@ -406,7 +406,7 @@ def test_pause_holds_new_calls_while_turns_in_flight_drain(
     trainer.reply(released.id, "new weights", policy_version="v2")
     assert in_flight.result(timeout=5).choices[0].message.content == "old weights"
     assert held.result(timeout=5).choices[0].message.content == "new weights"
-    versions = [turn.reply.policy_version for turn in trainer.trajectory(episode.id).turns]  # type: ignore[union-attr]
+    versions = [turn.reply.policy_version if turn.reply else None for turn in trainer.trajectory(episode.id).turns]
     assert versions == ["v1", "v2"]
 
 

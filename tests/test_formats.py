@@ -65,7 +65,7 @@ def run(proxied: Any, sandboxes: DockerSandboxes, tasks: list[Task], policy: Pol
 def tasks_at(path: Path, **options: Any) -> list[Task]:
     parsed = list(read_tasks(path, **options))
     assert all(isinstance(task, Task) for task in parsed), parsed
-    return parsed  # type: ignore[return-value]
+    return [task for task in parsed if isinstance(task, Task)]
 
 
 def recorded_rewards(proxied: Any, outcome: Outcome) -> dict[str, float]:
@@ -91,7 +91,8 @@ def test_the_oracle_solves_every_harbor_task_and_named_rewards_are_recorded(
     assert recorded_rewards(proxied, by_id["word-count"]) == {"count": 1.0, "format": 1.0}
     assert "reward.json" in by_id["word-count"].reason
     assert {"build_s", "agent_s", "grade_s", "total_s"} <= by_id["hello-world"].timings.keys()
-    episode = TrainerClient(proxied.url, proxied.token).episode(by_id["hello-world"].episode_id)  # type: ignore[arg-type]
+    assert by_id["hello-world"].episode_id is not None
+    episode = TrainerClient(proxied.url, proxied.token).episode(by_id["hello-world"].episode_id)
     assert episode.metadata["task_id"] == "hello-world"
     assert episode.metadata["harbor"]["metadata"]["tags"] == ["trivial"]  # task.toml's own keys, kept
 
@@ -104,7 +105,8 @@ def test_an_injected_agent_solves_a_harbor_task_and_never_sees_its_tests(
     [solved] = run(proxied, sandboxes, [task], script, agent=minimal)
     assert (solved.status, solved.reward) == ("finished", 1.0), solved
     assert recorded_rewards(proxied, solved) == {"reward": 1.0}
-    turns = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns  # type: ignore[arg-type]
+    assert solved.episode_id is not None
+    turns = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns
     seen = str(turns[1].request["messages"][-1]["content"])  # what `ls -a /app /tests` showed the agent
     assert "calc.py" in seen and "cannot access '/tests'" in seen
 
@@ -218,7 +220,8 @@ def test_swebench_instances_are_graded_by_the_swebench_harness(
     assert (fixed.status, fixed.reward, fixed.reason) == ("finished", 1.0, "resolved")
     assert "-    return a - b\n+    return a + b" in fixed.diff
     assert (unfixed.reward, unfixed.reason) == (0.0, "not resolved: 2 test(s) fail")
-    info = TrainerClient(proxied.url, proxied.token).trajectory(unfixed.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert unfixed.episode_id is not None
+    info = TrainerClient(proxied.url, proxied.token).trajectory(unfixed.episode_id).rewards[0].info
     status = info["grader"]["tests_status"]
     assert status["FAIL_TO_PASS"]["failure"] == ["tests/test_calc.py::test_mul", "tests/test_calc.py::test_mul_one"]
     assert status["PASS_TO_PASS"]["success"] == ["tests/test_calc.py::test_add_zero"]
@@ -273,9 +276,11 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     )
     assert (solved.status, solved.reward, solved.reason) == ("finished", 1.0, "tests pass"), solved.agent_output
     assert (wrong.status, wrong.reward) == ("finished", 0.0)
-    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]  # type: ignore[arg-type]
+    assert solved.episode_id is not None
+    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]
     assert "def sub(a, b)" in str(seen["content"]) and "def sub" not in solved.diff  # `cat calc.py` after the setup
-    said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert wrong.episode_id is not None
+    said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info
     assert "1 failed" in said["grader"]["output"]  # pytest's own summary: the script ran its test
 
 

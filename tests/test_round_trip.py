@@ -86,7 +86,7 @@ def test_the_reply_comes_back_unchanged(
         first = background(echo_chat if dialect == "chat" else echo_responses, agent, stream)
     turn = trainer.next_turns(wait_s=5)[0]
     recorded = trainer.reply(turn.id, message=REPLY).reply
-    assert recorded is not None
+    assert recorded is not None and recorded.message is not None
     history = first.result(timeout=10)
 
     if dialect == "anthropic":
@@ -98,8 +98,8 @@ def test_the_reply_comes_back_unchanged(
     again = trainer.next_turns(wait_s=5)[0]
     messages = again.request["messages"]
     assistant = next(m for m in messages if m["role"] == "assistant")
-    assert assistant["content"] == recorded.message["content"]  # type: ignore[index]
-    assert assistant["tool_calls"] == recorded.message["tool_calls"]  # type: ignore[index]
+    assert assistant["content"] == recorded.message["content"]
+    assert assistant["tool_calls"] == recorded.message["tool_calls"]
     assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == ["call_a1", "call_b2"]
     trainer.reply(again.id, "done")
     follow_up.result(timeout=10)
