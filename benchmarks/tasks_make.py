@@ -33,6 +33,7 @@ def solve_with_agent(task: Path, scratch: Path) -> dict[str, object]:
     options = ["--results", str(results), "--database-url", f"sqlite:///{scratch}/{task.name}.db"]
     subprocess.run([*command, *options, "--port", str(free_port())], check=False, capture_output=True)
     [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert isinstance(row, dict)
     return row
 
 

@@ -46,10 +46,9 @@ CHAT = orjson.dumps(
     }
 )
 TRAINERS = ("http", "reply-pull", "ws")
-REPLY = {
-    "message": {"content": "Let me look at the code first."},
-    "usage": {"prompt_tokens": 90, "completion_tokens": 8},
-}
+REPLY_MESSAGE = {"content": "Let me look at the code first."}
+REPLY_USAGE = {"prompt_tokens": 90, "completion_tokens": 8}
+REPLY = {"message": REPLY_MESSAGE, "usage": REPLY_USAGE}
 
 
 @dataclass

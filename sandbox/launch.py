@@ -236,5 +236,3 @@ def _taskmaker_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     make.add_argument("--seed", type=int, default=0, help="the seed that orders candidate bugs (default: 0)")
     make.add_argument("--concurrency", type=int, default=2, help="tasks validated at once (default: 2)")
     make.set_defaults(handler=RUN)
-
-

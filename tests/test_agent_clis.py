@@ -125,10 +125,10 @@ def sent_roles(dialect: str, wire: dict[str, Any]) -> list[str]:
     roles += ["system"] if wire.get("instructions") else []
     for item in wire["input"]:
         kind = item.get("type", "message")
-        role = {"function_call_output": "tool", "function_call": "assistant", "reasoning": "assistant"}.get(kind)
-        if role == "assistant" and roles[-1:] == ["assistant"]:
+        implied = {"function_call_output": "tool", "function_call": "assistant", "reasoning": "assistant"}.get(kind)
+        if implied == "assistant" and roles[-1:] == ["assistant"]:
             continue  # a call or reasoning joins the assistant message it follows, as in chat shape
-        roles.append(role or item["role"])
+        roles.append(implied or item["role"])
     return roles
 
 
@@ -258,7 +258,12 @@ def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
     policy = tool_calls("run_shell_command", {"command": "echo hi > hello.txt"}, {"command": "echo bye > bye.txt"})
     command = [gemini, "-p", TASK, "-m", "policy", "--yolo", "--output-format", "json"]
     env = {**os.environ, **preset.env}
-    seen, stdout = run_answered(trainer, command, work, env, lambda turn: time.sleep(0.2) or policy(turn))
+
+    def slowly(turn: Any) -> dict[str, Any]:
+        time.sleep(0.2)
+        return policy(turn)
+
+    seen, stdout = run_answered(trainer, command, work, env, slowly)
     assert json.loads(stdout)["response"] == "Done: hello.txt and bye.txt created."
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
@@ -287,7 +292,10 @@ def test_a_claude_code_episode_with_a_sub_agent_splits_its_reward_over_its_two_b
     def policy(turn: Any) -> dict[str, Any]:
         results = sum(message["role"] == "tool" for message in turn.request["messages"])
         if turn.branch == 0:  # the main agent: hand the task over and wait for it, then say done
-            arguments = {"description": "Create hello.txt", "prompt": "Create hello.txt containing hi"}
+            arguments: dict[str, object] = {
+                "description": "Create hello.txt",
+                "prompt": "Create hello.txt containing hi",
+            }
             arguments |= {"subagent_type": "general-purpose", "run_in_background": False}
             call = {"id": f"call_{turn.seq}", "function": {"name": "Agent", "arguments": arguments}}
             message = {"content": "Handing it over.", "tool_calls": [call]} if not results else {"content": "Done."}

@@ -183,7 +183,8 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     assert (outcome.status, outcome.reward) == ("finished", 1.0), f"{outcome.reason}\n{outcome.agent_output}"
     # The agent's change is the episode's diff: nothing committed out of it, none of the agent's own files in it.
     assert re.findall(r"^diff --git a/(\S+) ", outcome.diff, re.MULTILINE) == ["hello.txt"], outcome.diff[:2000]
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
     assert recorded.episode.metadata["agent"] == agent.record
     trained = [turn for turn in recorded.turns if turn.trainable]  # side calls a manifest routes away are not
     assert trained and {turn.dialect for turn in trained} == {dialect}
@@ -347,7 +348,8 @@ def test_a_failing_agent_says_why_and_its_output_is_kept_with_the_episode(
     assert outcome.status == "failed"
     said = r"the agent exited with 127: sh: \d+: /opt/trajproxy/agent/bin/pyhton3: not found"
     assert re.fullmatch(said, outcome.reason), outcome.reason
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
     assert "pyhton3: not found" in recorded.rewards[0].info["agent_output"]
     assert recorded.episode.reason == outcome.reason
 

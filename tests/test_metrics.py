@@ -153,7 +153,8 @@ def test_labels_come_from_small_fixed_sets(server: Any, trainer: TrainerClient) 
         assert name.startswith("trajproxy_"), name
         for label, text in labels:
             assert label in allowed, (name, label)
-            assert allowed[label] is None or text in allowed[label], (name, label, text)
+            values = allowed[label]
+            assert values is None or text in values, (name, label, text)
     assert value(samples, "trajproxy_episodes", status="pending") == 3
 
 

@@ -55,7 +55,8 @@ def test_a_right_fix_earns_1_and_a_wrong_one_0(proxied: Any, sandboxes: DockerSa
 
     trainer = TrainerClient(proxied.url, proxied.token)
     assert_fixed_and_graded(trainer, solved, example_task.prompt)
-    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
+    assert wrong.episode_id is not None
+    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0
 
 
 def assert_fixed_and_graded(trainer: TrainerClient, outcome: Outcome, prompt: str) -> None:
@@ -103,11 +104,13 @@ def test_failures_are_recorded_and_the_other_tasks_carry_on(
 
     [graded_slowly] = run_tasks(proxied, sandboxes, [slow_grader], "solve.script.jsonl", grade_timeout_s=2)
     assert graded_slowly.reward == 0.0
-    info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert graded_slowly.episode_id is not None
+    info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info
     assert "ran past" in info["grader"]["verdict"]
 
     for outcome in (no_image, crashed, hung, graded_slowly):
-        episode = trainer.episode(outcome.episode_id)  # type: ignore[arg-type]
+        assert outcome.episode_id is not None
+        episode = trainer.episode(outcome.episode_id)
         assert (episode.status, episode.reason) == (outcome.status, outcome.reason)
 
 
@@ -122,7 +125,8 @@ def test_an_episode_past_its_deadline_is_stopped_wherever_it_is_stuck(
     )
     assert (outcome.status, outcome.reward) == ("failed", None)
     assert outcome.reason == "the episode ran past its deadline of 15 s (start to graded)"
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
     assert (recorded.episode.status, recorded.rewards) == ("failed", [])
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3  # the agent's part ran, the grade never did
 
@@ -182,4 +186,4 @@ def test_task_files_explain_what_is_wrong(tmp_path: Path) -> None:
 
 
 def _fields(task: Task) -> dict[str, Any]:
-    return {name: getattr(task, name) for name in Task.__slots__}  # type: ignore[attr-defined]
+    return {name: getattr(task, name) for name in Task.__slots__}

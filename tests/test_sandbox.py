@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from proxy.client import TrainerClient
-from sandbox.backends.docker_sandboxes import MANAGED, DockerSandboxes
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.images import MANAGED
 from sandbox.backends.interface import Limits, SandboxError, SandboxSpec
 from sandbox.run.identity import RunIdentity
 from tests.conftest import mine

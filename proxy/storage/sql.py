@@ -270,8 +270,8 @@ class SqlStore:
         summed = select(rewards.c.episode_id, func.sum(rewards.c.value)).where(
             rewards.c.episode_id.in_(ids), rewards.c.turn_id.is_(None)
         )
-        counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).tuples().all())
-        sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).tuples().all())
+        counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).all())
+        sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).all())
         return [EpisodeSummary(e, int(counts.get(e.id, 0)), sums.get(e.id)) for e in found]
 
     async def episode_counts(self) -> dict[EpisodeStatus, int]:
