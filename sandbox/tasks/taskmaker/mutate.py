@@ -20,7 +20,8 @@ KINDS = (
     "dropped-branch",
     "swapped-args",
 )
-OPERATORS = {
+# Each arithmetic operator and comparison, as written and as a bug puts it instead.
+SWAPS: dict[type[ast.AST], tuple[str, str]] = {
     ast.Add: ("+", "-"),
     ast.Sub: ("-", "+"),
     ast.Mult: ("*", "+"),
@@ -33,8 +34,6 @@ OPERATORS = {
     ast.BitOr: ("|", "&"),
     ast.BitAnd: ("&", "|"),
     ast.BitXor: ("^", "&"),
-}
-COMPARISONS = {
     ast.Lt: ("<", "<="),
     ast.LtE: ("<=", "<"),
     ast.Gt: (">", ">="),
@@ -133,14 +132,14 @@ class _Finder:
             yield from self._in(child, function)
 
     def _at(self, node: ast.AST, function: str) -> Iterator[Mutation]:
-        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            yield from self._token(node, node.left, node.right, OPERATORS[type(node.op)], "operator", function)
-        elif isinstance(node, ast.AugAssign) and type(node.op) in OPERATORS:
-            was, becomes = OPERATORS[type(node.op)]
+        if isinstance(node, ast.BinOp) and type(node.op) in SWAPS:
+            yield from self._token(node, node.left, node.right, SWAPS[type(node.op)], "operator", function)
+        elif isinstance(node, ast.AugAssign) and type(node.op) in SWAPS:
+            was, becomes = SWAPS[type(node.op)]
             yield from self._token(node, node.target, node.value, (was + "=", becomes + "="), "operator", function)
         elif isinstance(node, ast.Compare):
             for left, op, right in zip([node.left, *node.comparators], node.ops, node.comparators, strict=False):
-                yield from self._token(node, left, right, COMPARISONS[type(op)], "comparison", function)
+                yield from self._token(node, left, right, SWAPS[type(op)], "comparison", function)
         elif isinstance(node, ast.BoolOp):
             word = "and" if isinstance(node.op, ast.And) else "or"
             for left, right in zip(node.values, node.values[1:], strict=False):
