@@ -27,7 +27,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import SERVER_CORE, cpu_seconds, fresh_database
-from turns import CHAT, REPLY_MESSAGE, REPLY_USAGE
+from turn_load import CHAT, REPLY_MESSAGE, REPLY_USAGE
 
 from proxy.core.keys import hash_key, new_id, new_key
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage
