@@ -14,13 +14,13 @@ from starlette.responses import Response
 from proxy.core.broker import Broker
 from proxy.core.catalog import Catalog
 from proxy.core.errors import Forbidden
+from proxy.http.sandbox_door import from_sandbox
 from proxy.metrics import CONTENT_TYPE, PrometheusMetrics, Snapshot
 
 
 def on_sandbox_socket(request: Request) -> bool:
     """Whether the request came over the Unix socket sandboxes' gates relay agents to (it has no port)."""
-    server = request.scope.get("server")
-    return server is None or server[1] is None
+    return from_sandbox(request.scope)
 
 
 def add_metrics(app: FastAPI, metrics: PrometheusMetrics, broker: Broker, catalog: Catalog) -> None:
