@@ -15,12 +15,12 @@ from proxy.adapters.prometheus_metrics import CONTENT_TYPE, PrometheusMetrics, S
 from proxy.core.broker import Broker
 from proxy.core.catalog import Catalog
 from proxy.core.errors import Forbidden
+from proxy.http.sandbox_door import from_sandbox
 
 
 def on_sandbox_socket(request: Request) -> bool:
     """Whether the request came over the Unix socket sandboxes' gates relay agents to (it has no port)."""
-    server = request.scope.get("server")
-    return server is None or server[1] is None
+    return from_sandbox(request.scope)
 
 
 def add_metrics(app: FastAPI, metrics: PrometheusMetrics, broker: Broker, catalog: Catalog) -> None:

@@ -120,7 +120,7 @@ def route_table(
         Route(ANY, "/api/docs", Door.OPEN, api),  # the schema and its page: no data, no token (FastAPI's 405s)
         Route(ANY, "/api/openapi.json", Door.OPEN, api),
         Route(ANY, "/api/{path:path}", Door.TRAINER, api),  # the rest under /api: the door, then FastAPI's 404/405
-        # Open, on TCP
+        # Open on TCP (and /health, bare, on the sandbox socket)
         Route("GET HEAD", "/health", Door.SOCKET, sandbox_health),  # on the sandbox socket, bare
         Route("GET", "/health", Door.OPEN, api, health.health, in_schema=False),
         Route("GET HEAD", "/", Door.OPEN, api, root, in_schema=False),

@@ -23,6 +23,7 @@ from proxy.http.edge import (
     status_of,
 )
 from proxy.http.queries import DeclaredQueries
+from proxy.http.sandbox_door import from_sandbox
 
 
 class TrainerGate:
@@ -72,8 +73,7 @@ class TrainerGate:
             await read_body(scope, receive, self._max_body_bytes)
 
     def _check_door(self, scope: Scope) -> None:
-        server = scope.get("server")
-        if server is None or server[1] is None:  # a Unix socket (no port): the sandboxes' door, agents only
+        if from_sandbox(scope):  # the sandboxes' door, agents only
             raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
         self._check_token(scope)
 
