@@ -376,3 +376,11 @@ def marked_lazy(lines: list[str], line: int) -> bool:
             return False
         i -= 1
     return i >= 0
+
+
+def test_the_architecture_doc_names_only_files_that_exist() -> None:
+    """docs/architecture.md walks a newcomer through the code: every file it names is where it says."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:proxy|sandbox|tests|agents)/[\w/]+\.(?:py|toml))`", text))
+    assert len(named) >= 20
+    assert sorted(path for path in named if not (ROOT / path).exists()) == []

@@ -44,7 +44,7 @@ def test_an_unknown_query_parameter_is_refused_at_once_on_every_route(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     """A typo (`?wiat=30`) is a 422 naming it and the parameters the route takes, on every route (the two
-    FastLane serves included), before anything is read, recorded or waited for: an ignored one let a step
+    the route table serves included), before anything is read, recorded or waited for: an ignored one let a step
     answer its turn and then wait out the default 60 s."""
     episode = trainer.create_episode()
     answer = background(ask, agent_for(episode))
