@@ -48,7 +48,8 @@ class TurnQueue(Protocol):
         ...
 
     def away(self, slot: Slot) -> None:
-        """A turn's agent hung up: it is out of the queue until a retry comes back for it."""
+        """An agent's exchange on the turn ended: if that left the turn withdrawn (its agent hung up, unanswered),
+        it stays out of every queue until its SDK's retry comes back for it."""
         ...
 
     async def closed(self, episode_id: str, why: str) -> None:
