@@ -64,6 +64,7 @@ class Replicas:
         self.shared_url = shared_url
         self.token = f"test-trainer-{secrets.token_hex(8)}"
         self.started: list[Replica] = []
+        self.trainers: dict[str, TrainerClient] = {}  # one on each replica, by its url
 
     def __call__(self, n: int, *flags: str) -> list[Replica]:
         batch = []
@@ -79,6 +80,7 @@ class Replicas:
             batch.append(Replica(f"http://127.0.0.1:{port}", process, self.shared_url))
         for replica in batch:
             _wait_up(replica)
+            self.trainers[replica.url] = TrainerClient(replica.url, token=self.token, timeout_s=120)
         self.started.extend(batch)
         return batch
 
@@ -88,6 +90,8 @@ def replicas(shared_url: str) -> Iterator[Replicas]:
     """Start `trajproxy serve --shared` processes on the test's schema; all stop after the test."""
     started = Replicas(shared_url)
     yield started
+    for trainer in started.trainers.values():
+        trainer.close()
     for replica in started.started:
         if replica.process.poll() is None:
             replica.process.terminate()
@@ -97,6 +101,8 @@ def replicas(shared_url: str) -> Iterator[Replicas]:
         except subprocess.TimeoutExpired:
             replica.process.kill()
             replica.process.wait()
+        if replica.process.stdout:
+            replica.process.stdout.close()
 
 
 def _wait_up(replica: Replica) -> None:
@@ -122,7 +128,7 @@ def until(condition: Callable[[], bool], what: str, limit_s: float = 90) -> None
 
 
 def trainer_on(replica: Replica, replicas: Replicas) -> TrainerClient:
-    return TrainerClient(replica.url, token=replicas.token, timeout_s=120)
+    return replicas.trainers[replica.url]
 
 
 def agent(url: str, key: str, **options: Any) -> openai.OpenAI:
@@ -134,7 +140,8 @@ def ask(client: openai.OpenAI, *messages: str) -> str:
         {"role": "user", "content": text} if i % 2 == 0 else {"role": "assistant", "content": text}
         for i, text in enumerate(messages)
     ]
-    reply = client.chat.completions.create(model="policy", messages=said)
+    with client:  # each agent asks once
+        reply = client.chat.completions.create(model="policy", messages=said)
     return reply.choices[0].message.content or ""
 
 

@@ -109,7 +109,8 @@ class TurnStream:
         self._timeout_s = timeout_s
         self._inbox = _Inbox()
         try:
-            self._socket: ClientConnection = connect(url, additional_headers=headers, **_OPTIONS)
+            # legacy=True: the stream owns its connection and closes it itself, rather than within a `with`
+            self._socket: ClientConnection = connect(url, additional_headers=headers, legacy=True, **_OPTIONS)
         except InvalidStatus as e:
             raise refused(e) from e
 
