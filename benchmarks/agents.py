@@ -21,21 +21,20 @@ from typing import Any
 
 import docker
 
-# This folder's sandbox.py shadows the sandbox package: import the package with this folder off the path first.
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError  # noqa: E402
-from proxy.embedded import embedded_proxy  # noqa: E402
-from sandbox.bundles import Bundles  # noqa: E402
-from sandbox.containers import SandboxSpec  # noqa: E402
-from sandbox.docker_sandbox import DockerSandbox, DockerSandboxes  # noqa: E402
-from sandbox.formats.jsonl import ExitCode  # noqa: E402
-from sandbox.injection import InjectedAgent  # noqa: E402
-from sandbox.manifests import load, presets  # noqa: E402
-from sandbox.runner import AGENTS, RunConfig, Runner  # noqa: E402
-from sandbox.tasks import Task  # noqa: E402
+from proxy.servers.embedded import embedded_proxy  # noqa: E402
+from sandbox.agents.bundles import Bundles  # noqa: E402
+from sandbox.agents.injection import InjectedAgent  # noqa: E402
+from sandbox.agents.manifests import load, presets  # noqa: E402
+from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes  # noqa: E402
+from sandbox.backends.interface import SandboxSpec  # noqa: E402
+from sandbox.run.runner import RunConfig, Runner  # noqa: E402
+from sandbox.tasks.formats.jsonl import ExitCode  # noqa: E402
+from sandbox.tasks.task import Task  # noqa: E402
 from tests.test_injection import BARE, BARE_DOCKERFILE, PRESETS, TASK, text_commands  # noqa: E402
+from tests.test_runner import BAKED_MINIMAL  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from harness import percentile  # noqa: E402
@@ -113,7 +112,7 @@ async def start_times(names: list[str], episodes: int) -> dict[str, Any]:
         async with embedded_proxy(f"sqlite:///{folder}/bench.db") as proxy:
             args = (episodes, proxy.socket_folder, proxy.url, proxy.token)
             baked = Task(TASK, BAKED_IMAGE, "/repo", ExitCode("true"))
-            results["minimal (baked)"] = await starts(RunConfig(AGENTS["minimal"]), baked, text_commands, *args)
+            results["minimal (baked)"] = await starts(RunConfig(BAKED_MINIMAL), baked, text_commands, *args)
             print(f"start minimal (baked): {results['minimal (baked)']}", flush=True)
             for name in names:
                 _, answer = PRESETS.get(name, ("", text_commands))  # its own tool format, where the tests have one

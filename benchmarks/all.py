@@ -13,10 +13,10 @@ over them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -26,23 +26,17 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import capacity  # noqa: E402
+import floor  # noqa: E402
 import large_calls  # noqa: E402
 import overhead  # noqa: E402
+import sandbox_start  # noqa: E402
 import storage  # noqa: E402
 import turns  # noqa: E402
 from harness import LOAD_CORE, SERVER_CORE, fresh_database, pin_load  # noqa: E402
+from replica_set import NoBalancer, haproxy  # noqa: E402
 
 Column = tuple[str, str, str]  # header, key, format
 Result = dict[str, Any]
-
-
-def load_sandbox_benchmark() -> Any:
-    """benchmarks/sandbox.py, under a name that does not shadow the sandbox package."""
-    spec = importlib.util.spec_from_file_location("sandbox_benchmark", HERE / "sandbox.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def median_of(runs: Sequence[Result]) -> Result:
@@ -97,8 +91,8 @@ def run_turns(args: argparse.Namespace) -> list[Result]:
         measured = [
             repeated(args.repeats, partial(turns_on_fresh, n, seconds, warmup_s, url, args.port)) for n in agents
         ]
-        for row, floor in zip(measured, floors or [{}] * len(measured), strict=True):
-            row["of_floor"] = row["turns_per_s"] / floor["turns_per_s"] if floor else math.nan
+        for row, floor_row in zip(measured, floors or [{}] * len(measured), strict=True):
+            row["of_floor"] = row["turns_per_s"] / floor_row["turns_per_s"] if floor_row else math.nan
         rows += table(
             f"Turn throughput and latency ({name}, `turns.py`)", [*columns, ("of floor", "of_floor", ".2f")], measured
         )
@@ -109,8 +103,6 @@ def run_floor(
     args: argparse.Namespace, agents: list[int], seconds: float, warmup_s: float, columns: list[Column]
 ) -> list[Result]:
     """The floor's figures under the same load (benchmarks/floor.py), or none, said why, where Go is missing."""
-    import floor
-
     try:
         floor.build()
     except floor.NoGo as e:
@@ -211,14 +203,14 @@ def run_storage(args: argparse.Namespace) -> list[Result]:
 
 
 def run_sandbox(args: argparse.Namespace) -> list[Result]:
-    import docker
+    import docker  # lazy: the Docker SDK only where the sandbox benchmark runs
 
     try:
         docker.from_env().ping()
     except docker.errors.DockerException as e:
         print(f"\n### Sandbox start\n\nnot run: no Docker engine answers ({e})")
         return []
-    bench = load_sandbox_benchmark()
+    bench = sandbox_start
     sequential, at_once = (3, 4) if args.quick else (20, 32)
 
     def run(agent: str) -> Result:
@@ -247,8 +239,6 @@ def script(name: str, title: str) -> Callable[[argparse.Namespace], list[Result]
     """A benchmark script run in a process of its own, printing its own tables (its repeats are its own)."""
 
     def run(args: argparse.Namespace) -> list[Result]:
-        import subprocess
-
         quick = ["--quick"] if args.quick else ["--repeats", str(max(args.repeats, 3))]
         done = subprocess.run([sys.executable, str(HERE / name), *quick], text=True, capture_output=True)
         print(done.stdout, end="", flush=True)
@@ -262,10 +252,6 @@ def script(name: str, title: str) -> Callable[[argparse.Namespace], list[Result]
 def run_replicas(args: argparse.Namespace) -> list[Result]:
     """Replicas behind HAProxy on the Postgres of --database-url (`replicas.py`); with --quick, the replica soak's
     smoke too (`soak_replicas.py --quick`; the full soak is a run of its own, as soak.py's is)."""
-    import subprocess
-
-    from replica_set import NoBalancer, haproxy
-
     try:
         haproxy()
     except NoBalancer as e:

@@ -255,7 +255,9 @@ def main() -> None:
         )
         if r["errors"]:
             print(f"       errors: {r['error_kinds']}", flush=True)
-        failed |= bool(r["errors"]) or r["parked"] < count
+        parked = r["parked"]
+        assert isinstance(parked, int)
+        failed |= bool(r["errors"]) or parked < count
     sys.exit(1 if failed else 0)
 
 

@@ -40,7 +40,7 @@ def peak_mib(pid: int) -> float:
 async def main(calls: int, mib: int) -> None:
     port = free_port()
     folder = tempfile.mkdtemp()
-    command = [sys.executable, "-c", "from proxy.cli import main; main()", "serve", "--port", str(port)]
+    command = [sys.executable, "-c", "from proxy.cli.main import main; main()", "serve", "--port", str(port)]
     command += ["--no-trainer-token", "--database-url", f"sqlite:///{folder}/b.db"]
     env = {**os.environ, "TRAJPROXY_LOG_LEVEL": "warning"}
     server = subprocess.Popen(command, cwd=ROOT, env=env)  # noqa: ASYNC220 (started once, before any load)

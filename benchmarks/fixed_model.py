@@ -59,7 +59,7 @@ def completion(model: str) -> bytes:
 
 
 def main() -> None:
-    import uvicorn
+    import uvicorn  # lazy: the server only when run as a script, not when its app is imported
 
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--port", type=int, default=18600)

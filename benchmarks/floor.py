@@ -1,5 +1,5 @@
 """The floor: benchmarks/floor/main.go, a minimal parking broker in Go (no storage, no auth), built here with the
-machine's Go and driven by the same load as trajproxy (`turns.measure`), pinned the same way, side by side.
+machine's Go and driven by the same load as trajproxy (`turn_load.measure`), pinned the same way, side by side.
 
     python benchmarks/turns.py --floor      # each figure next to the floor's, and the ratio
 """
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from harness import HOST, start_pinned
-from turns import measure, measured
+from turn_load import measure, measured
 
 SOURCE = Path(__file__).parent / "floor"
 

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import httpx
 import sqlalchemy
+from sqlalchemy.engine import make_url
+
+from proxy.storage.sql import engine_url
 
 HOST = "127.0.0.1"
 SERVER_CORE, LOAD_CORE = 0, 1 if (os.cpu_count() or 1) > 1 else 0
@@ -132,8 +135,6 @@ def fresh_database(url: str | None) -> Iterator[str]:
         with tempfile.TemporaryDirectory() as folder:
             yield f"sqlite:///{folder}/bench.db"
         return
-    from proxy.storage.sql import engine_url
-
     schema = f"bench_{secrets.token_hex(6)}"
     admin = sqlalchemy.create_engine(engine_url(url))
     try:
@@ -153,10 +154,6 @@ def own_database(url: str) -> Iterator[str]:
     """A database of its own on the Postgres server at `url` (not a schema: replicas LISTEN and NOTIFY per
     database), dropped afterwards. Made by the URL's role where it may create databases; else, on this machine's
     server and as root, by the postgres superuser (as .ci/postgres makes the test database), owned by that role."""
-    from sqlalchemy.engine import make_url
-
-    from proxy.storage.sql import engine_url
-
     given = make_url(engine_url(url))
     name = f"bench_{secrets.token_hex(6)}"
     admin = sqlalchemy.create_engine(given, isolation_level="AUTOCOMMIT")

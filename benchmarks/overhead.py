@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, fresh_database, pin_load, start_pinned
-from turns import Run, agent, measured
+from turn_load import Run, agent, measured
 from turns import bench as through_trajproxy
 
 FIXED_MODEL = Path(__file__).parent / "fixed_model.py"

@@ -24,7 +24,6 @@ from pathlib import Path
 import docker
 
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 from tests.conftest import EXAMPLE, fresh_schema  # noqa: E402
 from tests.test_ray import two_nodes  # noqa: E402

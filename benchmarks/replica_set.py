@@ -28,6 +28,8 @@ from harness import HOST, cpu_seconds, start_server
 from soak_ledger import Complaints
 from sqlalchemy.engine import make_url
 
+from proxy.storage.sql import engine_url
+
 DEFAULTS_CFG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "defaults.cfg"
 SHARED = "--shared"  # the queue in Postgres, shared by the replicas: every replica's flag
 
@@ -238,8 +240,6 @@ def machine_busy_s() -> float:
 
 def count_turns(database_url: str, condition: str) -> int:
     """How many turns of the database meet the SQL `condition`."""
-    from proxy.storage.sql import engine_url
-
     engine = sqlalchemy.create_engine(engine_url(database_url))
     try:
         with engine.connect() as conn:

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import exit_on_sigterm, own_database, percentile, raise_open_files, unpin
 from replica_set import SHARED, Cpu, CpuMeter, NoBalancer, balancer, count_turns, machine_busy_s, replica_set
-from turns import measure
+from turn_load import measure
 
 TURN_TIMEOUT_S = 30.0
 COLUMNS = [  # header, key, format

@@ -1,5 +1,5 @@
-"""What a batch reply's body costs to read: the pydantic models (`proxy.wire.ReplyBatch`, what the route and the
-schema use) against the hot path's msgspec Structs (`proxy.wire.replies`), from raw bytes to domain replies.
+"""What a batch reply's body costs to read: the pydantic models (`proxy.schema.ReplyBatch`, what the route and the
+schema use) against the hot path's msgspec Structs (`proxy.schema.replies`), from raw bytes to domain replies.
 
     python benchmarks/replies.py [--items 1,64,1024] [--repeats 200]
 
@@ -17,9 +17,9 @@ from typing import Any
 import msgspec
 import orjson
 
-from proxy import wire
-from proxy.http.views import reply_from
-from proxy.wire import replies
+from proxy import schema
+from proxy.http.trainer_json import reply_from
+from proxy.schema import replies
 
 ITEM = {
     "message": {
@@ -37,7 +37,7 @@ def body(items: int) -> bytes:
 
 
 def pydantic_path(raw: bytes) -> list[Any]:
-    return [reply_from(item, item.turn_id) for item in wire.ReplyBatch.model_validate_json(raw).replies]
+    return [reply_from(item, item.turn_id) for item in schema.ReplyBatch.model_validate_json(raw).replies]
 
 
 def msgspec_path(raw: bytes) -> list[Any]:

@@ -70,8 +70,8 @@ def measure(vllm_url: str, name: str, proxy: str, calls: int, warmup: int, max_t
         )
         created.raise_for_status()
         episode = created.json()
-        # What trajproxy sends vLLM for this episode's calls (proxy/served.py): the agent's messages, the
-        # episode's sampling options, the ids and logprobs asked for.
+        # What trajproxy sends vLLM for this episode's calls (proxy/adapters/served_upstream.py): the agent's
+        # messages, the episode's sampling options, the ids and logprobs asked for.
         direct_body: dict[str, Any] = {
             "model": name,
             "messages": MESSAGES,

@@ -210,7 +210,7 @@ class Trainer:
 
 async def chaos(trainer: Trainer, soak: Soak, every_s: tuple[float, float]) -> None:
     rng = random.Random(-1)
-    while not soak.stopping:
+    while True:  # until cancelled, or the soak stops
         await asyncio.sleep(rng.uniform(*every_s))
         if soak.stopping:
             return
@@ -271,8 +271,9 @@ async def soak_run(
         for task in pending:
             task.cancel()
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            error = task.exception()
+            if error is not None:
+                raise error
         for task in background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -169,8 +169,9 @@ async def soak_run(soak: Soak, replicas: list[Replica], trainer: Trainer, second
         for task in background:
             await task
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            error = task.exception()
+            if error is not None:
+                raise error
 
 
 def drained(database_url: str, timeout_s: float) -> bool:

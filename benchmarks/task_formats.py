@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,17 +23,16 @@ from typing import Any
 
 import docker
 
-# benchmarks/sandbox.py shadows the sandbox package: import the package with this folder off the path.
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]
 from proxy.client import AsyncTrainerClient  # noqa: E402
-from proxy.embedded import embedded_proxy  # noqa: E402
-from sandbox.docker_sandbox import DockerSandboxes  # noqa: E402
-from sandbox.formats import harbor  # noqa: E402
-from sandbox.policies import TrainerPolicy  # noqa: E402
-from sandbox.runner import RunConfig, Runner  # noqa: E402
-from sandbox.tasks import GradingMode, Task, read_tasks  # noqa: E402
+from proxy.servers.embedded import embedded_proxy  # noqa: E402
+from sandbox.backends.docker_sandboxes import DockerSandboxes  # noqa: E402
+from sandbox.run.policies import TrainerPolicy  # noqa: E402
+from sandbox.run.runner import RunConfig, Runner  # noqa: E402
+from sandbox.tasks.formats import harbor  # noqa: E402
+from sandbox.tasks.read import read_tasks  # noqa: E402
+from sandbox.tasks.task import GradingMode, Task  # noqa: E402
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"
 SWEBENCH = ROOT / "examples" / "tasks" / "swebench"
@@ -61,9 +59,9 @@ def builds(client: Any, sandboxes: DockerSandboxes, name: str, scratch: Path) ->
     return {"build cold s": cold, "build cached ms": cached * 1000}
 
 
-async def episodes(tasks: list[Task], grading: GradingMode | None, repeats: int) -> list[dict[str, float]]:
-    """Each task's timings, `repeats` times, one episode at a time."""
-    timings: list[dict[str, float]] = []
+async def episodes(tasks: list[Task], grading: GradingMode | None, repeats: int) -> list[tuple[str, dict[str, float]]]:
+    """Each task's id and timings, `repeats` times, one episode at a time."""
+    timings: list[tuple[str, dict[str, float]]] = []
     async with embedded_proxy(f"sqlite:///{tempfile.mkdtemp()}/bench.db") as proxy:
         sandboxes = DockerSandboxes(proxy.socket_folder, labels={"trajproxy.bench": "task-formats"})
         async with AsyncTrainerClient(proxy.url, token=proxy.token) as trainer:
@@ -72,12 +70,12 @@ async def episodes(tasks: list[Task], grading: GradingMode | None, repeats: int)
                 for task in tasks:
                     outcome = await runner.run(task)
                     assert outcome.reward == 1.0, outcome
-                    timings.append({"task": task.id, **outcome.timings})  # type: ignore[dict-item]
+                    timings.append((task.id, outcome.timings))
     return timings
 
 
-def median(rows: list[dict[str, Any]], task: str, key: str) -> float:
-    return statistics.median(row[key] for row in rows if row["task"] == task)
+def median(rows: list[tuple[str, dict[str, float]]], task: str, key: str) -> float:
+    return statistics.median(timings[key] for name, timings in rows if name == task)
 
 
 def main() -> None:
@@ -106,14 +104,14 @@ def main() -> None:
     shutil.rmtree(scratch, ignore_errors=True)
     print("\n### Harbor task image builds\n")
     print("| task | build, changed task (s) | build found cached (ms) |\n|---|---:|---:|")
-    for name, rows in built.items():
-        cold = statistics.median(row["build cold s"] for row in rows)
-        cached = statistics.median(row["build cached ms"] for row in rows)
+    for name, measured in built.items():
+        cold = statistics.median(row["build cold s"] for row in measured)
+        cached = statistics.median(row["build cached ms"] for row in measured)
         print(f"| {name} | {cold:.2f} | {cached:.1f} |")
     print("\n### One episode, step by step (oracle; seconds, medians)\n")
     print("| task | grading | sandbox start | solution | grade | episode |\n|---|---|---:|---:|---:|---:|")
     for grading, rows in runs.items():
-        for task in dict.fromkeys(row["task"] for row in rows):
+        for task in dict.fromkeys(name for name, _ in rows):
             figures = " | ".join(f"{median(rows, task, key):.2f}" for key in STEPS)
             print(f"| {task} | {grading} | {figures} |", flush=True)
 

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != HERE]  # benchmarks/sandbox.py shadows
 sys.path.insert(0, str(HERE.parent))
-from sandbox.taskmaker.validate import free_port, trajproxy  # noqa: E402
-from sandbox.taskmaker.write import solution_script  # noqa: E402
+from sandbox.tasks.taskmaker.validate import free_port, trajproxy  # noqa: E402
+from sandbox.tasks.taskmaker.write import solution_script  # noqa: E402
 from tests.test_tasks_make import sdist  # noqa: E402
 
 
@@ -34,6 +33,7 @@ def solve_with_agent(task: Path, scratch: Path) -> dict[str, object]:
     options = ["--results", str(results), "--database-url", f"sqlite:///{scratch}/{task.name}.db"]
     subprocess.run([*command, *options, "--port", str(free_port())], check=False, capture_output=True)
     [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert isinstance(row, dict)
     return row
 
 

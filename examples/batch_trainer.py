@@ -20,11 +20,13 @@ from typing import Any
 import docker
 
 from proxy.client import AsyncTrainerClient
-from proxy.embedded import embedded_proxy
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.policies import TrainerPolicy
-from sandbox.runner import AGENTS, RunConfig, Runner
-from sandbox.tasks import Task, read_tasks
+from proxy.servers.embedded import embedded_proxy
+from sandbox.agents.injection import inject
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import TrainerPolicy
+from sandbox.run.runner import RunConfig, Runner
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 
 EXAMPLE = Path(__file__).parent / "tasks" / "calc"
 AGENT = Path(__file__).parent.parent / "agents" / "minimal"
@@ -47,7 +49,7 @@ async def main(episodes: int, batch: int, linger_s: float, database_url: str) ->
         engine.images.build(path=str(path), tag=tag, rm=True)
     [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
     async with embedded_proxy(database_url) as proxy, AsyncTrainerClient(proxy.url, proxy.token) as trainer:
-        config = RunConfig(agent_cmd=AGENTS["minimal"])
+        config = RunConfig(agent=inject("minimal"))  # its bundle built once per machine
         runner = Runner(trainer, DockerSandboxes(proxy.socket_folder), TrainerPolicy(), config)
         run = asyncio.create_task(runner.run_many([task] * episodes, concurrency=episodes))
         while not run.done():

@@ -20,11 +20,13 @@ from typing import Any
 import docker
 
 from proxy.client import AsyncTrainerClient
-from proxy.embedded import embedded_proxy
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.env import AgentEnv
-from sandbox.runner import AGENTS, RunConfig
-from sandbox.tasks import Task, read_tasks
+from proxy.servers.embedded import embedded_proxy
+from sandbox.agents.injection import InjectedAgent, inject
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.env import AgentEnv
+from sandbox.run.runner import RunConfig
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 
 EXAMPLE = Path(__file__).parent / "tasks" / "calc"
 AGENT = Path(__file__).parent.parent / "agents" / "minimal"
@@ -41,9 +43,11 @@ def scripted_policy(script: list[dict[str, Any]], observation: dict[str, Any]) -
     return script[min(replies, len(script) - 1)]
 
 
-async def play(trainer: AsyncTrainerClient, sandboxes: DockerSandboxes, task: Task, number: int) -> str:
+async def play(
+    trainer: AsyncTrainerClient, sandboxes: DockerSandboxes, task: Task, agent: InjectedAgent, number: int
+) -> str:
     script = [json.loads(line) for line in SCRIPTS[number % 2].read_text().splitlines() if line.strip()]
-    async with AgentEnv(trainer, sandboxes, task, RunConfig(agent_cmd=AGENTS["minimal"])) as env:
+    async with AgentEnv(trainer, sandboxes, task, RunConfig(agent=agent)) as env:
         step = await env.reset()
         steps = 0
         while not step.last():
@@ -59,9 +63,10 @@ async def main(episodes: int, database_url: str) -> None:
     for path, tag in IMAGES:
         engine.images.build(path=str(path), tag=tag, rm=True)
     [task] = [task for task in read_tasks(EXAMPLE / "tasks.jsonl") if isinstance(task, Task)]
+    agent = inject("minimal")  # its manifest (agents/minimal.toml) and its bundle, built once per machine
     async with embedded_proxy(database_url) as proxy, AsyncTrainerClient(proxy.url, proxy.token) as trainer:
         sandboxes = DockerSandboxes(proxy.socket_folder)
-        for line in await asyncio.gather(*(play(trainer, sandboxes, task, n) for n in range(episodes))):
+        for line in await asyncio.gather(*(play(trainer, sandboxes, task, agent, n) for n in range(episodes))):
             print(line, flush=True)
 
 

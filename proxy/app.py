@@ -1,10 +1,5 @@
-"""The app factory: builds the adapters once, wires them into the broker and the routes.
-
-An agent's call goes straight to its handler (`AgentRoutes`). The trainer's WebSocket stream meets TrainerGate
-(the token) and TurnStream; any other WebSocket handshake is refused with 426. On the sandboxes' Unix socket,
-nothing else is served (`sandbox_door`). Anything else meets, in order:
-TrainerGate (the trainer API's token, query names and body limit), FastLane (the trainer's batch pull and reply,
-as plain ASGI), and FastAPI (the rest of the trainer API, its schema and docs, and 404s).
+"""The app factory: builds the adapters once, wires them into the broker, and the broker into the route table
+(`proxy.http.routes`), which names every route trajproxy serves, the door each passes and what serves it.
 """
 
 from __future__ import annotations
@@ -13,72 +8,56 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from proxy import __version__
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.prometheus_metrics import PrometheusMetrics
+from proxy.adapters.served_upstream import ServedUpstream
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
+from proxy.core.context import Context
 from proxy.core.errors import TrajproxyError
 from proxy.core.keys import new_id
+from proxy.core.local_queue import LocalQueue
+from proxy.core.shared_queue import SharedQueue
 from proxy.core.upstreams import Upstreams
-from proxy.http.agent import AgentRoutes
+from proxy.http.agent import AgentCalls
 from proxy.http.docs import add_docs
-from proxy.http.edge import asks_upgrade, error_body, invalid, redact, refuse_upgrade, status_of
-from proxy.http.fast import FastLane
-from proxy.http.gate import TrainerGate
+from proxy.http.edge import error_body, invalid, redact, status_of
+from proxy.http.health import Health
 from proxy.http.metrics import add_metrics
 from proxy.http.queries import DeclaredQueries
-from proxy.http.sandbox_door import from_sandbox, sandbox_door
-from proxy.http.stalls import timed_body
-from proxy.http.stream import PATH as STREAM_PATH
+from proxy.http.routes import Route, Router, framework_routes, route_table
 from proxy.http.stream import TurnStream
-from proxy.http.trainer import trainer_routes
+from proxy.http.trainer import TrainerApi
+from proxy.http.trainer_gate import TrainerGate
 from proxy.http.ui import add_ui
-from proxy.metrics import PrometheusMetrics
-from proxy.served import ServedUpstream
 from proxy.settings import Settings
-from proxy.storage.shared import PostgresQueue
+from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
-from proxy.tokens import TiktokenCounter
 from proxy.trainer_token import settle
-from proxy.upstream import LitellmUpstream
 
 log = logging.getLogger("trajproxy")
 
 
-class Trajproxy:
-    """The whole ASGI app, with the broker it serves, the settings it was built with (its trainer token too) and
-    the metrics it exposes (which a program serving it in-process also feeds: sandboxes started and failed)."""
+class Trajproxy(Router):
+    """The whole ASGI app (its route table's router), with the broker it serves, the settings it was built with
+    (its trainer token too) and the metrics it exposes (which a program serving it in-process also feeds:
+    sandboxes started and failed)."""
 
-    def __init__(self, broker: Broker, api: FastAPI, settings: Settings, metrics: PrometheusMetrics) -> None:
+    def __init__(
+        self, broker: Broker, settings: Settings, metrics: PrometheusMetrics, table: list[Route], api: FastAPI
+    ) -> None:
+        token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
+        gate = TrainerGate(token, settings.max_body_bytes, DeclaredQueries(api.openapi))
+        super().__init__(table, gate, api, settings.body_read_timeout_s)
         self.broker = broker
         self.settings = settings
         self.metrics = metrics
-        self._agents = AgentRoutes(broker, settings)
-        token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        queries = DeclaredQueries(api.openapi)
-        self._rest = TrainerGate(
-            FastLane(api, broker, settings), token=token, max_body_bytes=settings.max_body_bytes, queries=queries
-        )
-        self._stream = TrainerGate(TurnStream(broker), token=token, max_body_bytes=0, queries=queries)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            receive, send = timed_body(receive, send, self.settings.body_read_timeout_s)
-        if scope["type"] == "websocket" and scope["path"] == STREAM_PATH:
-            await self._stream(scope, receive, send)
-        elif scope["type"] == "websocket" or (scope["type"] == "http" and asks_upgrade(scope)):
-            await refuse_upgrade(scope, send)
-        elif scope["type"] == "http" and (agent_call := self._agents.route(scope)) is not None:
-            await agent_call(scope, receive, send)
-        elif scope["type"] == "http" and from_sandbox(scope):
-            await sandbox_door(scope, send)
-        else:
-            await self._rest(scope, receive, send)
 
 
 def create_app(settings: Settings) -> Trajproxy:
@@ -86,27 +65,30 @@ def create_app(settings: Settings) -> Trajproxy:
     metrics = PrometheusMetrics()
     replica = new_id("rp") if settings.shared else None  # one of several replicas sharing a Postgres database
     store = SqlStore(settings.database_url, on_commit=metrics.committed, replica=replica)
-    shared = PostgresQueue(store, dead_after_s=settings.replica_dead_s) if settings.shared else None
-    tokens = TiktokenCounter()
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
     served = ServedUpstream(api_key=key)
-    broker = Broker(
-        store,
-        tokens,
-        Upstreams({"model": LitellmUpstream(), "vllm": served, "sglang": served}),
-        turn_timeout_s=settings.turn_timeout_s,
+    context = Context.build(
+        store=store,
+        tokens=TiktokenCounter(),
+        upstream=Upstreams({"model": LitellmUpstream(), "vllm": served, "sglang": served}),
         lease_s=settings.lease_s,
+        turn_timeout_s=settings.turn_timeout_s,
         retry_grace_s=settings.retry_grace_s,
         restart_grace_s=settings.restart_grace_s,
         observer=metrics,
-        shared=shared,
     )
+    queue = (  # the one place that knows whether replicas share the database
+        SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
+        if settings.shared
+        else LocalQueue(context=context)
+    )
+    broker = Broker(context=context, queue=queue)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await store.open()
         try:
-            await broker.recover()  # the open turns a previous run left, for their agents' retries
+            await broker.start()  # the open turns a previous run left, for their agents' retries
             yield
         finally:
             await broker.drain()
@@ -114,7 +96,7 @@ def create_app(settings: Settings) -> Trajproxy:
             await served.aclose()
             await store.close()
 
-    app = FastAPI(
+    api = FastAPI(
         title="trajproxy",
         version=__version__,
         lifespan=lifespan,
@@ -122,33 +104,16 @@ def create_app(settings: Settings) -> Trajproxy:
         openapi_url="/api/openapi.json",
         redoc_url=None,
     )
-    add_docs(app, "/api/openapi.json")
-    app.include_router(trainer_routes(broker, settings))
-    add_metrics(app, metrics, broker, store)
-    add_ui(app, broker, store, settings.trainer_token.get_secret_value() if settings.trainer_token else None)
-
-    @app.get("/health", include_in_schema=False)
-    async def health() -> Response:
-        status = {
-            "status": "ok",
-            "open_turns": broker.open_turns,
-            "ready_turns": broker.ready_turns,
-            "waiting_pollers": broker.waiting_pollers,
-            "paused": broker.weights.paused,
-            "policy_version": broker.weights.policy_version,
-        }
-        if replica is not None:
-            status["replica"] = replica
-        return Response(orjson.dumps(status), media_type="application/json")
-
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root() -> Response:
-        return Response(orjson.dumps({"name": "trajproxy", "version": __version__}), media_type="application/json")
-
-    app.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    return Trajproxy(broker, app, settings, metrics)
+    trainer = TrainerApi(broker, settings, api)
+    table = route_table(AgentCalls(broker, settings), trainer, TurnStream(broker), Health(broker, replica), api)
+    add_docs(api, "/api/openapi.json")
+    api.include_router(framework_routes(table))
+    add_metrics(api, metrics, broker, store)
+    add_ui(api, broker, store, settings.trainer_token.get_secret_value() if settings.trainer_token else None)
+    api.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
+    api.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    api.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    return Trajproxy(broker, settings, metrics, table, api)
 
 
 def error_response(status: int, kind: str, message: str) -> Response:

@@ -1,9 +1,11 @@
-"""Settings, read once at start-up from flags and TRAJPROXY_* environment variables."""
+"""Settings, read once at start-up from flags and TRAJPROXY_* environment variables; `key=value` flags read
+as pairs."""
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -71,3 +73,18 @@ class Settings(BaseSettings):
                 "--trainer-token or TRAJPROXY_TRAINER_TOKEN, or bind 127.0.0.1."
             )
         return None
+
+
+def key_values(items: list[str], flag: str) -> dict[str, Any]:
+    """`key=value` pairs from a repeated flag; a value that reads as JSON (a number, true, null, a list, a string in
+    quotes) is taken so, any other as text. ValueError names the flag and the pair that is not one."""
+    pairs: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} {item!r}: expected key=value")
+        try:
+            pairs[key] = json.loads(raw)
+        except ValueError:
+            pairs[key] = raw
+    return pairs

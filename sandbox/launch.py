@@ -1,33 +1,13 @@
-"""The command line of the sandbox side: `trajproxy run` (its options; the run is `sandbox.run_command`),
-`trajproxy agents` and `trajproxy sandbox prune`."""
+"""The command line of the sandbox side: the options of `trajproxy run`, `trajproxy agents`, `trajproxy sandbox
+prune` and `trajproxy tasks make`. What each does is `sandbox.commands`, loaded only when one runs: `trajproxy
+--help` and `trajproxy serve` build this parser and import no more than it needs."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from sandbox.manifests import PLACEHOLDERS, presets
-from sandbox.run_report import console as _console
-from sandbox.taskmaker.command import add_commands as taskmaker_commands
-from sandbox.tasks import FORMATS, GRADING_MODES
-
-if TYPE_CHECKING:
-    from sandbox.docker_sandbox import Pruned
-
-
-def _labels_from(given: list[str]) -> dict[str, str]:
-    """The --label KEY=VALUE options as Docker labels; ValueError, saying which, for one that is not."""
-    labels = {}
-    for text in given:
-        key, equals, value = text.partition("=")
-        if not equals or not key or key != key.strip():
-            raise ValueError(f"--label {text!r}: expected KEY=VALUE")
-        if key.startswith("trajproxy."):
-            raise ValueError(f"--label {text!r}: keys starting with 'trajproxy.' are trajproxy's own")
-        labels[key] = value
-    return labels
+from sandbox.agents.manifests import PLACEHOLDERS, presets
+from sandbox.tasks.task import FORMATS, GRADING_MODES
 
 
 class _WithDefaults(argparse.HelpFormatter):
@@ -40,6 +20,10 @@ class _WithDefaults(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+# What runs each command, named as an entry point is and loaded only when one runs (`proxy.cli.main` resolves it):
+# `trajproxy --help` and `trajproxy serve` build this parser and never import what the commands use (httpx, the
+# Docker SDK, Rich).
+RUN = "sandbox.commands:main"
 BUNDLES_HELP = "the bundles' folder (default: $TRAJPROXY_BUNDLES, else ~/.cache/trajproxy/bundles)"
 
 
@@ -199,15 +183,15 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default="policy",
         help="a call that differs: to the policy, or fail",
     )
-    run.set_defaults(handler=main)
+    run.set_defaults(handler=RUN)
     agents = commands.add_parser("agents", help="build and list agent bundles")
     agents.add_argument("action", choices=["build", "list"], help="build: build each agent's bundle; list: show them")
     agents.add_argument("names", nargs="*", metavar="AGENT", help="presets or manifest files (build)")
     agents.add_argument("--bundles", help=BUNDLES_HELP)
     agents.add_argument("--force", action="store_true", help="build again even if the bundle is there")
-    agents.set_defaults(handler=main)
+    agents.set_defaults(handler=RUN)
     sandbox = commands.add_parser("sandbox", help="manage sandboxes")
-    sandbox.set_defaults(handler=main)
+    sandbox.set_defaults(handler=RUN)
     sandbox.add_argument(
         "action",
         choices=["prune"],
@@ -217,26 +201,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sandbox.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="only containers with this label (repeatable)"
     )
-    taskmaker_commands(commands)
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run the `run`, `agents` or `sandbox` command; returns the exit status."""
-    from sandbox.docker_sandbox import DockerSandboxes
-    from sandbox.run_command import run_command
-
-    console = _console()
-    if args.command == "agents":
-        return _agents(console, args)
-    try:
-        labels = _labels_from(args.label)
-    except ValueError as e:
-        console.print(f"trajproxy {args.command}: {e}", style="red", markup=False, soft_wrap=True)
-        return 2
-    if args.command == "sandbox":
-        _report(console, asyncio.run(DockerSandboxes("unused", labels=labels).prune()))
-        return 0
-    return run_command(args, labels)
+    _taskmaker_commands(commands)
 
 
 def _positive(text: str) -> int:
@@ -253,64 +218,21 @@ def fork_spec(text: str) -> tuple[str, int]:
     return episode, int(turn)
 
 
-def _agents(console: Any, args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from sandbox.bundles import BundleError, Bundles
-    from sandbox.containers import SandboxError
-    from sandbox.manifests import ManifestError, load, presets
-
-    bundles = Bundles(Path(args.bundles) if args.bundles else None)
-    if args.action == "build":
-        if not args.names:
-            console.print("trajproxy agents build: name at least one agent", style="red")
-            return 2
-        for name in args.names:
-            try:
-                manifest = load(name)
-                if not args.force and (found := bundles.find(manifest)) is not None:
-                    console.print(f"{manifest.name} {manifest.version}: built already ({found.digest[:12]})")
-                    continue
-                with console.status(f"building {manifest.name}") as status:
-                    bundle = bundles.build(manifest, on_step=status.update)
-                console.print(f"{bundle.name} {bundle.version}: built {bundle.digest[:12]} in {bundle.built_s:g} s")
-            except (ManifestError, BundleError, SandboxError) as e:
-                console.print(f"trajproxy agents build: {e}", style="red", markup=False, soft_wrap=True)
-                return 1
-        return 0
-    table = Table("agent", "version", "runs on", "bundle", "size", "built in", title=f"bundles in {bundles.root}")
-    shown = set()
-    for name in presets():  # every preset, built or not, then the other bundles (a user's own manifests, old pins)
-        manifest = load(name)
-        found = bundles.find(manifest)
-        shown.add(found.digest if found else "")
-        table.add_row(name, manifest.version, _runtime(manifest), *_built(found))
-    for bundle in bundles.all():
-        if bundle.digest not in shown:
-            table.add_row(bundle.name, bundle.version, "", *_built(bundle))
-    console.print(table)
-    return 0
-
-
-def _runtime(manifest: Any) -> str:
-    install = manifest.install
-    return ", ".join(
-        [f"Python {install.python}"] * bool(install.python) + [f"Node {install.node}"] * bool(install.node)
+def _taskmaker_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = commands.add_parser("tasks", help="make training tasks from a repository")
+    actions = tasks.add_subparsers(dest="action", required=True)
+    make = actions.add_parser(
+        "make",
+        help="Harbor tasks from a Python project's own tests, by injected bugs",
+        description="Build the project with its test dependencies, run its tests twice (the flaky ones are left out), "
+        "inject bugs where the passing tests look (operators, comparisons, off-by-ones, constants, dropped lines "
+        "and branches, swapped arguments), keep those that make some tests fail and leave the rest passing, and "
+        "write each as a Harbor task that `trajproxy run DIR` runs; every task is checked with the oracle "
+        "(reward 1) and an agent that changes nothing (reward 0).",
     )
-
-
-def _built(bundle: Any) -> tuple[str, str, str]:
-    if bundle is None:
-        return "not built", "", ""
-    return bundle.digest[:12], f"{bundle.size_bytes / 1e6:.0f} MB", f"{bundle.built_s:g} s"
-
-
-def _report(console: Any, pruned: Pruned) -> None:
-    from collections import Counter
-
-    removed = ", ".join(container[:12] for container in pruned.removed)
-    said = f"removed {len(pruned.removed)} container(s) of runs that are gone" + (f": {removed}" if removed else "")
-    console.print(said, markup=False, soft_wrap=True)
-    if pruned.kept:
-        reasons = ", ".join(f"{count} {why}" for why, count in Counter(pruned.kept.values()).most_common())
-        console.print(f"left {len(pruned.kept)} container(s): {reasons}", markup=False, soft_wrap=True)
+    make.add_argument("source", help="a Python project: a folder, a git repository, or an sdist/archive")
+    make.add_argument("--out", required=True, help="the folder to write the tasks to (new or empty)")
+    make.add_argument("--max", type=int, default=10, help="at most this many tasks (default: 10)")
+    make.add_argument("--seed", type=int, default=0, help="the seed that orders candidate bugs (default: 0)")
+    make.add_argument("--concurrency", type=int, default=2, help="tasks validated at once (default: 2)")
+    make.set_defaults(handler=RUN)

@@ -25,12 +25,14 @@ from starlette.responses import JSONResponse
 
 from proxy.app import create_app
 from proxy.client import TrainerClient
-from proxy.serving import LISTEN_BACKLOG, Front, front
+from proxy.servers.front import Front, front
+from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
 from proxy.trainer_token import kept_token
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.tasks import Task, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
 from tests.lanes import LANES, Lane
 from tests.vllm_server import VllmServer, build_tiny_model, copy_model, vllm_server
 
@@ -122,6 +124,12 @@ class LiveServer:
         return secret.get_secret_value() if secret is not None else None
 
 
+def error_body(body: object) -> dict[str, Any]:
+    """The JSON body of an SDK's status error (the SDKs type it `object`: whatever the server answered)."""
+    assert isinstance(body, dict), body
+    return body
+
+
 def _free_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -183,7 +191,7 @@ def make_server(database_url: str) -> Iterator[Callable[..., LiveServer]]:
     def make(**overrides: Any) -> LiveServer:
         token = {} if {"trainer_token", "no_trainer_token"} & set(overrides) else {"trainer_token": new_token()}
         settings = Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             database_url=database_url,
             **{"keepalive_s": 0.2, "turn_timeout_s": 30.0, "lease_s": 30.0, "retry_grace_s": 0.3, **token, **overrides},
         )

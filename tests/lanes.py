@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from proxy import wire
+from proxy import schema
 from proxy.client import TrainerClient, TurnStream
 from proxy.client.stream import one, reply_item
 
@@ -17,11 +17,11 @@ class Lane(Protocol):
 
     def pull(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
-    ) -> list[wire.Turn]: ...
+    ) -> list[schema.Turn]: ...
 
-    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn: ...
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn: ...
 
-    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]: ...
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]: ...
 
     def close(self) -> None: ...
 
@@ -36,13 +36,13 @@ class HttpLane:
 
     def pull(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
-    ) -> list[wire.Turn]:
+    ) -> list[schema.Turn]:
         return self._trainer.next_turns(episode, max, wait_s, lease_s)
 
-    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn:
         return self._trainer.reply(turn_id, content, **options)
 
-    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
         return self._trainer.reply_many(replies)
 
     def close(self) -> None:
@@ -57,22 +57,22 @@ class ReplyPullLane:
 
     def __init__(self, trainer: TrainerClient) -> None:
         self._trainer = trainer
-        self._pulled: list[wire.Turn] = []
+        self._pulled: list[schema.Turn] = []
         self._last: dict[str, Any] = {"episode": None, "max": 1, "lease_s": None}
 
     def pull(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
-    ) -> list[wire.Turn]:
+    ) -> list[schema.Turn]:
         self._last = {"episode": episode, "max": max, "lease_s": lease_s}
         if self._pulled:
             handed, self._pulled = self._pulled[:max], self._pulled[max:]
             return handed
         return self._trainer.next_turns(episode, max, wait_s, lease_s)
 
-    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn:
         return one(self.reply_many([reply_item(turn_id, content, options)]))
 
-    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
         answered = self._trainer.reply_and_pull(replies, wait_s=0, **self._last)
         self._pulled += answered.turns
         return answered.results
@@ -94,7 +94,7 @@ class StreamLane:
 
     def pull(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
-    ) -> list[wire.Turn]:
+    ) -> list[schema.Turn]:
         key = (episode, max, lease_s)
         if key not in self._streams:
             self._streams[key] = self._trainer.stream(episode, max, lease_s)
@@ -102,10 +102,10 @@ class StreamLane:
         self._came_on.update((turn.id, self._streams[key]) for turn in turns)
         return turns
 
-    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn:
         return one(self.reply_many([reply_item(turn_id, content, options)]))
 
-    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
         stream = self._came_on.get(replies[0]["turn_id"]) or self._any()
         return stream.reply_many(replies)
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.client import TrainerClient
-from sandbox.manifests import load
+from sandbox.agents.manifests import load
 from tests.test_export import lines_of
 
 CLIS = Path(__file__).parent.parent / "agents" / "cli"
@@ -68,6 +68,25 @@ def answer_until_exit(
     return seen
 
 
+def run_answered(
+    trainer: TrainerClient,
+    command: list[str],
+    work: Path,
+    env: dict[str, str],
+    policy: Callable[[Any], dict[str, Any]],
+    **popen: Any,
+) -> tuple[list[Any], str]:
+    """Run an agent's CLI in `work`, answered by `policy` until it exits, which it must with 0: the turns it made,
+    and what it printed on stdout."""
+    agent = subprocess.Popen(
+        command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+    seen = answer_until_exit(trainer, agent, policy)
+    stdout, stderr = agent.communicate()
+    assert agent.returncode == 0, stderr[-2000:]
+    return seen, stdout
+
+
 def tool_calls(tool: str, *arguments: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
     """Call `tool` with each of `arguments` in turn when the agent offers it, then say the task is done. Which call
     comes next is read from the conversation (the tool results in it), so a retried call gets the same answer."""
@@ -106,10 +125,10 @@ def sent_roles(dialect: str, wire: dict[str, Any]) -> list[str]:
     roles += ["system"] if wire.get("instructions") else []
     for item in wire["input"]:
         kind = item.get("type", "message")
-        role = {"function_call_output": "tool", "function_call": "assistant", "reasoning": "assistant"}.get(kind)
-        if role == "assistant" and roles[-1:] == ["assistant"]:
+        implied = {"function_call_output": "tool", "function_call": "assistant", "reasoning": "assistant"}.get(kind)
+        if implied == "assistant" and roles[-1:] == ["assistant"]:
             continue  # a call or reasoning joins the assistant message it follows, as in chat shape
-        roles.append(role or item["role"])
+        roles.append(implied or item["role"])
     return roles
 
 
@@ -144,18 +163,13 @@ def test_claude_code_completes_a_task_in_three_calls_recorded_as_one_branch(
     episode = trainer.create_episode(task=TASK)
     work, home = folders(tmp_path, "work", "home")
     env = claude_env(episode, home)
-    agent = subprocess.Popen(
-        [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     policy = tool_calls(
         "Bash",
         {"command": "echo hi > hello.txt", "description": "Create hello.txt"},
         {"command": "echo bye > bye.txt", "description": "Create bye.txt"},
     )
-    seen = answer_until_exit(trainer, agent, policy)
-    stdout, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [claude, "-p", TASK, "--allowedTools", "Bash", "--output-format", "json"]
+    seen, stdout = run_answered(trainer, command, work, env, policy)
     result = json.loads(stdout)
     assert (result["is_error"], result["result"]) == (False, "Done: hello.txt and bye.txt created.")
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
@@ -180,14 +194,9 @@ def test_codex_exec_completes_a_task_in_three_calls_recorded_as_one_branch(
         f'base_url = "{episode.env["OPENAI_BASE_URL"]}"\nenv_key = "TRAJPROXY_KEY"\nwire_api = "responses"\n'
     )
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home), "TRAJPROXY_KEY": episode.key}
-    agent = subprocess.Popen(
-        [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access", TASK],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     policy = tool_calls("exec_command", {"cmd": "echo hi > hello.txt"}, {"cmd": "echo bye > bye.txt"})
-    seen = answer_until_exit(trainer, agent, policy)
-    stdout, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [codex, "exec", "--skip-git-repo-check", "-s", "danger-full-access", TASK]
+    seen, stdout = run_answered(trainer, command, work, env, policy)
     assert "Done: hello.txt and bye.txt created." in stdout
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
@@ -221,13 +230,8 @@ def test_mini_swe_agent_completes_a_task_in_three_calls_with_its_default_tool_ca
 
     trajectory = tmp_path / "trajectory.json"
     options = ["--yolo", "--cost-limit", "0", "--exit-immediately", "-o", str(trajectory)]
-    agent = subprocess.Popen(
-        [mini, "-m", "openai/policy", "-t", TASK, *options],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    seen = answer_until_exit(trainer, agent, policy)
-    _, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [mini, "-m", "openai/policy", "-t", TASK, *options]
+    seen, _ = run_answered(trainer, command, work, env, policy, stdin=subprocess.DEVNULL)
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
     assert json.loads(trajectory.read_text())["info"]["exit_status"] == "Submitted"
 
@@ -251,14 +255,15 @@ def test_gemini_cli_completes_a_task_in_three_calls_recorded_as_one_branch(
     for file in preset.files:
         Path(file.path).parent.mkdir(parents=True, exist_ok=True)
         Path(file.path).write_text(file.content)
-    agent = subprocess.Popen(
-        [gemini, "-p", TASK, "-m", "policy", "--yolo", "--output-format", "json"],
-        cwd=work, env={**os.environ, **preset.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     policy = tool_calls("run_shell_command", {"command": "echo hi > hello.txt"}, {"command": "echo bye > bye.txt"})
-    seen = answer_until_exit(trainer, agent, lambda turn: time.sleep(0.2) or policy(turn))
-    stdout, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [gemini, "-p", TASK, "-m", "policy", "--yolo", "--output-format", "json"]
+    env = {**os.environ, **preset.env}
+
+    def slowly(turn: Any) -> dict[str, Any]:
+        time.sleep(0.2)
+        return policy(turn)
+
+    seen, stdout = run_answered(trainer, command, work, env, slowly)
     assert json.loads(stdout)["response"] == "Done: hello.txt and bye.txt created."
     assert ((work / "hello.txt").read_text(), (work / "bye.txt").read_text()) == ("hi\n", "bye\n")
 
@@ -287,7 +292,10 @@ def test_a_claude_code_episode_with_a_sub_agent_splits_its_reward_over_its_two_b
     def policy(turn: Any) -> dict[str, Any]:
         results = sum(message["role"] == "tool" for message in turn.request["messages"])
         if turn.branch == 0:  # the main agent: hand the task over and wait for it, then say done
-            arguments = {"description": "Create hello.txt", "prompt": "Create hello.txt containing hi"}
+            arguments: dict[str, object] = {
+                "description": "Create hello.txt",
+                "prompt": "Create hello.txt containing hi",
+            }
             arguments |= {"subagent_type": "general-purpose", "run_in_background": False}
             call = {"id": f"call_{turn.seq}", "function": {"name": "Agent", "arguments": arguments}}
             message = {"content": "Handing it over.", "tool_calls": [call]} if not results else {"content": "Done."}
@@ -309,13 +317,16 @@ def test_a_claude_code_episode_with_a_sub_agent_splits_its_reward_over_its_two_b
             "logprobs": [-0.5, -0.5],
         }
 
-    agent = subprocess.Popen(
-        [claude, "-p", "Create hello.txt containing hi", "--allowedTools", "Bash Agent", "--output-format", "json"],
-        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    answer_until_exit(trainer, agent, policy)
-    _, stderr = agent.communicate()
-    assert agent.returncode == 0, stderr[-2000:]
+    command = [
+        claude,
+        "-p",
+        "Create hello.txt containing hi",
+        "--allowedTools",
+        "Bash Agent",
+        "--output-format",
+        "json",
+    ]
+    run_answered(trainer, command, work, env, policy)
     assert (work / "hello.txt").read_text() == "hi\n"
     turns = trainer.trajectory(episode.id).turns
     # the main conversation, the sub-agent's two calls, the main one's last: its reply seeing the sub-agent's report

@@ -10,11 +10,12 @@ from typing import Any
 import httpx
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import AGENTS, RunConfig, Runner
-from sandbox.tasks import Task
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import RunConfig, Runner
+from sandbox.tasks.task import Task
 from tests.conftest import EXAMPLE
+from tests.test_runner import BAKED_MINIMAL
 
 
 def test_the_runner_records_the_agents_diff_and_the_page_colours_it(
@@ -23,12 +24,12 @@ def test_the_runner_records_the_agents_diff_and_the_page_colours_it(
     async def main() -> Any:
         async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
             policy = ScriptedPolicy(EXAMPLE / "solve.script.jsonl")
-            runner = Runner(trainer, sandboxes, policy, RunConfig(agent_cmd=AGENTS["minimal"]))
+            runner = Runner(trainer, sandboxes, policy, RunConfig(agent_cmd=BAKED_MINIMAL))
             return await runner.run(example_task)
 
     outcome = asyncio.run(main())
     assert outcome.status == "finished" and "return a + b" in outcome.diff, outcome.reason
-    [reward] = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id).rewards  # type: ignore[arg-type]
+    [reward] = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id).rewards
     assert reward.info["diff"] == outcome.diff
 
     headers = {"authorization": f"Bearer {proxied.token}"}

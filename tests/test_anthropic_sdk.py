@@ -9,8 +9,10 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from anthropic.types import MessageParam, ThinkingBlockParam
 
 from proxy.client import TrainerClient
+from tests.conftest import error_body
 
 TOOLS: list[Any] = [
     {
@@ -52,7 +54,7 @@ def test_a_tool_conversation_in_messages(server: Any, trainer: TrainerClient, ba
     assert message.stop_reason == "tool_use"
     assert [block.type for block in message.content] == ["text", "tool_use"]
     tool_use = message.content[1]
-    assert (tool_use.id, tool_use.name, tool_use.input) == ("toolu_1", "bash", {"cmd": "ls"})  # type: ignore[union-attr]
+    assert (tool_use.id, tool_use.name, tool_use.input) == ("toolu_1", "bash", {"cmd": "ls"})
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
 
     history += [
@@ -67,15 +69,15 @@ def test_a_tool_conversation_in_messages(server: Any, trainer: TrainerClient, ba
     assert tool == {"role": "tool", "tool_call_id": "toolu_1", "content": "a b c"}
     trainer.reply(turn.id, "3 files.")
     final = second.result(timeout=5)
-    assert (final.stop_reason, final.content[0].text) == ("end_turn", "3 files.")  # type: ignore[union-attr]
+    assert (final.stop_reason, final.content[0].text) == ("end_turn", "3 files.")
     assert [t.dialect for t in trainer.trajectory(episode.id).turns] == ["anthropic", "anthropic"]
 
 
 @pytest.mark.settings(keepalive_s=0.1)
 def test_streaming_with_thinking_and_pings_while_parked(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    thought = {"type": "thinking", "thinking": "earlier thought", "signature": "sig-1"}
-    history = [
+    thought: ThinkingBlockParam = {"type": "thinking", "thinking": "earlier thought", "signature": "sig-1"}
+    history: list[MessageParam] = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": [thought, {"type": "text", "text": "hello"}]},
         {"role": "user", "content": "and now?"},
@@ -95,8 +97,8 @@ def test_streaming_with_thinking_and_pings_while_parked(server: Any, trainer: Tr
     trainer.reply(turn.id, message=answer, usage={"prompt_tokens": 12, "completion_tokens": 4})
     message = final.result(timeout=5)
     assert [block.type for block in message.content] == ["thinking", "text"]
-    assert (message.content[0].thinking, message.content[0].signature) == ("new", "sig-2")  # type: ignore[union-attr]
-    assert message.content[1].text == "now this"  # type: ignore[union-attr]
+    assert (message.content[0].thinking, message.content[0].signature) == ("new", "sig-2")
+    assert message.content[1].text == "now this"
     assert (message.usage.input_tokens, message.usage.output_tokens) == (12, 4)
 
 
@@ -158,11 +160,11 @@ def test_errors_come_in_anthropics_shape(server: Any, trainer: TrainerClient) ->
         anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key="nope", max_retries=0).messages.create(
             **hello
         )
-    assert bad_key.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert error_body(bad_key.value.body)["error"]["type"] == "authentication_error"
 
     with pytest.raises(anthropic.BadRequestError) as malformed:
         agent_for(episode).messages.create(model="m", max_tokens=5, messages=[])
-    assert malformed.value.body["type"] == "error"  # type: ignore[index]
+    assert error_body(malformed.value.body)["type"] == "error"
 
     with pytest.raises(anthropic.APIStatusError) as timeout:
         anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key).messages.create(**hello)
@@ -173,4 +175,4 @@ def test_errors_come_in_anthropics_shape(server: Any, trainer: TrainerClient) ->
     with pytest.raises(anthropic.APIStatusError) as closed:
         agent_for(episode).messages.create(**hello)
     assert closed.value.status_code == 410
-    assert closed.value.body["error"]["type"] == "episode_closed"  # type: ignore[index]
+    assert error_body(closed.value.body)["error"]["type"] == "episode_closed"

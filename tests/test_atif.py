@@ -14,11 +14,14 @@ import atif
 import openai
 import pydantic
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from proxy.client import TrainerClient
 from tests.test_export import lines_of
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS: list[ChatCompletionFunctionToolParam] = [
+    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}
+]
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
 
 
@@ -28,7 +31,8 @@ def agent(episode: Any) -> None:
     messages: list[Any] = [SYSTEM, {"role": "user", "content": "How many files are there?"}]
     first = client.chat.completions.create(model="policy-7b", messages=messages, tools=TOOLS).choices[0].message
     messages += [first.model_dump(exclude_none=True)]
-    messages += [{"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "3 files"}]  # type: ignore[index]
+    assert first.tool_calls is not None
+    messages += [{"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "3 files"}]
     client.chat.completions.create(model="policy-7b", messages=messages, tools=TOOLS)
     client.chat.completions.create(model="policy-7b", messages=[{"role": "user", "content": "Name a colour."}])
 
@@ -37,7 +41,7 @@ def agent(episode: Any) -> None:
 def recorded(server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]) -> dict[str, Any]:
     episode = trainer.create_episode(task="count the files", metadata={"agent": {"name": "tiny", "version": "1.2"}})
     running = background(agent, episode)
-    replies = [
+    replies: list[dict[str, Any]] = [  # reply bodies, as JSON
         {
             "message": {"content": "Let me look.", "tool_calls": [_call("call_1", "bash", {"cmd": "ls"})]},
             "usage": {"prompt_tokens": 30, "completion_tokens": 7},

@@ -340,11 +340,11 @@ def test_a_bad_database_url_is_one_line_and_nothing_is_said_served(tmp_path: Pat
 LITELLM_PROBE = """
 import socket, sys, threading, time, urllib.request
 
-import proxy.cli
+import proxy.cli.main
 import uvicorn
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.tokens import TiktokenCounter
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 
 app = create_app(Settings(database_url=sys.argv[1]))
 sock = socket.socket()
@@ -403,7 +403,7 @@ def test_an_unknown_server_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_connections_to_the_served_socket_send_without_delay(tmp_path: Path) -> None:
     """Every connection `trajproxy serve` accepts has Nagle's algorithm off, whichever server is in front: granian
     leaves its WebSocket connections as accepted, and a trainer's stream then waited out delayed ACKs (44 ms a turn)."""
-    from proxy.serving import listen
+    from proxy.servers.sockets import listen
     from proxy.settings import Settings
 
     [listening] = listen(Settings(host="127.0.0.1", port=0, database_url=f"sqlite:///{tmp_path}/x.db"))

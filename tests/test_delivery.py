@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient, TrajproxyAPIError
+from tests.conftest import error_body
 from tests.lanes import Lane
 
 HELLO = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -57,7 +58,8 @@ def test_lease_expiry_redelivers_and_refuses_the_stale_lease(
     recorded = trainer.trajectory(episode.id).turns
     assert len(recorded) == 1
     assert (recorded[0].status, recorded[0].deliveries) == ("answered", 2)
-    assert recorded[0].reply is not None and recorded[0].reply.message["content"] == "on time"
+    reply = recorded[0].reply
+    assert reply is not None and reply.message is not None and reply.message["content"] == "on time"
 
 
 def test_reply_is_idempotent_and_a_different_reply_conflicts(
@@ -77,7 +79,8 @@ def test_reply_is_idempotent_and_a_different_reply_conflicts(
 
     recorded = trainer.trajectory(episode.id).turns
     assert len(recorded) == 1
-    assert recorded[0].reply is not None and recorded[0].reply.message["content"] == "one answer"
+    reply = recorded[0].reply
+    assert reply is not None and reply.message is not None and reply.message["content"] == "one answer"
 
 
 def test_an_abandoned_turn_is_never_handed_out(server: Any, trainer: TrainerClient, lane: Lane) -> None:
@@ -120,7 +123,7 @@ def test_turn_timeout_gives_the_agent_a_504_and_records_expiry(server: Any, trai
     with pytest.raises(openai.APIStatusError) as timeout:
         ask(episode)
     assert timeout.value.status_code == 504
-    assert timeout.value.body["type"] == "timeout_error"  # type: ignore[index]
+    assert error_body(timeout.value.body)["type"] == "timeout_error"
     assert "expired" in timeout.value.message
 
     recorded = trainer.trajectory(episode.id).turns
@@ -378,7 +381,9 @@ def test_a_batch_of_replies_succeeds_or_fails_item_by_item(
 
     again = lane.reply_many([*batch[:1], {**batch[1], "message": {"content": "changed"}}])
     assert [r.status for r in again] == [200, 409]  # idempotent, and no second answer
-    assert trainer.turn(turns[1].id).reply.message["content"] == batch[1]["message"]["content"]  # type: ignore[union-attr]
+    kept = trainer.turn(turns[1].id).reply
+    assert kept is not None and kept.message is not None
+    assert kept.message["content"] == batch[1]["message"]["content"]
 
 
 def test_pause_holds_new_calls_while_turns_in_flight_drain(
@@ -401,7 +406,7 @@ def test_pause_holds_new_calls_while_turns_in_flight_drain(
     trainer.reply(released.id, "new weights", policy_version="v2")
     assert in_flight.result(timeout=5).choices[0].message.content == "old weights"
     assert held.result(timeout=5).choices[0].message.content == "new weights"
-    versions = [turn.reply.policy_version for turn in trainer.trajectory(episode.id).turns]  # type: ignore[union-attr]
+    versions = [turn.reply.policy_version if turn.reply else None for turn in trainer.trajectory(episode.id).turns]
     assert versions == ["v1", "v2"]
 
 

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.env import AgentEnv
-from sandbox.runner import AGENTS, RunConfig
-from sandbox.tasks import Task
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.env import AgentEnv
+from sandbox.run.runner import RunConfig
+from sandbox.tasks.task import Task
 from tests.conftest import ROOT, mine
+from tests.test_runner import BAKED_MINIMAL
 
 FIX = {"content": "```bash\nsed -i 's/return a - b/return a + b/' calc.py\n```"}
 DONE = {"content": "```bash\necho TASK_COMPLETE\n```"}
@@ -32,7 +33,7 @@ def test_an_env_walks_an_agent_from_its_first_request_to_its_grade(
 ) -> None:
     async def main() -> tuple[list[Any], Any]:
         async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
-            async with AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd=AGENTS["minimal"])) as env:
+            async with AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd=BAKED_MINIMAL)) as env:
                 steps = [await env.reset()]
                 for action in (FIX, DONE):
                     steps.append(await env.step(action))
@@ -58,7 +59,7 @@ def test_leaving_before_the_end_cancels_the_episode_and_its_sandbox(
 ) -> None:
     async def main() -> Any:
         async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
-            async with AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd=AGENTS["minimal"])) as env:
+            async with AgentEnv(trainer, sandboxes, example_task, RunConfig(agent_cmd=BAKED_MINIMAL)) as env:
                 await env.reset()
             return env
 

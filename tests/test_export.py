@@ -193,7 +193,7 @@ def seed(url: str, episodes: int, turns_per_episode: int) -> None:
 def peak_rss_mib(url: str, out: Path, shape: str) -> float:
     argv = ["trajproxy", "export", str(out), "--database-url", url, "--shape", shape, "--quiet"]
     code = (  # VmHWM, not ru_maxrss: on Linux ru_maxrss carries over the forking parent's peak across exec
-        f"import sys\nfrom proxy.cli import main\nsys.argv = {argv!r}\n"
+        f"import sys\nfrom proxy.cli.main import main\nsys.argv = {argv!r}\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
         "status = open('/proc/self/status').read()\n"
         "print(int(status.split('VmHWM:')[1].split()[0]) / 1024)\n"

@@ -181,7 +181,11 @@ class Actors:
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)  # a frozen process cannot die until it runs again
                 self.kill(process)
-        self._reader.shutdown(wait=False, cancel_futures=True)
+        self._reader.shutdown(wait=True, cancel_futures=True)  # each read ends: its process is gone
+        for process in self._running:
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.client import TrainerClient, TrajproxyAPIError
 from tests.test_export import lines_of
@@ -72,9 +73,11 @@ def test_forks_replay_the_first_k_calls_and_the_trainer_sees_the_rest(
         trainer.add_reward(fork.id, float(n))
         trainer.finish(fork.id)
         recorded = trainer.trajectory(fork.id)
-        assert [turn.reply.answered_by for turn in recorded.turns] == ["replay"] * at_turn + ["trainer"] * len(fresh)
+        answered_by = [turn.reply.answered_by if turn.reply else None for turn in recorded.turns]
+        assert answered_by == ["replay"] * at_turn + ["trainer"] * len(fresh)
         parent_turns = trainer.trajectory(parent.id).turns
         for mine, theirs in zip(recorded.turns[:at_turn], parent_turns, strict=False):
+            assert mine.reply is not None and theirs.reply is not None
             assert mine.request == theirs.request and mine.reply.message == theirs.reply.message
         assert [reward.value for reward in recorded.rewards] == [float(n)]
         episode = trainer.episode(fork.id)
@@ -94,7 +97,8 @@ def test_a_call_that_differs_stops_the_replay_and_says_where(
     diverged = trainer.episode(fork.id).metadata["fork"]["diverged"]
     assert diverged["seq"] == 0
     assert diverged["why"] == f"call 0 differs from episode {parent.id}'s: messages[1].content"
-    assert [turn.reply.answered_by for turn in trainer.trajectory(fork.id).turns] == ["trainer"] * 4
+    turns = trainer.trajectory(fork.id).turns
+    assert [turn.reply.answered_by if turn.reply else None for turn in turns] == ["trainer"] * 4
 
 
 def test_where_a_call_differs_is_recorded_even_when_its_key_holds_u0000(
@@ -104,7 +108,10 @@ def test_where_a_call_differs_is_recorded_even_when_its_key_holds_u0000(
     metadata): the key is written escaped, and the agent's call still reaches the trainer."""
     [fork] = trainer.fork(parent.id, 1)
     client = openai.OpenAI(base_url=fork.env["OPENAI_BASE_URL"], api_key=fork.key, max_retries=0, timeout=30)
-    messages = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "count to four"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "You are a careful agent."},
+        {"role": "user", "content": "count to four"},
+    ]
     running = background(
         lambda: client.chat.completions.create(model="policy", messages=messages, extra_body={"odd\x00key": 1})
     )
@@ -159,8 +166,13 @@ def test_a_forks_replayed_turns_are_marked_in_both_export_shapes(
     def answer_with_tokens(episode_id: str, texts: list[str], first: int) -> None:
         for i, text in enumerate(texts, start=first):
             [turn] = trainer.next_turns(episode=episode_id, max=1, wait_s=20)
-            tokens = {"prompt_token_ids": prompts[i], "completion_token_ids": completions[i]}
-            trainer.reply(turn.id, message={"content": text}, lease_id=turn.lease_id, **tokens)
+            trainer.reply(
+                turn.id,
+                message={"content": text},
+                lease_id=turn.lease_id,
+                prompt_token_ids=prompts[i],
+                completion_token_ids=completions[i],
+            )
 
     parent = trainer.create_episode()
     running = background(agent, parent)

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.tasks import Task
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.task import Task
 from tests.conftest import EXAMPLE
 
 SCRIPTS = {"minimal": "solve.script.jsonl", "mini-swe-agent": "solve.mini-swe-agent.script.jsonl"}
@@ -71,22 +71,27 @@ def test_forks_of_a_sandboxed_agent_replay_its_first_calls(
     parent, forks, perturbed = asyncio.run(main())
     assert (parent.status, parent.reward) == ("finished", 1.0), parent
     trainer = TrainerClient(proxied.url, proxied.token)
-    recorded = trainer.trajectory(parent.episode_id).turns  # type: ignore[arg-type]
+    assert parent.episode_id is not None
+    recorded = trainer.trajectory(parent.episode_id).turns
     for at, outcomes in forks.items():
         for outcome in outcomes:
             assert (outcome.status, outcome.reward) == ("finished", 1.0), (at, outcome)
-            trajectory = trainer.trajectory(outcome.episode_id)  # type: ignore[arg-type]
+            assert outcome.episode_id is not None
+            trajectory = trainer.trajectory(outcome.episode_id)
             answered_by = [turn.reply.answered_by for turn in trajectory.turns if turn.reply]
             assert answered_by[:at] == ["replay"] * at, (at, answered_by)
             assert all(who != "replay" for who in answered_by[at:]), (at, answered_by)
             replayed, parents = trajectory.turns[:at], recorded[:at]
             assert [steady(turn.request) for turn in replayed] == [steady(turn.request) for turn in parents]
-            assert [turn.reply.message for turn in replayed] == [turn.reply.message for turn in parents]  # type: ignore[union-attr]
+            assert [t.reply.message if t.reply else None for t in replayed] == [
+                t.reply.message if t.reply else None for t in parents
+            ]
             assert [reward.source for reward in trajectory.rewards] == ["grader"]
-            assert "diverged" not in trainer.episode(outcome.episode_id).metadata["fork"]  # type: ignore[arg-type]
-    fork = trainer.episode(perturbed.episode_id).metadata["fork"]  # type: ignore[arg-type]
+            assert "diverged" not in trainer.episode(outcome.episode_id).metadata["fork"]
+    assert perturbed.episode_id is not None
+    fork = trainer.episode(perturbed.episode_id).metadata["fork"]
     assert fork["diverged"]["seq"] == 0 and "differs from episode" in fork["diverged"]["why"], fork
-    turns = trainer.trajectory(perturbed.episode_id).turns  # type: ignore[arg-type]
+    turns = trainer.trajectory(perturbed.episode_id).turns
     assert all(turn.reply is None or turn.reply.answered_by != "replay" for turn in turns)
 
 

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,15 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats import harbor, swebench
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.policies import Policy, ScriptedPolicy, TrainerPolicy
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.tasks import Task, TaskError, read_tasks
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import Policy, ScriptedPolicy, TrainerPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.formats import harbor, swebench
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 from tests.conftest import ROOT
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"
@@ -64,7 +66,7 @@ def run(proxied: Any, sandboxes: DockerSandboxes, tasks: list[Task], policy: Pol
 def tasks_at(path: Path, **options: Any) -> list[Task]:
     parsed = list(read_tasks(path, **options))
     assert all(isinstance(task, Task) for task in parsed), parsed
-    return parsed  # type: ignore[return-value]
+    return [task for task in parsed if isinstance(task, Task)]
 
 
 def recorded_rewards(proxied: Any, outcome: Outcome) -> dict[str, float]:
@@ -90,7 +92,8 @@ def test_the_oracle_solves_every_harbor_task_and_named_rewards_are_recorded(
     assert recorded_rewards(proxied, by_id["word-count"]) == {"count": 1.0, "format": 1.0}
     assert "reward.json" in by_id["word-count"].reason
     assert {"build_s", "agent_s", "grade_s", "total_s"} <= by_id["hello-world"].timings.keys()
-    episode = TrainerClient(proxied.url, proxied.token).episode(by_id["hello-world"].episode_id)  # type: ignore[arg-type]
+    assert by_id["hello-world"].episode_id is not None
+    episode = TrainerClient(proxied.url, proxied.token).episode(by_id["hello-world"].episode_id)
     assert episode.metadata["task_id"] == "hello-world"
     assert episode.metadata["harbor"]["metadata"]["tags"] == ["trivial"]  # task.toml's own keys, kept
 
@@ -103,7 +106,8 @@ def test_an_injected_agent_solves_a_harbor_task_and_never_sees_its_tests(
     [solved] = run(proxied, sandboxes, [task], script, agent=minimal)
     assert (solved.status, solved.reward) == ("finished", 1.0), solved
     assert recorded_rewards(proxied, solved) == {"reward": 1.0}
-    turns = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns  # type: ignore[arg-type]
+    assert solved.episode_id is not None
+    turns = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns
     seen = str(turns[1].request["messages"][-1]["content"])  # what `ls -a /app /tests` showed the agent
     assert "calc.py" in seen and "cannot access '/tests'" in seen
 
@@ -172,7 +176,7 @@ def test_a_task_image_is_built_once_for_its_content(engine: Any, sandboxes: Dock
 
 
 def test_harbor_task_directories_explain_what_is_wrong(tmp_path: Path) -> None:
-    cases = {
+    cases: dict[str, Callable[[Path], object]] = {
         "no-instruction": lambda f: (f / "instruction.md").write_text("  \n"),
         "bad-toml": lambda f: (f / "task.toml").write_text("[agent\n"),
         "bad-memory": lambda f: (f / "task.toml").write_text('[environment]\nmemory = "lots"\n'),
@@ -217,7 +221,8 @@ def test_swebench_instances_are_graded_by_the_swebench_harness(
     assert (fixed.status, fixed.reward, fixed.reason) == ("finished", 1.0, "resolved")
     assert "-    return a - b\n+    return a + b" in fixed.diff
     assert (unfixed.reward, unfixed.reason) == (0.0, "not resolved: 2 test(s) fail")
-    info = TrainerClient(proxied.url, proxied.token).trajectory(unfixed.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert unfixed.episode_id is not None
+    info = TrainerClient(proxied.url, proxied.token).trajectory(unfixed.episode_id).rewards[0].info
     status = info["grader"]["tests_status"]
     assert status["FAIL_TO_PASS"]["failure"] == ["tests/test_calc.py::test_mul", "tests/test_calc.py::test_mul_one"]
     assert status["PASS_TO_PASS"]["success"] == ["tests/test_calc.py::test_add_zero"]
@@ -246,7 +251,7 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     """A row shaped like slime's SWE rows, taken as it is: no eval_cmd, no image or workdir in `metadata`, but
     `remote_env_info` with `image_url`, `workdir`, `instance_id` and `f2p_script`, which grades the agent's work,
     and `pre_commands` (here they commit a `sub` that the tests need), run before the agent and before the grade."""
-    row = {
+    row: dict[str, Any] = {  # a JSON row
         "prompt": "unused: metadata.problem_statement is the task",
         "label": "calc__calc-1",
         "metadata": {
@@ -272,9 +277,11 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     )
     assert (solved.status, solved.reward, solved.reason) == ("finished", 1.0, "tests pass"), solved.agent_output
     assert (wrong.status, wrong.reward) == ("finished", 0.0)
-    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]  # type: ignore[arg-type]
+    assert solved.episode_id is not None
+    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]
     assert "def sub(a, b)" in str(seen["content"]) and "def sub" not in solved.diff  # `cat calc.py` after the setup
-    said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert wrong.episode_id is not None
+    said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info
     assert "1 failed" in said["grader"]["output"]  # pytest's own summary: the script ran its test
 
 

@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from proxy import wire
+from proxy import schema
 from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.http.edge import MAX_JSON_DEPTH
 from proxy.storage.sql import engine_url
@@ -55,7 +55,7 @@ FUZZ = settings(
 )
 FUZZ_SEED = os.environ.get("TRAJPROXY_FUZZ_SEED")  # set by benchmarks/fuzz.py only
 FUZZ_EXAMPLES = os.environ.get("TRAJPROXY_FUZZ_EXAMPLES")
-T = TypeVar("T")
+T = TypeVar("T", bound=Callable[..., object])
 
 
 def fuzzing(max_examples: int, database_url: str) -> Callable[[T], T]:
@@ -229,7 +229,7 @@ def test_the_trainer_api_answers_every_generated_request_without_a_server_error(
     operations = [result.ok() for result in trainer_schema.get_all_operations()]
     assert {operation.label for operation in operations} == set(records)
     for operation in operations:
-        cases = st.one_of(operation.as_strategy(mode) for mode in GenerationMode)
+        cases = st.one_of([operation.as_strategy(mode) for mode in GenerationMode])
 
         @fuzzing(max_examples=40, database_url=server.settings.database_url)
         @given(case=cases)
@@ -254,7 +254,8 @@ def check_database(server: Any, trainer: TrainerClient) -> None:
     trajectory loads and fits the schema, its turns numbered 0, 1, 2... as in the database."""
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ok", health
-    episodes, offset = [], 0
+    episodes: list[schema.Episode] = []
+    offset: int | None = 0
     while offset is not None:
         page = trainer.episodes(limit=1000, offset=offset)
         episodes += page.episodes
@@ -532,7 +533,7 @@ def check_refusal(endpoint: Endpoint, response: httpx.Response, request: object 
     assert isinstance(error["message"], str) and len(error["message"]) > 10, body
 
 
-def check_recorded(endpoint: Endpoint, trajectory: wire.Trajectory, accepted: list[bytes]) -> None:
+def check_recorded(endpoint: Endpoint, trajectory: schema.Trajectory, accepted: list[bytes]) -> None:
     """The episode recorded one answered turn per accepted call, in order, each with the body as sent."""
     turns = trajectory.turns
     assert [turn.seq for turn in turns] == list(range(len(accepted)))

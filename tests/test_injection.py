@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundle, BundleError, Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats.jsonl import ExitCode
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.tasks import Task
+from sandbox.agents.bundles import Bundle, BundleError, Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.formats.jsonl import ExitCode
+from sandbox.tasks.task import Task
 
 BARE = "trajproxy-test/bare-task"  # python:3.11-slim with Python and Node removed, a non-root user
 OLD = "trajproxy-test/old-task"  # debian:bullseye-slim
@@ -183,12 +183,19 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     assert (outcome.status, outcome.reward) == ("finished", 1.0), f"{outcome.reason}\n{outcome.agent_output}"
     # The agent's change is the episode's diff: nothing committed out of it, none of the agent's own files in it.
     assert re.findall(r"^diff --git a/(\S+) ", outcome.diff, re.MULTILINE) == ["hello.txt"], outcome.diff[:2000]
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
     assert recorded.episode.metadata["agent"] == agent.record
     trained = [turn for turn in recorded.turns if turn.trainable]  # side calls a manifest routes away are not
     assert trained and {turn.dialect for turn in trained} == {dialect}
     assert all(turn.status == "answered" for turn in trained)
     assert recorded.rewards[0].value == 1.0
+
+
+def solves(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image: str) -> None:
+    """The preset solves the example task in `image`, answered as its dialect is, and its episode says so."""
+    dialect, policy = PRESETS[agent.manifest.name]
+    check_solved(proxied, run_one(proxied, sandboxes, agent, image, policy), agent, dialect)
 
 
 # Its own stage in .ci/run, a few at once (pytest -n): a preset's three tests on one worker, which builds its bundle.
@@ -200,9 +207,7 @@ CONFORMANCE = [pytest.param(name, marks=[pytest.mark.conformance, pytest.mark.xd
 def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_non_root_user(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
 ) -> None:
-    dialect, policy = PRESETS[name]
-    agent = InjectedAgent(load(name), built(name))
-    check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy), agent, dialect)
+    solves(proxied, sandboxes, InjectedAgent(load(name), built(name)), bare_image)
 
 
 @pytest.mark.timeout(900)
@@ -210,9 +215,7 @@ def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_n
 def test_each_preset_solves_a_task_on_an_older_debian(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], old_image: str, name: str
 ) -> None:
-    dialect, policy = PRESETS[name]
-    agent = InjectedAgent(load(name), built(name))
-    check_solved(proxied, run_one(proxied, sandboxes, agent, old_image, policy), agent, dialect)
+    solves(proxied, sandboxes, InjectedAgent(load(name), built(name)), old_image)
 
 
 @pytest.mark.timeout(600)
@@ -345,7 +348,8 @@ def test_a_failing_agent_says_why_and_its_output_is_kept_with_the_episode(
     assert outcome.status == "failed"
     said = r"the agent exited with 127: sh: \d+: /opt/trajproxy/agent/bin/pyhton3: not found"
     assert re.fullmatch(said, outcome.reason), outcome.reason
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
     assert "pyhton3: not found" in recorded.rewards[0].info["agent_output"]
     assert recorded.episode.reason == outcome.reason
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.manifests import presets
+from sandbox.agents.manifests import presets
 from tests.conftest import EXAMPLE, ROOT
 
 SCRIPT = f"scripted:{EXAMPLE / 'solve.script.jsonl'}"
@@ -48,7 +48,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ).stdout.strip()  # fmt: skip
     (Path(site_packages) / "test-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     found = subprocess.run(
-        [str(python), "-c", "import sandbox.manifests as m; print(m.__file__)"],
+        [str(python), "-c", "import sandbox.agents.manifests as m; print(m.__file__)"],
         capture_output=True, text=True, cwd=where, check=True,
     ).stdout  # fmt: skip
     assert found.startswith(site_packages), found  # the installed copy, not the source tree

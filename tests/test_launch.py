@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from sandbox.images import MANAGED
-from sandbox.run_identity import RunIdentity
+from sandbox.backends.images import MANAGED
+from sandbox.run.identity import RunIdentity
 from tests.conftest import EXAMPLE, SANDBOX_IMAGE
+from tests.test_sandbox import exited_run
 
 TRAJPROXY = str(Path(sys.executable).parent / "trajproxy")
 RUN = [TRAJPROXY, "run", "--port", "0"]
@@ -193,17 +194,6 @@ def test_a_malformed_label_is_a_one_line_error(given: str, said: str) -> None:
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("trajproxy run: --label") and said in line, line
-
-
-def exited_run() -> RunIdentity:
-    """The identity of a run that crashed: a real process of this owner, started, then killed."""
-    process = subprocess.Popen(["sleep", "60"])
-    try:
-        identity = RunIdentity.of_process(process.pid)
-    finally:
-        process.kill()
-        process.wait()
-    return identity
 
 
 def planted(engine: Any, label: str) -> dict[str, Any]:

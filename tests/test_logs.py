@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from proxy.client import TrainerClient
-from proxy.serving import KeyRedactor
+from proxy.servers.redaction import KeyRedactor
 from tests.test_agent_clis import answer_until_exit, cli, folders, tool_calls
 from tests.test_cli import clean_env, free_port, serving
 

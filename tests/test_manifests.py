@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.manifests import PLACEHOLDERS, ManifestError, load, presets
+from sandbox.agents.manifests import PLACEHOLDERS, ManifestError, load, presets
 
 VALUES = {name: f"/{name}" for name in PLACEHOLDERS} | {"task": "fix it's bug; rm -rf /", "workdir": "/repo"}
 

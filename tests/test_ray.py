@@ -99,7 +99,13 @@ class Watcher:
 
 def test_a_run_without_ray_never_imports_it() -> None:
     """Ray is an optional extra: everything a run uses without --ray loads without it."""
-    modules = ["sandbox.launch", "sandbox.run_command", "sandbox.runner", "sandbox.env", "sandbox.docker_sandbox"]
+    modules = [
+        "sandbox.launch",
+        "sandbox.run.command",
+        "sandbox.run.runner",
+        "sandbox.run.env",
+        "sandbox.backends.docker_sandboxes",
+    ]
     code = f"import sys; [__import__(m) for m in {modules!r}]; print(sorted(m for m in sys.modules if m == 'ray'))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr

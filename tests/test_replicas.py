@@ -23,6 +23,7 @@ import httpx
 import openai
 import pytest
 import sqlalchemy
+from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.client import TrainerClient
 from proxy.storage.sql import engine_url
@@ -56,40 +57,52 @@ class Replica:
         return dict(httpx.get(f"{self.url}/health", timeout=5).json())
 
 
-@pytest.fixture
-def replicas(shared_url: str) -> Iterator[Callable[..., list[Replica]]]:
-    """Start `trajproxy serve --shared` processes on the test's schema, all with one trainer token."""
-    token = f"test-trainer-{secrets.token_hex(8)}"
-    started: list[Replica] = []
+class Replicas:
+    """Starts `trajproxy serve --shared` processes on one schema, all with one trainer token: `replicas(n, *flags)`."""
 
-    def start(n: int, *flags: str) -> list[Replica]:
+    def __init__(self, shared_url: str) -> None:
+        self.shared_url = shared_url
+        self.token = f"test-trainer-{secrets.token_hex(8)}"
+        self.started: list[Replica] = []
+        self.trainers: dict[str, TrainerClient] = {}  # one on each replica, by its url
+
+    def __call__(self, n: int, *flags: str) -> list[Replica]:
         batch = []
         for _ in range(n):
             port = free_port()
             command = [
-                *(trajproxy_script(), "serve", "--shared", "--port", str(port), "--database-url", shared_url),
-                *("--trainer-token", token, "--keepalive-s", "0.2", "--replica-dead-s", "2", *flags),
+                *(trajproxy_script(), "serve", "--shared", "--port", str(port), "--database-url", self.shared_url),
+                *("--trainer-token", self.token, "--keepalive-s", "0.2", "--replica-dead-s", "2", *flags),
             ]
             process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env()
             )
-            batch.append(Replica(f"http://127.0.0.1:{port}", process, shared_url))
+            batch.append(Replica(f"http://127.0.0.1:{port}", process, self.shared_url))
         for replica in batch:
             _wait_up(replica)
-        started.extend(batch)
+            self.trainers[replica.url] = TrainerClient(replica.url, token=self.token, timeout_s=120)
+        self.started.extend(batch)
         return batch
 
-    start.token = token  # type: ignore[attr-defined]
-    yield start
-    for replica in started:
+
+@pytest.fixture
+def replicas(shared_url: str) -> Iterator[Replicas]:
+    """Start `trajproxy serve --shared` processes on the test's schema; all stop after the test."""
+    started = Replicas(shared_url)
+    yield started
+    for trainer in started.trainers.values():
+        trainer.close()
+    for replica in started.started:
         if replica.process.poll() is None:
             replica.process.terminate()
-    for replica in started:
+    for replica in started.started:
         try:
             replica.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             replica.process.kill()
             replica.process.wait()
+        if replica.process.stdout:
+            replica.process.stdout.close()
 
 
 def _wait_up(replica: Replica) -> None:
@@ -114,8 +127,8 @@ def until(condition: Callable[[], bool], what: str, limit_s: float = 90) -> None
         time.sleep(0.05)
 
 
-def trainer_on(replica: Replica, replicas: Any) -> TrainerClient:
-    return TrainerClient(replica.url, token=replicas.token, timeout_s=120)
+def trainer_on(replica: Replica, replicas: Replicas) -> TrainerClient:
+    return replicas.trainers[replica.url]
 
 
 def agent(url: str, key: str, **options: Any) -> openai.OpenAI:
@@ -123,8 +136,12 @@ def agent(url: str, key: str, **options: Any) -> openai.OpenAI:
 
 
 def ask(client: openai.OpenAI, *messages: str) -> str:
-    said = [{"role": "user" if i % 2 == 0 else "assistant", "content": text} for i, text in enumerate(messages)]
-    reply = client.chat.completions.create(model="policy", messages=said)  # type: ignore[arg-type]
+    said: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": text} if i % 2 == 0 else {"role": "assistant", "content": text}
+        for i, text in enumerate(messages)
+    ]
+    with client:  # each agent asks once
+        reply = client.chat.completions.create(model="policy", messages=said)
     return reply.choices[0].message.content or ""
 
 
@@ -138,7 +155,7 @@ def turn_rows(url: str, *more: str) -> list[Any]:
         engine.dispose()
 
 
-def test_a_turn_parked_on_one_replica_is_pulled_on_another_and_answered_on_a_third(replicas: Any) -> None:
+def test_a_turn_parked_on_one_replica_is_pulled_on_another_and_answered_on_a_third(replicas: Replicas) -> None:
     a, b, c = replicas(3)
     episode = trainer_on(a, replicas).create_episode(task="across replicas")
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -169,11 +186,11 @@ def test_a_turn_parked_on_one_replica_is_pulled_on_another_and_answered_on_a_thi
     assert [(t.seq, t.status) for t in trajectory.turns] == [(0, "answered"), (1, "answered"), (2, "answered")]
 
 
-def first_turn_id(replica: Replica, replicas: Any, episode_id: str) -> str:
+def first_turn_id(replica: Replica, replicas: Replicas, episode_id: str) -> str:
     return trainer_on(replica, replicas).trajectory(episode_id).turns[0].id
 
 
-def test_two_trainers_on_two_replicas_never_get_the_same_turn(replicas: Any) -> None:
+def test_two_trainers_on_two_replicas_never_get_the_same_turn(replicas: Replicas) -> None:
     a, b = replicas(2)
     seed = random.Random(17)
     calls = 40
@@ -203,7 +220,9 @@ def test_two_trainers_on_two_replicas_never_get_the_same_turn(replicas: Any) -> 
         assert [future.result(timeout=60) for future in agents] == [f"answer to {e.id}" for e in episodes]
 
 
-def test_a_lease_run_out_on_one_replica_is_redelivered_on_another_and_the_stale_reply_refused(replicas: Any) -> None:
+def test_a_lease_run_out_on_one_replica_is_redelivered_on_another_and_the_stale_reply_refused(
+    replicas: Replicas,
+) -> None:
     a, b = replicas(2)
     episode = trainer_on(a, replicas).create_episode(task="slow trainer")
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -217,7 +236,7 @@ def test_a_lease_run_out_on_one_replica_is_redelivered_on_another_and_the_stale_
         assert call.result(timeout=60) == "on time"
 
 
-def test_an_episode_finished_on_one_replica_fails_its_agent_waiting_on_another(replicas: Any) -> None:
+def test_an_episode_finished_on_one_replica_fails_its_agent_waiting_on_another(replicas: Replicas) -> None:
     a, b = replicas(2)
     episode = trainer_on(a, replicas).create_episode(task="cut short")
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -232,7 +251,7 @@ def test_an_episode_finished_on_one_replica_fails_its_agent_waiting_on_another(r
     assert row.status == "failed"
 
 
-def test_a_long_poll_on_one_replica_is_woken_by_a_call_parked_on_another(replicas: Any) -> None:
+def test_a_long_poll_on_one_replica_is_woken_by_a_call_parked_on_another(replicas: Replicas) -> None:
     a, b = replicas(2)
     episode = trainer_on(a, replicas).create_episode(task="wake me")
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -245,7 +264,7 @@ def test_a_long_poll_on_one_replica_is_woken_by_a_call_parked_on_another(replica
         assert call.result(timeout=60) == "here"
 
 
-def test_a_replica_killed_while_its_agents_wait_costs_no_call_and_makes_none_twice(replicas: Any) -> None:
+def test_a_replica_killed_while_its_agents_wait_costs_no_call_and_makes_none_twice(replicas: Replicas) -> None:
     fleet = replicas(3, "--restart-grace-s", "120")
     with Balancer([r.url for r in fleet]) as balancer, ThreadPoolExecutor(max_workers=16) as pool:
         trainer = trainer_on(fleet[0], replicas)
@@ -279,7 +298,9 @@ def turn_rows_of(fleet: list[Replica]) -> list[Any]:
     return turn_rows(fleet[0].database_url)
 
 
-def test_a_turn_whose_agent_hung_up_leaves_every_queue_until_its_retry_comes_back_on_another(replicas: Any) -> None:
+def test_a_turn_whose_agent_hung_up_leaves_every_queue_until_its_retry_comes_back_on_another(
+    replicas: Replicas,
+) -> None:
     a, b = replicas(2, "--retry-grace-s", "60")
     episode = trainer_on(a, replicas).create_episode(task="flaky network")
     body = b'{"model":"policy","messages":[{"role":"user","content":"are you there?"}]}'
@@ -298,7 +319,7 @@ def test_a_turn_whose_agent_hung_up_leaves_every_queue_until_its_retry_comes_bac
     assert (row.seq, row.status, row.replica) == (0, "answered", b.health()["replica"])
 
 
-def test_a_turn_whose_agent_never_comes_back_is_taken_over_and_abandoned(replicas: Any) -> None:
+def test_a_turn_whose_agent_never_comes_back_is_taken_over_and_abandoned(replicas: Replicas) -> None:
     a, b = replicas(2, "--restart-grace-s", "1")
     episode = trainer_on(b, replicas).create_episode(task="left behind")
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -314,10 +335,11 @@ def test_a_turn_whose_agent_never_comes_back_is_taken_over_and_abandoned(replica
     row = turn_rows(b.database_url)[0]
     assert (row.status, row.replica) == ("abandoned", b.health()["replica"])
     assert row.replica != held_by
-    assert "did not come back" in trainer_on(b, replicas).trajectory(episode.id).turns[0].reason
+    reason = trainer_on(b, replicas).trajectory(episode.id).turns[0].reason
+    assert reason is not None and "did not come back" in reason
 
 
-def test_a_pause_on_one_replica_holds_calls_on_every_one_until_resumed_on_any(replicas: Any) -> None:
+def test_a_pause_on_one_replica_holds_calls_on_every_one_until_resumed_on_any(replicas: Replicas) -> None:
     a, b, c = replicas(3)
     episode = trainer_on(a, replicas).create_episode(task="weights")
     trainer_on(a, replicas).pause("hold")
@@ -333,7 +355,9 @@ def test_a_pause_on_one_replica_holds_calls_on_every_one_until_resumed_on_any(re
     until(lambda: b.health()["paused"] is None, "b to hear of the resume")
 
 
-def test_a_resume_naming_a_policy_version_on_one_replica_stamps_replies_recorded_on_every_one(replicas: Any) -> None:
+def test_a_resume_naming_a_policy_version_on_one_replica_stamps_replies_recorded_on_every_one(
+    replicas: Replicas,
+) -> None:
     a, b = replicas(2)
     episode = trainer_on(a, replicas).create_episode(task="weights")
     trainer_on(b, replicas).pause("hold")
@@ -345,11 +369,12 @@ def test_a_resume_naming_a_policy_version_on_one_replica_stamps_replies_recorded
         answered = trainer_on(a, replicas).reply(turn.id, "step 3's", lease_id=turn.lease_id)
         assert call.result(timeout=60) == "step 3's"
     assert answered.reply is not None and answered.reply.policy_version == "step-3"
-    assert trainer_on(b, replicas).trajectory(episode.id).turns[0].reply.policy_version == "step-3"  # type: ignore[union-attr]
+    reply = trainer_on(b, replicas).trajectory(episode.id).turns[0].reply
+    assert reply is not None and reply.policy_version == "step-3"
 
 
 def test_a_lone_process_and_replicas_exclude_each_other_and_sqlite_is_never_shared(
-    replicas: Any, shared_url: str, tmp_path: Any
+    replicas: Replicas, shared_url: str, tmp_path: Any
 ) -> None:
     replicas(1)
     lone = subprocess.run(
@@ -465,7 +490,7 @@ def hung_up_call(a: Replica, key: str) -> tuple[str, bytes, dict[str, str]]:
 
 
 def test_a_retry_whose_turn_is_answered_while_it_looks_for_it_gets_that_answer_not_a_second_turn(
-    replicas: Any,
+    replicas: Replicas,
 ) -> None:
     a, b = replicas(2, "--retry-grace-s", "60", "--turn-timeout-s", "20")
     episode = trainer_on(a, replicas).create_episode(task="answered meanwhile")
@@ -493,7 +518,7 @@ def test_a_retry_whose_turn_is_answered_while_it_looks_for_it_gets_that_answer_n
 
 
 @pytest.mark.parametrize("taken_by", ["retry", "takeover"])
-def test_an_answer_heard_before_a_replica_takes_its_turn_reaches_the_agent(replicas: Any, taken_by: str) -> None:
+def test_an_answer_heard_before_a_replica_takes_its_turn_reaches_the_agent(replicas: Replicas, taken_by: str) -> None:
     a, b = replicas(2, "--retry-grace-s", "60", "--turn-timeout-s", "20")
     episode = trainer_on(a, replicas).create_episode(task="heard early")
     turn_id, body, retried = hung_up_call(a, episode.key)

@@ -55,13 +55,13 @@ def test_function_calls_round_trip_with_instructions(server: Any, trainer: Train
         "call_9",
         "shell",
         {"cmd": "ls"},
-    )  # type: ignore[union-attr]
+    )
     assert response.usage is not None and response.usage.input_tokens > 0
 
     # The agent sends the whole conversation back as items, as Codex does without storage.
     items: list[Any] = [
         {"role": "user", "content": [{"type": "input_text", "text": "List files."}]},
-        {"type": "function_call", "call_id": "call_9", "name": "shell", "arguments": call.arguments},  # type: ignore[union-attr]
+        {"type": "function_call", "call_id": "call_9", "name": "shell", "arguments": call.arguments},
         {"type": "function_call_output", "call_id": "call_9", "output": "a.txt b.txt"},
     ]
     second = background(client.responses.create, model="gpt-5", instructions="Be brief.", input=items, tools=TOOLS)
@@ -118,12 +118,12 @@ def test_streaming_emits_the_event_sequence(server: Any, trainer: TrainerClient,
     assert "response.output_text.delta" in kinds and "response.function_call_arguments.done" in kinds
     assert final.output_text == "Checking."
     assert [item.type for item in final.output] == ["message", "function_call"]
-    assert final.output[1].call_id == "call_s"  # type: ignore[union-attr]
+    assert final.output[1].call_id == "call_s"
 
 
 def test_bad_input_is_refused_in_openai_shape(server: Any, trainer: TrainerClient) -> None:
     client = agent_for(trainer.create_episode())
     with pytest.raises(openai.BadRequestError, match="input"):
-        client.responses.create(model="m", input=42)  # type: ignore[arg-type]
+        client.responses.create(model="m", input=42)  # type: ignore[call-overload]  # the wrong type, on purpose
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model="m", input="x", previous_response_id="nope")

@@ -3,11 +3,13 @@ same chat message the trainer recorded; in every dialect, streamed or not."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+from pydantic import BaseModel
 
 from proxy.client import TrainerClient
 
@@ -42,6 +44,7 @@ def echo_chat(client: openai.OpenAI, stream: bool) -> list[Any]:
 
 def echo_anthropic(client: anthropic.Anthropic, stream: bool) -> list[Any]:
     messages: list[Any] = [{"role": "user", "content": "go"}]
+    content: Sequence[BaseModel]  # the SDK's content blocks, parsed or not
     if stream:
         with client.messages.stream(model="m", max_tokens=50, messages=messages) as events:
             content = events.get_final_message().content
@@ -54,6 +57,7 @@ def echo_anthropic(client: anthropic.Anthropic, stream: bool) -> list[Any]:
 
 def echo_responses(client: openai.OpenAI, stream: bool) -> list[Any]:
     items: list[Any] = [{"role": "user", "content": "go"}]
+    output: Sequence[BaseModel]  # the SDK's output items, parsed or not
     if stream:
         with client.responses.stream(model="m", input=items) as events:
             output = events.get_final_response().output
@@ -82,7 +86,7 @@ def test_the_reply_comes_back_unchanged(
         first = background(echo_chat if dialect == "chat" else echo_responses, agent, stream)
     turn = trainer.next_turns(wait_s=5)[0]
     recorded = trainer.reply(turn.id, message=REPLY).reply
-    assert recorded is not None
+    assert recorded is not None and recorded.message is not None
     history = first.result(timeout=10)
 
     if dialect == "anthropic":
@@ -94,8 +98,8 @@ def test_the_reply_comes_back_unchanged(
     again = trainer.next_turns(wait_s=5)[0]
     messages = again.request["messages"]
     assistant = next(m for m in messages if m["role"] == "assistant")
-    assert assistant["content"] == recorded.message["content"]  # type: ignore[index]
-    assert assistant["tool_calls"] == recorded.message["tool_calls"]  # type: ignore[index]
+    assert assistant["content"] == recorded.message["content"]
+    assert assistant["tool_calls"] == recorded.message["tool_calls"]
     assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == ["call_a1", "call_b2"]
     trainer.reply(again.id, "done")
     follow_up.result(timeout=10)

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from proxy.client import AsyncTrainerClient
-from sandbox.policies import ModelPolicy
+from sandbox.run.policies import ModelPolicy
 from tests.conftest import EXAMPLE, FakeModel
 from tests.test_launch import RUN, into
 

@@ -11,13 +11,18 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.containers import Limits
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.formats.jsonl import ExitCode
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import AGENTS, Outcome, RunConfig, Runner
-from sandbox.tasks import Task, TaskError, read_tasks
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.interface import Limits
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.formats.jsonl import ExitCode
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task, TaskError
 from tests.conftest import EXAMPLE, mine
+
+# The minimal agent as its image installs it (agents/minimal/Dockerfile; the example task's image builds on it), run
+# as a command already in the image (--agent-cmd): no bundle to build or mount.
+BAKED_MINIMAL = "minimal-agent @{task_file} --workdir {workdir}"
 
 
 @pytest.fixture
@@ -34,7 +39,7 @@ def run_tasks(
                 trainer,
                 sandboxes,
                 ScriptedPolicy(EXAMPLE / script),
-                RunConfig(agent_cmd=config.pop("agent_cmd", AGENTS["minimal"]), **config),
+                RunConfig(agent_cmd=config.pop("agent_cmd", BAKED_MINIMAL), **config),
             )
             return await runner.run_many(tasks, concurrency=concurrency)
 
@@ -49,15 +54,22 @@ def test_a_right_fix_earns_1_and_a_wrong_one_0(proxied: Any, sandboxes: DockerSa
     assert (wrong.status, wrong.reward) == ("finished", 0.0), wrong.reason
 
     trainer = TrainerClient(proxied.url, proxied.token)
-    recorded = trainer.trajectory(solved.episode_id)  # type: ignore[arg-type]
+    assert_fixed_and_graded(trainer, solved, example_task.prompt)
+    assert wrong.episode_id is not None
+    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0
+
+
+def assert_fixed_and_graded(trainer: TrainerClient, outcome: Outcome, prompt: str) -> None:
+    """What the trainer API holds of an episode the minimal agent fixed by solve.script.jsonl: its three turns
+    answered, the task its first message, the tests seen passing, and the grader's reward of 1."""
+    recorded = trainer.trajectory(str(outcome.episode_id))
     assert recorded.episode.status == "finished"
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3
-    assert recorded.turns[0].request["messages"][1]["content"] == example_task.prompt
+    assert recorded.turns[0].request["messages"][1]["content"] == prompt
     assert "exit code 0" in recorded.turns[2].request["messages"][-1]["content"]  # it saw the tests pass
     [reward] = recorded.rewards
     assert (reward.name, reward.value, reward.source) == ("reward", 1.0, "grader")
     assert reward.info["grader"]["verdict"] == "tests pass"
-    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
 
 
 def test_eight_tasks_at_concurrency_four(proxied: Any, sandboxes: DockerSandboxes, example_task: Task) -> None:
@@ -92,11 +104,13 @@ def test_failures_are_recorded_and_the_other_tasks_carry_on(
 
     [graded_slowly] = run_tasks(proxied, sandboxes, [slow_grader], "solve.script.jsonl", grade_timeout_s=2)
     assert graded_slowly.reward == 0.0
-    info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info  # type: ignore[arg-type]
+    assert graded_slowly.episode_id is not None
+    info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info
     assert "ran past" in info["grader"]["verdict"]
 
     for outcome in (no_image, crashed, hung, graded_slowly):
-        episode = trainer.episode(outcome.episode_id)  # type: ignore[arg-type]
+        assert outcome.episode_id is not None
+        episode = trainer.episode(outcome.episode_id)
         assert (episode.status, episode.reason) == (outcome.status, outcome.reason)
 
 
@@ -111,7 +125,8 @@ def test_an_episode_past_its_deadline_is_stopped_wherever_it_is_stuck(
     )
     assert (outcome.status, outcome.reward) == ("failed", None)
     assert outcome.reason == "the episode ran past its deadline of 15 s (start to graded)"
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)  # type: ignore[arg-type]
+    assert outcome.episode_id is not None
+    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
     assert (recorded.episode.status, recorded.rewards) == ("failed", [])
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3  # the agent's part ran, the grade never did
 
@@ -171,4 +186,4 @@ def test_task_files_explain_what_is_wrong(tmp_path: Path) -> None:
 
 
 def _fields(task: Task) -> dict[str, Any]:
-    return {name: getattr(task, name) for name in Task.__slots__}  # type: ignore[attr-defined]
+    return {name: getattr(task, name) for name in Task.__slots__}

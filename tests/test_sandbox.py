@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from proxy.client import TrainerClient
-from sandbox.containers import Limits, SandboxError, SandboxSpec
-from sandbox.docker_sandbox import MANAGED, DockerSandboxes
-from sandbox.run_identity import RunIdentity
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.images import MANAGED
+from sandbox.backends.interface import Limits, SandboxError, SandboxSpec
+from sandbox.run.identity import RunIdentity
 from tests.conftest import mine
 
 IMAGE = "python:3.11-slim"
@@ -48,22 +49,24 @@ print(json.load(urllib.request.urlopen(request, timeout=30))["choices"][0]["mess
 """
 
 
+async def call_from_a_box(sandboxes: DockerSandboxes, key: str, timeout_s: float) -> str:
+    """An agent's LLM call with `key`, from a sandbox of its own: the reply it got."""
+    box = await sandboxes.start(SandboxSpec(IMAGE, env={"OPENAI_API_KEY": key}))
+    try:
+        result = await box.exec(f"python3 -c '{AGENT_CALL}'", timeout_s=timeout_s)
+        assert result.ok, result.output
+        return result.output.strip()
+    finally:
+        await box.stop()
+
+
 def test_an_agent_in_a_sandbox_talks_to_trajproxy_through_the_gate(
     proxied: Any, sandboxes: DockerSandboxes, background: Any
 ) -> None:
     trainer = TrainerClient(proxied.url, proxied.token)
     episode = trainer.create_episode()
 
-    async def scenario() -> str:
-        box = await sandboxes.start(SandboxSpec(IMAGE, env={"OPENAI_API_KEY": episode.key}))
-        try:
-            result = await box.exec(f"python3 -c '{AGENT_CALL}'", timeout_s=60)
-            assert result.ok, result.output
-            return result.output.strip()
-        finally:
-            await box.stop()
-
-    answer = background(run, scenario())
+    answer = background(run, call_from_a_box(sandboxes, episode.key, timeout_s=60))
     turn = trainer.next_turns(wait_s=30)[0]
     assert turn.episode_id == episode.id
     assert turn.request["messages"][0]["content"] == "from the box"
@@ -81,17 +84,9 @@ def test_more_agents_run_at_once_than_asyncio_has_default_threads(
     count = min(32, (os.cpu_count() or 1) + 4) + 2  # asyncio's default pool size, and then some
     episodes = [trainer.create_episode() for _ in range(count)]
 
-    async def one(key: str) -> str:
-        box = await sandboxes.start(SandboxSpec(IMAGE, env={"OPENAI_API_KEY": key}))
-        try:
-            result = await box.exec(f"python3 -c '{AGENT_CALL}'", timeout_s=240)
-            assert result.ok, result.output
-            return result.output.strip()
-        finally:
-            await box.stop()
-
     async def scenario() -> list[str]:
-        return list(await asyncio.gather(*(one(episode.key) for episode in episodes)))
+        calls = (call_from_a_box(sandboxes, episode.key, timeout_s=240) for episode in episodes)
+        return list(await asyncio.gather(*calls))
 
     answers = background(run, scenario())
     parked: list[Any] = []

@@ -19,8 +19,10 @@ import openai
 import orjson
 import pytest
 from fastapi import FastAPI, Request
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from proxy.client import TrainerClient
+from proxy.schema.responses import ReplyOut
 from proxy.storage.export import Filters, export, source
 from tests.conftest import EXAMPLE, FakeModel, LiveServer, serve_app
 from tests.served_checks import ask
@@ -31,15 +33,13 @@ from tests.vllm_server import copy_model, reload_weights
 # varied (ids, logprobs, the server's whole answer, drifts), which runs on Postgres too.
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "run a command",
-            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-        },
-    }
+BASH_PARAMETERS: dict[str, object] = {
+    "type": "object",
+    "properties": {"command": {"type": "string"}},
+    "required": ["command"],
+}
+TOOLS: list[ChatCompletionFunctionToolParam] = [
+    {"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": BASH_PARAMETERS}}
 ]
 # A random model calls no tool of its own accord: the server is made to sample this one (its ids are still sampled).
 FORCED = r'<tool_call>\n\{"name": "bash", "arguments": \{"command": "ls"\}\}\n</tool_call>'
@@ -57,13 +57,19 @@ def forcing_the_tool(vllm: Any) -> dict[str, Any]:
 
 def chat(episode: Any, stream: bool) -> dict[str, Any]:
     client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    messages = [{"role": "system", "content": "You list files."}, {"role": "user", "content": "what is here?"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "You list files."},
+        {"role": "user", "content": "what is here?"},
+    ]
     if not stream:
-        call = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
-        tool = call.choices[0].message.tool_calls[0]  # type: ignore[index]
-        return {"name": tool.function.name, "arguments": json.loads(tool.function.arguments)}  # type: ignore[union-attr]
+        call = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        tool_calls = call.choices[0].message.tool_calls
+        assert tool_calls is not None
+        tool = tool_calls[0]
+        assert tool.type == "function"
+        return {"name": tool.function.name, "arguments": json.loads(tool.function.arguments)}
     name, arguments = "", ""
-    for chunk in client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True):  # type: ignore[arg-type]
+    for chunk in client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True):
         for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
             name += delta.function.name or "" if delta.function else ""
             arguments += delta.function.arguments or "" if delta.function else ""
@@ -72,7 +78,7 @@ def chat(episode: Any, stream: bool) -> dict[str, Any]:
 
 def responses(episode: Any, stream: bool) -> dict[str, Any]:
     client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    tools = [{"type": "function", "name": "bash", "description": "run a command", "parameters": BASH_PARAMETERS}]
     asked = {"model": "policy", "instructions": "You list files.", "input": "what is here?", "tools": tools}
     if stream:
         done = [e for e in client.responses.create(**asked, stream=True) if e.type == "response.completed"]  # type: ignore[call-overload]
@@ -85,7 +91,7 @@ def responses(episode: Any, stream: bool) -> dict[str, Any]:
 
 def messages(episode: Any, stream: bool) -> dict[str, Any]:
     client = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    tools = [{"name": "bash", "description": "run a command", "input_schema": TOOLS[0]["function"]["parameters"]}]
+    tools = [{"name": "bash", "description": "run a command", "input_schema": BASH_PARAMETERS}]
     asked = {
         "model": "policy",
         "max_tokens": 256,
@@ -103,6 +109,12 @@ def messages(episode: Any, stream: bool) -> dict[str, Any]:
 
 
 AGENTS: dict[str, Callable[[Any, bool], dict[str, Any]]] = {"chat": chat, "responses": responses, "messages": messages}
+
+
+def sampled(reply: ReplyOut | None) -> tuple[list[int], list[int]]:
+    """A served reply's prompt and completion ids: the server rendered and sampled both for every reply."""
+    assert reply is not None and reply.prompt_token_ids is not None and reply.completion_token_ids is not None
+    return reply.prompt_token_ids, reply.completion_token_ids
 
 
 def exported(server: LiveServer, shape: str = "tokens") -> list[dict[str, Any]]:
@@ -166,18 +178,21 @@ def test_a_plain_reply_decodes_to_its_ids_and_the_export_trains_on_sampled_ids_a
     turns = trainer.trajectory(episode.id).turns
     for turn, before in zip(turns, [None, *turns], strict=False):
         reply = turn.reply
-        assert reply is not None and reply.completion_token_ids is not None
-        assert ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids)["text"] == reply.message["content"]
-        assert reply.prompt_token_ids == template_ids(vllm, turn.request)
+        prompt, completion = sampled(reply)
+        assert reply is not None and reply.message is not None
+        assert ask(vllm.python, vllm.model_dir, decode=completion)["text"] == reply.message["content"]
+        assert prompt == template_ids(vllm, turn.request)
         if before is None:
             assert reply.extends_parent is None
             continue
-        earlier = before.reply.prompt_token_ids + before.reply.completion_token_ids
-        extends = reply.prompt_token_ids[: len(earlier)] == earlier
+        before_prompt, before_completion = sampled(before.reply)
+        earlier = before_prompt + before_completion
+        extends = prompt[: len(earlier)] == earlier
         assert reply.extends_parent is extends
         if not extends:
-            assert reply.prompt_token_ids[: reply.drift_at] == earlier[: reply.drift_at]
-            assert reply.prompt_token_ids[reply.drift_at] != earlier[reply.drift_at]
+            assert reply.drift_at is not None
+            assert prompt[: reply.drift_at] == earlier[: reply.drift_at]
+            assert prompt[reply.drift_at] != earlier[reply.drift_at]
     lines = exported(server)
     assert [turn_id for line in lines for turn_id in line["turn_ids"]] == [turn.id for turn in turns]
     for line in lines:
@@ -225,20 +240,19 @@ def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_lo
     trainer.finish(episode.id)
 
     first, second = trainer.trajectory(episode.id).turns
-    assert first.reply is not None and second.reply is not None
-    cut = len(first.reply.prompt_token_ids)  # the edit starts where the sampled output did
+    (first_prompt, first_completion), (second_prompt, second_completion) = sampled(first.reply), sampled(second.reply)
+    assert second.reply is not None
+    cut = len(first_prompt)  # the edit starts where the sampled output did
     assert second.reply.extends_parent is False
     assert second.reply.drift_at == cut
     (line,) = exported(server)
     assert line["drifts"] == [
-        {"turn_id": second.id, "at": cut, "masked": len(first.reply.completion_token_ids)},
+        {"turn_id": second.id, "at": cut, "masked": len(first_completion)},
     ]
-    assert line["prompt_ids"] == first.reply.prompt_token_ids
-    assert line["prompt_ids"] + line["completion_ids"] == second.reply.prompt_token_ids + (
-        second.reply.completion_token_ids
-    )
+    assert line["prompt_ids"] == first_prompt
+    assert line["prompt_ids"] + line["completion_ids"] == second_prompt + second_completion
     trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
-    assert trained == second.reply.completion_token_ids  # the first output was edited away: no loss on it
+    assert trained == second_completion  # the first output was edited away: no loss on it
     assert line["logprobs"][-len(trained) :] == second.reply.logprobs
 
 
@@ -258,13 +272,14 @@ def test_a_template_that_drops_earlier_reasoning_drifts_and_that_output_gets_no_
     trainer.finish(episode.id)
 
     first, second = trainer.trajectory(episode.id).turns
-    assert first.reply is not None and second.reply is not None
-    cut = len(first.reply.prompt_token_ids)  # the template left the reasoning out: the output differs from its start
+    (first_prompt, first_completion), (_, second_completion) = sampled(first.reply), sampled(second.reply)
+    assert second.reply is not None
+    cut = len(first_prompt)  # the template left the reasoning out: the output differs from its start
     assert (second.reply.extends_parent, second.reply.drift_at) == (False, cut)
     (line,) = exported(server)
-    assert line["drifts"] == [{"turn_id": second.id, "at": cut, "masked": len(first.reply.completion_token_ids)}]
+    assert line["drifts"] == [{"turn_id": second.id, "at": cut, "masked": len(first_completion)}]
     trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
-    assert trained == second.reply.completion_token_ids
+    assert trained == second_completion
 
 
 @ON_SQLITE
@@ -293,15 +308,16 @@ def test_weights_change_between_steps_and_every_turn_carries_the_version_it_was_
         held.result(timeout=60)
         call()
         first, second, third = trainer.trajectory(episode.id).turns
-        assert [t.reply.policy_version for t in (first, second, third)] == [None, "step-1", "step-1"]  # type: ignore[union-attr]
-        for turn, weights in ((first, before), (second, vllm.model_dir), (third, vllm.model_dir)):
-            reply = turn.reply
+        replies = [first.reply, second.reply, third.reply]
+        assert [reply.policy_version if reply else "none" for reply in replies] == [None, "step-1", "step-1"]
+        for reply, weights in zip(replies, (before, vllm.model_dir, vllm.model_dir), strict=True):
+            ids = sampled(reply)
             assert reply is not None and reply.logprobs is not None
-            ids = [reply.prompt_token_ids, reply.completion_token_ids]
             assert ask(vllm.python, weights, score=ids)["logprobs"] == pytest.approx(reply.logprobs, abs=1e-3)
-        reply = second.reply
-        old = ask(vllm.python, before, score=[reply.prompt_token_ids, reply.completion_token_ids])["logprobs"]
-        assert old != pytest.approx(reply.logprobs, abs=1e-3)  # the answer came from the new weights, not the old
+        old = ask(vllm.python, before, score=sampled(second.reply))["logprobs"]
+        assert second.reply is not None
+        # the answer came from the new weights, not the old
+        assert old != pytest.approx(second.reply.logprobs, abs=1e-3)
     finally:
         copy_model(before, vllm.model_dir)
         reload_weights(vllm)
@@ -361,6 +377,7 @@ def test_a_trainer_forwards_a_turn_to_the_served_policy(vllm: Any, trainer: Trai
     answered = trainer.forward(turn.id, f"vllm:{vllm.served_name}", options, lease_id=turn.lease_id)
 
     assert answered.reply is not None and answered.reply.answered_by == f"vllm:{vllm.served_name}"
+    assert answered.reply.message is not None
     assert call.result(timeout=60).choices[0].message.content == answered.reply.message["content"]
     assert answered.reply.prompt_token_ids == template_ids(vllm, turn.request)
     assert answered.reply.completion_token_ids and len(answered.reply.logprobs or ()) == len(

@@ -10,11 +10,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from proxy.client import TrainerClient, TrajproxyAPIError
 from tests.test_trainer_api import agent_for, api, error_of, snapshot
 
-BASH = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}
+BASH: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {"name": "bash", "parameters": {"type": "object"}},
+}
 RUN_LS = {"tool_calls": [{"id": "c1", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]}
 
 
@@ -24,11 +28,12 @@ def toy_agent(agent: openai.OpenAI, task: str = "list the files") -> int:
     calls = 0
     while True:
         calls += 1
-        choice = agent.chat.completions.create(model="policy", messages=messages, tools=[BASH]).choices[0]  # type: ignore[list-item]
+        choice = agent.chat.completions.create(model="policy", messages=messages, tools=[BASH]).choices[0]
         messages.append(choice.message.model_dump(exclude_none=True))
         if not choice.message.tool_calls:
             return calls
         for call in choice.message.tool_calls:
+            assert call.type == "function"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": f"ran {call.function.name}"})
 
 
@@ -69,7 +74,7 @@ def test_reset_and_step_walk_an_episode_from_first_call_to_reward(
     assert agent.result(timeout=10) == 2
 
     turns = trainer.trajectory(episode.id).turns
-    assert [t.reply.message["content"] if t.reply else None for t in turns] == [None, "all done"]
+    assert [t.reply.message["content"] if t.reply and t.reply.message else None for t in turns] == [None, "all done"]
     assert [t.status for t in turns] == ["answered", "answered"]
 
 
@@ -79,10 +84,10 @@ def test_a_step_sent_twice_answers_once_and_goes_on(server: Any, trainer: Traine
     def slow_agent() -> None:  # thinks for a while between its calls, so the trainer's step has to wait
         agent = agent_for(episode)
         messages: list[Any] = [{"role": "user", "content": "go"}]
-        reply = agent.chat.completions.create(model="policy", messages=messages).choices[0].message  # type: ignore[arg-type]
+        reply = agent.chat.completions.create(model="policy", messages=messages).choices[0].message
         time.sleep(1.5)
         messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "c1", "content": "a b"}]
-        agent.chat.completions.create(model="policy", messages=messages)  # type: ignore[arg-type]
+        agent.chat.completions.create(model="policy", messages=messages)
 
     background(slow_agent)
     first = trainer.reset(episode.id, wait_s=10)
@@ -159,7 +164,7 @@ def test_many_episodes_step_side_by_side(server: Any, trainer: TrainerClient, ba
 
     def walk(episode: Any) -> list[int]:
         with TrainerClient(server.url, server.token) as own:
-            kinds = [own.reset(episode.id, wait_s=10).step_type]
+            kinds: list[int] = [own.reset(episode.id, wait_s=10).step_type]
             kinds.append(own.step(episode.id, message=RUN_LS, wait_s=10).step_type)
             kinds.append(own.step(episode.id, f"done with {episode.id}", wait_s=10).step_type)
             return kinds

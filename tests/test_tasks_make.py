@@ -16,21 +16,22 @@ from typing import Any
 import pytest
 
 from proxy.client import AsyncTrainerClient, TrainerClient
-from sandbox.bundles import Bundles
-from sandbox.docker_sandbox import DockerSandboxes
-from sandbox.injection import InjectedAgent
-from sandbox.manifests import load
-from sandbox.policies import ScriptedPolicy
-from sandbox.runner import Outcome, RunConfig, Runner
-from sandbox.taskmaker.mutate import KINDS, interleaved, mutations
-from sandbox.taskmaker.project import detect
-from sandbox.taskmaker.write import solution_script
-from sandbox.tasks import Task, read_tasks
+from sandbox.agents.bundles import Bundles
+from sandbox.agents.injection import InjectedAgent
+from sandbox.agents.manifests import load
+from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.run.policies import ScriptedPolicy
+from sandbox.run.runner import Outcome, RunConfig, Runner
+from sandbox.tasks.read import read_tasks
+from sandbox.tasks.task import Task
+from sandbox.tasks.taskmaker.mutate import KINDS, interleaved, mutations
+from sandbox.tasks.taskmaker.project import detect
+from sandbox.tasks.taskmaker.write import solution_script
 from tests.test_cli import clean_env
 
 SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
 TOOLZ = "toolz==1.2.0"
-MAKE = [sys.executable, "-c", "from proxy.cli import main; main()", "tasks", "make"]
+MAKE = [sys.executable, "-c", "from proxy.cli.main import main; main()", "tasks", "make"]
 pytestmark = pytest.mark.timeout(1200)  # image builds and validation runs on a shared 2-core machine
 BUGGY = b'''LIMIT = 1 + 2
 

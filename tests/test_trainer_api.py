@@ -19,6 +19,7 @@ import pytest
 import tiktoken
 
 from proxy.client import TrainerClient, TrajproxyAPIError
+from tests.conftest import error_body
 from tests.lanes import Lane
 
 MODEL = "gpt-4o"
@@ -62,6 +63,7 @@ def error_of(response: httpx.Response, status: int, kind: str | None = None) -> 
     assert isinstance(body, dict)
     assert set(body) == {"error"}, body
     error = body["error"]
+    assert isinstance(error, dict)
     assert isinstance(error["message"], str)
     assert len(error["message"]) > 10, error
     assert isinstance(error["type"], str)
@@ -75,7 +77,9 @@ def snapshot(server: Any, episode_id: str, token: str | None = AS_TRAINER) -> di
     """The episode's whole recorded trajectory, as raw JSON, for before/after comparisons."""
     response = api(server, "GET", f"/api/episodes/{episode_id}/trajectory", token)
     assert response.status_code == 200, response.text
-    return response.json()
+    trajectory = response.json()
+    assert isinstance(trajectory, dict)
+    return trajectory
 
 
 def wait_parked(trainer: TrainerClient, episode_id: str, count: int = 1) -> list[Any]:
@@ -466,17 +470,21 @@ def test_trajectory_has_ordered_turns_with_request_reply_usage_and_timings(
 
     first, second, third = trajectory.turns
     assert first.created_at <= second.created_at <= third.created_at
-    assert first.reply.message["content"] == "hi, how can I help?"
-    assert first.reply.finish_reason == "stop"
-    assert (first.reply.usage.prompt_tokens, first.reply.usage.completion_tokens) == (
+    said, cut, called = first.reply, second.reply, third.reply
+    assert said is not None and said.message is not None and said.usage is not None
+    assert said.message["content"] == "hi, how can I help?"
+    assert said.finish_reason == "stop"
+    assert (said.usage.prompt_tokens, said.usage.completion_tokens) == (
         counted.prompt_tokens,
         counted.completion_tokens,
     )
-    assert (second.reply.usage.prompt_tokens, second.reply.usage.completion_tokens) == (123, 45)
-    assert second.reply.finish_reason == "length"
-    assert third.reply.finish_reason == "tool_calls"
-    assert third.reply.message["tool_calls"][0]["function"] == {"name": "bash", "arguments": '{"cmd":"ls"}'}
-    assert third.reply.usage.completion_tokens > 0
+    assert cut is not None and cut.usage is not None
+    assert (cut.usage.prompt_tokens, cut.usage.completion_tokens) == (123, 45)
+    assert cut.finish_reason == "length"
+    assert called is not None and called.message is not None and called.usage is not None
+    assert called.finish_reason == "tool_calls"
+    assert called.message["tool_calls"][0]["function"] == {"name": "bash", "arguments": '{"cmd":"ls"}'}
+    assert called.usage.completion_tokens > 0
 
 
 def test_counted_prompt_tokens_follow_openais_accounting(
@@ -582,9 +590,9 @@ def test_malformed_trainer_requests_are_refused_and_record_nothing(
         (f"/api/turns/{turn.id}/reply", {"message": {"content": "x"}, "usage": {"prompt_tokens": -1}}, "usage"),
         (f"/api/turns/{turn.id}/reply", {"error": {"status": 200, "message": "fine"}}, "status"),
     ]
-    for path, body, hint in wrong_shapes:
-        error = error_of(api(server, "POST", path, json=body), 422, "invalid_request_error")
-        assert hint in error["message"], (path, body, error)
+    for path, shape, hint in wrong_shapes:
+        error = error_of(api(server, "POST", path, json=shape), 422, "invalid_request_error")
+        assert hint in error["message"], (path, shape, error)
 
     assert snapshot(server, episode.id) == before
     assert [e.id for e in trainer.episodes().episodes] == [episode.id]
@@ -740,7 +748,7 @@ def test_reply_to_an_expired_turn_is_409(
     with pytest.raises(openai.APIStatusError) as timed_out:
         ask(agent_for(episode))
     assert timed_out.value.status_code == 504
-    assert timed_out.value.body["type"] == "timeout_error"
+    assert error_body(timed_out.value.body)["type"] == "timeout_error"
 
     before = snapshot(server, episode.id)
     [expired] = before["turns"]
@@ -1005,8 +1013,8 @@ def test_an_error_reply_reaches_the_sdk_as_its_own_exception(
     with pytest.raises(openai.RateLimitError) as limited:
         answer.result(timeout=10)
     assert limited.value.status_code == 429
-    assert limited.value.body["message"] == "slow down"
-    assert limited.value.body["type"] == "rate_limit_error"
+    assert error_body(limited.value.body)["message"] == "slow down"
+    assert error_body(limited.value.body)["type"] == "rate_limit_error"
     assert "slow down" in limited.value.message
 
     [recorded] = trainer.trajectory(episode.id).turns

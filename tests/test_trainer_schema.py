@@ -25,7 +25,9 @@ AT_ONCE_S = 5.0
 
 
 def published(server: Any) -> dict[str, Any]:
-    return httpx.get(f"{server.url}/api/openapi.json", timeout=10).json()
+    schema = httpx.get(f"{server.url}/api/openapi.json", timeout=10).json()
+    assert isinstance(schema, dict)
+    return schema
 
 
 def declared_query(schema: dict[str, Any], method: str, template: str) -> list[str]:
@@ -42,7 +44,7 @@ def test_an_unknown_query_parameter_is_refused_at_once_on_every_route(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     """A typo (`?wiat=30`) is a 422 naming it and the parameters the route takes, on every route (the two
-    FastLane serves included), before anything is read, recorded or waited for: an ignored one let a step
+    the route table serves included), before anything is read, recorded or waited for: an ignored one let a step
     answer its turn and then wait out the default 60 s."""
     episode = trainer.create_episode()
     answer = background(ask, agent_for(episode))
@@ -131,8 +133,8 @@ def test_the_schema_says_a_reply_carries_exactly_one_of_message_or_error(server:
     message, error = {"content": "hi"}, {"status": 500, "message": "boom"}
     for body in ({"message": message}, {"error": error}, {"message": message, "error": None}):
         assert check.is_valid(required | body), body
-    for body in ({}, {"message": None}, {"message": message, "error": error}, {"message": None, "error": None}):
-        assert not check.is_valid(required | body), body
+    for wrong in ({}, {"message": None}, {"message": message, "error": error}, {"message": None, "error": None}):
+        assert not check.is_valid(required | wrong), wrong
 
 
 def test_the_schema_says_a_route_needs_a_condition(server: Any, trainer: TrainerClient) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -28,7 +29,7 @@ from proxy.client import TrainerClient
 
 ROOT = Path(__file__).parent.parent
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -115,9 +116,13 @@ def coding_agent(episode: Any) -> list[Any]:
         if not message.tool_calls:
             break
         for call in message.tool_calls:
+            assert call.type == "function"
             output = OUTPUTS[json.loads(call.function.arguments)["cmd"]]
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    summary = [{"role": "system", "content": "Summarise the work in one line."}, {"role": "user", "content": "Go."}]
+    summary: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Summarise the work in one line."},
+        {"role": "user", "content": "Go."},
+    ]
     client.chat.completions.create(model="policy", messages=summary)
     return messages
 
@@ -213,7 +218,12 @@ def test_answer_a_parked_turn_by_hand_while_an_sdk_agent_waits(
     turn_id = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "#rows a.turn").text)
     assert browser.find_element(By.CSS_SELECTOR, "[data-live=parked]").text == "1"
     shots(browser, "ui-queue")
-    wait(browser).until(lambda d: d.find_element(By.LINK_TEXT, turn_id).click() or True)
+
+    def open_turn(driver: WebDriver) -> bool:
+        driver.find_element(By.LINK_TEXT, turn_id).click()
+        return True
+
+    wait(browser).until(open_turn)
 
     # A malformed tool call is refused next to the form; nothing is recorded, the agent still waits
     wait(browser).until(shows.presence_of_element_located((By.ID, "answer-form")))

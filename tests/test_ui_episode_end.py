@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient
-from proxy.http.ui.views import offered_tools
+from proxy.http.ui.display import offered_tools
 from tests.test_ui_http import page, parked_call  # noqa: F401 (the page fixture)
 
 

@@ -1,5 +1,5 @@
-"""The hot path's reply Structs (`proxy.wire.replies`, msgspec) against the pydantic models they stand in for
-(`proxy.wire.ReplyBatch`, `StreamReplies`): what the Structs accept, the models accept too, and both make the
+"""The hot path's reply Structs (`proxy.schema.replies`, msgspec) against the pydantic models they stand in for
+(`proxy.schema.ReplyBatch`, `StreamReplies`): what the Structs accept, the models accept too, and both make the
 same domain reply of it; what the Structs refuse goes on to the models, whose 422 names the field."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from proxy import wire
-from proxy.http.views import reply_from
-from proxy.wire import replies
+from proxy import schema
+from proxy.http.trainer_json import reply_from
+from proxy.schema import replies
 
 ODD_TEXT = st.sampled_from(["", "\ud800", "a\x00b", "é", "5"])
 TEXT = st.one_of(st.text(max_size=6), st.text(max_size=6), st.text(max_size=6), ODD_TEXT)
@@ -127,7 +127,7 @@ def same_reply(struct: Any, validated: Any) -> None:
 @given(BATCH)
 def test_the_structs_accept_nothing_the_models_refuse_and_make_the_same_reply(body: dict[str, Any]) -> None:
     raw = json.dumps(body).encode()  # ASCII: a lone surrogate goes as its escape, as a trainer could send it
-    for fast, model in ((replies.ReplyBatch, wire.ReplyBatch), (replies.StreamReplies, wire.StreamReplies)):
+    for fast, model in ((replies.ReplyBatch, schema.ReplyBatch), (replies.StreamReplies, schema.StreamReplies)):
         if fast is replies.ReplyBatch and "id" in body:
             continue
         struct, validated = decoded(raw, fast, model)
@@ -157,14 +157,14 @@ VALID = [
 @pytest.mark.parametrize("item", VALID)
 def test_what_trainers_send_takes_the_fast_path_and_makes_the_same_reply(item: dict[str, Any]) -> None:
     raw = json.dumps({"replies": [item]}).encode()
-    struct, validated = decoded(raw, replies.ReplyBatch, wire.ReplyBatch)
+    struct, validated = decoded(raw, replies.ReplyBatch, schema.ReplyBatch)
     assert struct is not None, item
     same_reply(struct, validated)
 
 
 def test_a_message_with_fields_for_the_agent_goes_to_the_model_which_passes_them_on() -> None:
     item = {"turn_id": "tu_1", "message": {"content": None, "reasoning_content": "hm", "x": None, "y": {"z": None}}}
-    struct, validated = decoded(json.dumps({"replies": [item]}).encode(), replies.ReplyBatch, wire.ReplyBatch)
+    struct, validated = decoded(json.dumps({"replies": [item]}).encode(), replies.ReplyBatch, schema.ReplyBatch)
     assert struct is None and validated is not None
     made = reply_from(validated.replies[0], "tu_1")
     assert made.message == {"role": "assistant", "content": "", "reasoning_content": "hm", "y": {"z": None}}

@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
+from proxy.core.context import Context
 from proxy.core.errors import EpisodeClosed, StorageError
+from proxy.core.local_queue import LocalQueue
 from proxy.core.parking import Slot
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, Usage
 from proxy.storage.sql import SqlStore
-from proxy.tokens import TiktokenCounter
-from proxy.upstream import LitellmUpstream
 
 WAIT_S = 10.0
 REFUSAL_S = 0.05  # a refused write fails after a moment, as a commit that fails does, not at once
@@ -52,7 +54,10 @@ class RefusingStore(SqlStore):
 async def broker_on(database_url: str) -> AsyncIterator[tuple[Broker, RefusingStore]]:
     store = RefusingStore(database_url)
     await store.open()
-    broker = Broker(store, TiktokenCounter(), LitellmUpstream(), turn_timeout_s=WAIT_S, lease_s=WAIT_S)
+    context = Context.build(
+        store=store, tokens=TiktokenCounter(), upstream=LitellmUpstream(), turn_timeout_s=WAIT_S, lease_s=WAIT_S
+    )
+    broker = Broker(context=context, queue=LocalQueue(context=context))
     try:
         yield broker, store
     finally:
@@ -80,7 +85,7 @@ async def call(broker: Broker, episode: Episode, messages: list[dict[str, Any]],
 
 async def answer(broker: Broker, slot: Slot, text: str) -> dict[str, Any]:
     message = {"role": "assistant", "content": text}
-    await broker.reply(slot.turn.id, Reply(message=message, finish_reason="stop", usage=Usage(10, 2)))
+    await broker.answers.reply(slot.turn.id, Reply(message=message, finish_reason="stop", usage=Usage(10, 2)))
     return message
 
 

@@ -7,8 +7,8 @@ from typing import Any, Self
 
 import httpx
 
-from proxy import wire
-from proxy.client.calls import Call, Calls, M, headers, parse, reply_body
+from proxy import schema
+from proxy.client.calls import ApiCall, ApiCalls, M, headers, parse, reply_body
 from proxy.client.stream import AsyncTurnStream, stream_url
 
 
@@ -29,7 +29,7 @@ class AsyncTrainerClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, call: Call[M]) -> M:
+    async def _send(self, call: ApiCall[M]) -> M:
         timeout = call.timeout_s if call.timeout_s is not None else self._http.timeout
         response = await self._http.request(call.method, call.path, json=call.json, params=call.params, timeout=timeout)
         return parse(call, response)
@@ -40,20 +40,20 @@ class AsyncTrainerClient:
         metadata: dict[str, Any] | None = None,
         turn_timeout_s: float | None = None,
         **settings: Any,
-    ) -> wire.EpisodeCreated:
+    ) -> schema.EpisodeCreated:
         """A new episode; `settings` are the optional fields of POST /api/episodes (policy, policy_options,
         routes, max_turns, max_tokens, deadline_s, on_budget)."""
-        return await self._send(Calls.create_episode(task, metadata, turn_timeout_s, settings))
+        return await self._send(ApiCalls.create_episode(task, metadata, turn_timeout_s, settings))
 
-    async def fork(self, episode_id: str, at_turn: int, n: int = 1, **options: Any) -> list[wire.EpisodeCreated]:
+    async def fork(self, episode_id: str, at_turn: int, n: int = 1, **options: Any) -> list[schema.EpisodeCreated]:
         """n episodes forked from `episode_id` at call `at_turn`: each replays the parent's first `at_turn` calls,
         then its policy answers. `options` are the optional fields of POST /api/episodes/{id}/fork (policy,
         policy_options, ignore, min_similarity, on_divergence)."""
-        return (await self._send(Calls.fork(episode_id, at_turn, n, options))).episodes
+        return (await self._send(ApiCalls.fork(episode_id, at_turn, n, options))).episodes
 
-    async def reset(self, episode_id: str, wait_s: float = 60.0, lease_s: float | None = None) -> wire.TimeStep:
+    async def reset(self, episode_id: str, wait_s: float = 60.0, lease_s: float | None = None) -> schema.TimeStep:
         """dm_env's reset: the FIRST TimeStep, the agent's first call (waits up to `wait_s` for it)."""
-        return await self._send(Calls.timestep(episode_id, "reset", {}, wait_s, lease_s))
+        return await self._send(ApiCalls.timestep(episode_id, "reset", {}, wait_s, lease_s))
 
     async def step(
         self,
@@ -66,15 +66,15 @@ class AsyncTrainerClient:
         wait_s: float = 60.0,
         lease_s: float | None = None,
         **extras: Any,
-    ) -> wire.TimeStep:
+    ) -> schema.TimeStep:
         """dm_env's step: answer the current call, then the next TimeStep (MID, or LAST with the reward)."""
         body = reply_body(content, tool_calls, message, error, extras)
-        return await self._send(Calls.timestep(episode_id, "step", body, wait_s, lease_s))
+        return await self._send(ApiCalls.timestep(episode_id, "step", body, wait_s, lease_s))
 
     async def next_turns(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
-    ) -> list[wire.Turn]:
-        return (await self._send(Calls.next_turns(episode, max, wait_s, lease_s))).turns
+    ) -> list[schema.Turn]:
+        return (await self._send(ApiCalls.next_turns(episode, max, wait_s, lease_s))).turns
 
     async def reply(
         self,
@@ -85,18 +85,18 @@ class AsyncTrainerClient:
         message: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
         **extras: Any,
-    ) -> wire.Turn:
+    ) -> schema.Turn:
         """Answer a turn; `extras` are the optional reply fields (finish_reason, usage, logprobs, lease_id…)."""
-        return await self._send(Calls.reply(turn_id, reply_body(content, tool_calls, message, error, extras)))
+        return await self._send(ApiCalls.reply(turn_id, reply_body(content, tool_calls, message, error, extras)))
 
-    async def pause(self, mode: str = "hold", retry_after_s: float = 5.0, drain_s: float = 0.0) -> wire.PauseState:
+    async def pause(self, mode: str = "hold", retry_after_s: float = 5.0, drain_s: float = 0.0) -> schema.PauseState:
         """Pause new agent calls for a weight update (hold them, or reject them with 429); see `resume`. With
         `drain_s`, it returns once no turn is in flight (or after that long: `in_flight` says how many are)."""
-        return await self._send(Calls.pause(mode, retry_after_s, drain_s))
+        return await self._send(ApiCalls.pause(mode, retry_after_s, drain_s))
 
-    async def resume(self, policy_version: str | None = None) -> wire.PauseState:
+    async def resume(self, policy_version: str | None = None) -> schema.PauseState:
         """Release the held calls; replies recorded from now on carry `policy_version` (the new weights' name)."""
-        return await self._send(Calls.resume(policy_version))
+        return await self._send(ApiCalls.resume(policy_version))
 
     def stream(self, episode: str | None = None, max: int = 64, lease_s: float | None = None) -> AsyncTurnStream:
         """The trainer's stream (a WebSocket): turns pushed as they park, up to `max` awaiting a reply at once,
@@ -105,9 +105,9 @@ class AsyncTrainerClient:
         url = stream_url(str(self._http.base_url), episode, max, lease_s)
         return AsyncTurnStream(url, self._headers, self._timeout_s)
 
-    async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+    async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
         """Answer many turns in one call: each item is a reply body with its `turn_id`; results in order."""
-        return (await self._send(Calls.reply_many(replies))).results
+        return (await self._send(ApiCalls.reply_many(replies))).results
 
     async def reply_and_pull(
         self,
@@ -117,19 +117,19 @@ class AsyncTrainerClient:
         max: int = 64,
         wait_s: float = 30.0,
         lease_s: float | None = None,
-    ) -> wire.ReplyResults:
+    ) -> schema.ReplyResults:
         """Answer many turns and lease the next batch in the same exchange (one round trip a batch): `results`
         for the replies, in order, and `turns`, up to `max` leased (waiting up to `wait_s` for the first)."""
-        return await self._send(Calls.reply_and_pull(replies, episode, max, wait_s, lease_s))
+        return await self._send(ApiCalls.reply_and_pull(replies, episode, max, wait_s, lease_s))
 
     async def forward(
         self, turn_id: str, model: str, options: dict[str, Any] | None = None, lease_id: str | None = None
-    ) -> wire.Turn:
+    ) -> schema.Turn:
         """Answer a turn from `model` through litellm (e.g. "openai/gpt-4o-mini", options={"api_base": ...})."""
-        return await self._send(Calls.forward(turn_id, model, options, lease_id))
+        return await self._send(ApiCalls.forward(turn_id, model, options, lease_id))
 
-    async def finish(self, episode_id: str, status: str = "finished", reason: str | None = None) -> wire.Episode:
-        return await self._send(Calls.finish(episode_id, status, reason))
+    async def finish(self, episode_id: str, status: str = "finished", reason: str | None = None) -> schema.Episode:
+        return await self._send(ApiCalls.finish(episode_id, status, reason))
 
     async def add_reward(
         self,
@@ -140,17 +140,17 @@ class AsyncTrainerClient:
         turn_id: str | None = None,
         source: str = "trainer",
         info: dict[str, Any] | None = None,
-    ) -> wire.Reward:
-        return await self._send(Calls.add_reward(episode_id, name, value, turn_id, source, info))
+    ) -> schema.Reward:
+        return await self._send(ApiCalls.add_reward(episode_id, name, value, turn_id, source, info))
 
-    async def episode(self, episode_id: str) -> wire.Episode:
-        return await self._send(Calls.episode(episode_id))
+    async def episode(self, episode_id: str) -> schema.Episode:
+        return await self._send(ApiCalls.episode(episode_id))
 
-    async def episodes(self, status: str | None = None, limit: int = 100, offset: int = 0) -> wire.EpisodeList:
-        return await self._send(Calls.episodes(status, limit, offset))
+    async def episodes(self, status: str | None = None, limit: int = 100, offset: int = 0) -> schema.EpisodeList:
+        return await self._send(ApiCalls.episodes(status, limit, offset))
 
-    async def turn(self, turn_id: str) -> wire.Turn:
-        return await self._send(Calls.turn(turn_id))
+    async def turn(self, turn_id: str) -> schema.Turn:
+        return await self._send(ApiCalls.turn(turn_id))
 
-    async def trajectory(self, episode_id: str) -> wire.Trajectory:
-        return await self._send(Calls.trajectory(episode_id))
+    async def trajectory(self, episode_id: str) -> schema.Trajectory:
+        return await self._send(ApiCalls.trajectory(episode_id))

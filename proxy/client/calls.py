@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from proxy import wire
+from proxy import schema
 from proxy.trainer_token import find_token
 
 M = TypeVar("M", bound=BaseModel)
@@ -28,7 +28,7 @@ class TrajproxyAPIError(Exception):
 
 
 @dataclass(frozen=True)
-class Call(Generic[M]):
+class ApiCall(Generic[M]):
     """One API call, described once and sent by either client."""
 
     method: str
@@ -66,103 +66,109 @@ def long_poll(
     lease_s: float | None,
     json: dict[str, Any] | None = None,
     params: dict[str, Any] | None = None,
-) -> Call[M]:
+) -> ApiCall[M]:
     """A call the server holds up to `wait_s`; the client waits that long and a margin more."""
     query = {**(params or {}), "wait": wait_s} | ({"lease": lease_s} if lease_s is not None else {})
-    return Call(method, path, parse, json=json, params=query, timeout_s=wait_s + _LONG_POLL_MARGIN_S)
+    return ApiCall(method, path, parse, json=json, params=query, timeout_s=wait_s + _LONG_POLL_MARGIN_S)
 
 
-class Calls:
+class ApiCalls:
     """The trainer API's calls, as data; the clients below only send them."""
 
     @staticmethod
     def create_episode(
         task: str, metadata: dict[str, Any] | None, turn_timeout_s: float | None, settings: dict[str, Any]
-    ) -> Call[wire.EpisodeCreated]:
+    ) -> ApiCall[schema.EpisodeCreated]:
         body: dict[str, Any] = {"task": task, "metadata": metadata or {}, **settings}
         if turn_timeout_s is not None:
             body["turn_timeout_s"] = turn_timeout_s
-        return Call("POST", "/api/episodes", wire.EpisodeCreated.model_validate, json=body)
+        return ApiCall("POST", "/api/episodes", schema.EpisodeCreated.model_validate, json=body)
 
     @staticmethod
-    def fork(episode_id: str, at_turn: int, n: int, options: dict[str, Any]) -> Call[wire.Forks]:
+    def fork(episode_id: str, at_turn: int, n: int, options: dict[str, Any]) -> ApiCall[schema.Forks]:
         body = {"at_turn": at_turn, "n": n, **options}
-        return Call("POST", f"/api/episodes/{episode_id}/fork", wire.Forks.model_validate, json=body)
+        return ApiCall("POST", f"/api/episodes/{episode_id}/fork", schema.Forks.model_validate, json=body)
 
     @staticmethod
     def timestep(
         episode_id: str, action: str, body: dict[str, Any], wait_s: float, lease_s: float | None
-    ) -> Call[wire.TimeStep]:
+    ) -> ApiCall[schema.TimeStep]:
         """`reset` or `step`: a long poll for the episode's next TimeStep."""
         path = f"/api/episodes/{episode_id}/{action}"
-        return long_poll("POST", path, wire.TimeStep.model_validate, wait_s, lease_s, json=body)
+        return long_poll("POST", path, schema.TimeStep.model_validate, wait_s, lease_s, json=body)
 
     @staticmethod
-    def next_turns(episode: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> Call[wire.TurnBatch]:
+    def next_turns(
+        episode: str | None, max_turns: int, wait_s: float, lease_s: float | None
+    ) -> ApiCall[schema.TurnBatch]:
         params = {"max": max_turns} | ({"episode": episode} if episode is not None else {})
-        return long_poll("GET", "/api/turns/next", wire.TurnBatch.model_validate, wait_s, lease_s, params=params)
+        return long_poll("GET", "/api/turns/next", schema.TurnBatch.model_validate, wait_s, lease_s, params=params)
 
     @staticmethod
-    def reply(turn_id: str, body: dict[str, Any]) -> Call[wire.Turn]:
-        return Call("POST", f"/api/turns/{turn_id}/reply", wire.Turn.model_validate, json=body)
+    def reply(turn_id: str, body: dict[str, Any]) -> ApiCall[schema.Turn]:
+        return ApiCall("POST", f"/api/turns/{turn_id}/reply", schema.Turn.model_validate, json=body)
 
     @staticmethod
-    def pause(mode: str, retry_after_s: float, drain_s: float) -> Call[wire.PauseState]:
+    def pause(mode: str, retry_after_s: float, drain_s: float) -> ApiCall[schema.PauseState]:
         body = {"mode": mode, "retry_after_s": retry_after_s, "drain_s": drain_s}
         timeout_s = drain_s + 30.0 if drain_s else None
-        return Call("POST", "/api/pause", wire.PauseState.model_validate, json=body, timeout_s=timeout_s)
+        return ApiCall("POST", "/api/pause", schema.PauseState.model_validate, json=body, timeout_s=timeout_s)
 
     @staticmethod
-    def resume(policy_version: str | None) -> Call[wire.PauseState]:
-        return Call("POST", "/api/resume", wire.PauseState.model_validate, json={"policy_version": policy_version})
+    def resume(policy_version: str | None) -> ApiCall[schema.PauseState]:
+        return ApiCall("POST", "/api/resume", schema.PauseState.model_validate, json={"policy_version": policy_version})
 
     @staticmethod
-    def reply_many(replies: Sequence[dict[str, Any]]) -> Call[wire.ReplyResults]:
-        return Call("POST", "/api/turns/replies", wire.ReplyResults.model_validate, json={"replies": list(replies)})
+    def reply_many(replies: Sequence[dict[str, Any]]) -> ApiCall[schema.ReplyResults]:
+        return ApiCall(
+            "POST", "/api/turns/replies", schema.ReplyResults.model_validate, json={"replies": list(replies)}
+        )
 
     @staticmethod
     def reply_and_pull(
         replies: Sequence[dict[str, Any]], episode: str | None, max_turns: int, wait_s: float, lease_s: float | None
-    ) -> Call[wire.ReplyResults]:
+    ) -> ApiCall[schema.ReplyResults]:
         params = {"pull": max_turns} | ({"episode": episode} if episode is not None else {})
         body = {"replies": list(replies)}
-        return long_poll("POST", "/api/turns/replies", wire.ReplyResults.model_validate, wait_s, lease_s, body, params)
+        return long_poll(
+            "POST", "/api/turns/replies", schema.ReplyResults.model_validate, wait_s, lease_s, body, params
+        )
 
     @staticmethod
-    def forward(turn_id: str, model: str, options: dict[str, Any] | None, lease_id: str | None) -> Call[wire.Turn]:
+    def forward(turn_id: str, model: str, options: dict[str, Any] | None, lease_id: str | None) -> ApiCall[schema.Turn]:
         body = {"model": model, "options": options or {}, "lease_id": lease_id}
-        return Call("POST", f"/api/turns/{turn_id}/forward", wire.Turn.model_validate, json=body, timeout_s=600)
+        return ApiCall("POST", f"/api/turns/{turn_id}/forward", schema.Turn.model_validate, json=body, timeout_s=600)
 
     @staticmethod
-    def finish(episode_id: str, status: str, reason: str | None) -> Call[wire.Episode]:
+    def finish(episode_id: str, status: str, reason: str | None) -> ApiCall[schema.Episode]:
         body = {"status": status, "reason": reason}
-        return Call("POST", f"/api/episodes/{episode_id}/finish", wire.Episode.model_validate, json=body)
+        return ApiCall("POST", f"/api/episodes/{episode_id}/finish", schema.Episode.model_validate, json=body)
 
     @staticmethod
     def add_reward(
         episode_id: str, name: str, value: float, turn_id: str | None, source: str, info: dict[str, Any] | None
-    ) -> Call[wire.Reward]:
+    ) -> ApiCall[schema.Reward]:
         body = {"name": name, "value": value, "turn_id": turn_id, "source": source, "info": info or {}}
-        return Call("POST", f"/api/episodes/{episode_id}/rewards", wire.Reward.model_validate, json=body)
+        return ApiCall("POST", f"/api/episodes/{episode_id}/rewards", schema.Reward.model_validate, json=body)
 
     @staticmethod
-    def episode(episode_id: str) -> Call[wire.Episode]:
-        return Call("GET", f"/api/episodes/{episode_id}", wire.Episode.model_validate)
+    def episode(episode_id: str) -> ApiCall[schema.Episode]:
+        return ApiCall("GET", f"/api/episodes/{episode_id}", schema.Episode.model_validate)
 
     @staticmethod
-    def episodes(status: str | None, limit: int, offset: int) -> Call[wire.EpisodeList]:
+    def episodes(status: str | None, limit: int, offset: int) -> ApiCall[schema.EpisodeList]:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if status is not None:
             params["status"] = status
-        return Call("GET", "/api/episodes", wire.EpisodeList.model_validate, params=params)
+        return ApiCall("GET", "/api/episodes", schema.EpisodeList.model_validate, params=params)
 
     @staticmethod
-    def turn(turn_id: str) -> Call[wire.Turn]:
-        return Call("GET", f"/api/turns/{turn_id}", wire.Turn.model_validate)
+    def turn(turn_id: str) -> ApiCall[schema.Turn]:
+        return ApiCall("GET", f"/api/turns/{turn_id}", schema.Turn.model_validate)
 
     @staticmethod
-    def trajectory(episode_id: str) -> Call[wire.Trajectory]:
-        return Call("GET", f"/api/episodes/{episode_id}/trajectory", wire.Trajectory.model_validate)
+    def trajectory(episode_id: str) -> ApiCall[schema.Trajectory]:
+        return ApiCall("GET", f"/api/episodes/{episode_id}/trajectory", schema.Trajectory.model_validate)
 
 
 def headers(token: str | None) -> dict[str, str]:
@@ -172,7 +178,7 @@ def headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
-def parse(call: Call[M], response: httpx.Response) -> M:
+def parse(call: ApiCall[M], response: httpx.Response) -> M:
     if response.is_success:
         return call.parse(response.json())
     try:

@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect as connect_async
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from proxy import wire
+from proxy import schema
 from proxy.client.calls import TrajproxyAPIError, reply_body
 
 _OPTIONS: dict[str, Any] = {"compression": None, "proxy": None, "max_size": 2**28}  # loopback-fast; big turns
@@ -59,8 +59,8 @@ class _Inbox:
     """What the server has said so far: turns not yet handed out, acknowledgements by message id, the end."""
 
     def __init__(self) -> None:
-        self.turns: deque[wire.Turn] = deque()
-        self.acks: dict[int, list[wire.ReplyResult] | TrajproxyAPIError] = {}
+        self.turns: deque[schema.Turn] = deque()
+        self.acks: dict[int, list[schema.ReplyResult] | TrajproxyAPIError] = {}
         self.ended: str | None = None
         self.ids = count()
 
@@ -68,21 +68,21 @@ class _Inbox:
         message = orjson.loads(raw)
         kind = message["type"]
         if kind == "turns":
-            self.turns.extend(wire.Turn.model_validate(turn) for turn in message["turns"])
+            self.turns.extend(schema.Turn.model_validate(turn) for turn in message["turns"])
         elif kind == "results":
-            self.acks[message["id"]] = [wire.ReplyResult.model_validate(item) for item in message["results"]]
+            self.acks[message["id"]] = [schema.ReplyResult.model_validate(item) for item in message["results"]]
         elif kind == "error":
             error = TrajproxyAPIError(message["status"], message["error"]["type"], message["error"]["message"])
             self.acks[message["id"] if message["id"] is not None else -1] = error
         elif kind == "end":
             self.ended = message["reason"]
 
-    def handed(self) -> list[wire.Turn]:
+    def handed(self) -> list[schema.Turn]:
         turns = list(self.turns)
         self.turns.clear()
         return turns
 
-    def ack(self, message_id: int) -> list[wire.ReplyResult]:
+    def ack(self, message_id: int) -> list[schema.ReplyResult]:
         result = self.acks.pop(message_id)
         if isinstance(result, TrajproxyAPIError):
             raise result
@@ -93,7 +93,7 @@ class _Inbox:
         return message_id, orjson.dumps({"id": message_id, "replies": list(replies)}).decode()
 
 
-def one(results: list[wire.ReplyResult]) -> wire.Turn:
+def one(results: list[schema.ReplyResult]) -> schema.Turn:
     """The turn a single reply recorded, or the error it got, raised as the HTTP route would."""
     (result,) = results
     if result.error is not None or result.turn is None:
@@ -109,7 +109,8 @@ class TurnStream:
         self._timeout_s = timeout_s
         self._inbox = _Inbox()
         try:
-            self._socket: ClientConnection = connect(url, additional_headers=headers, **_OPTIONS)
+            # legacy=True: the stream owns its connection and closes it itself, rather than within a `with`
+            self._socket: ClientConnection = connect(url, additional_headers=headers, legacy=True, **_OPTIONS)
         except InvalidStatus as e:
             raise refused(e) from e
 
@@ -127,7 +128,7 @@ class TurnStream:
         """Why no more turns will come (the stream's episode ended), or None."""
         return self._inbox.ended
 
-    def turns(self, wait_s: float = 30.0) -> list[wire.Turn]:
+    def turns(self, wait_s: float = 30.0) -> list[schema.Turn]:
         """The turns pushed so far, leased; waits up to `wait_s` for the first if none has come."""
         deadline = time.monotonic() + wait_s
         while not self._inbox.turns and self._inbox.ended is None:
@@ -137,12 +138,12 @@ class TurnStream:
             pass
         return self._inbox.handed()
 
-    def __iter__(self) -> Iterator[wire.Turn]:
+    def __iter__(self) -> Iterator[schema.Turn]:
         """Turn after turn, until the stream's episode ends."""
         while self._inbox.ended is None or self._inbox.turns:
             yield from self.turns()
 
-    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+    def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
         """Answer many turns in one message (items as for `TrainerClient.reply_many`); the results once committed."""
         message_id, message = self._inbox.message(replies)
         try:
@@ -154,7 +155,7 @@ class TurnStream:
                 raise TimeoutError(f"no acknowledgement within {self._timeout_s:g} s")
         return self._inbox.ack(message_id)
 
-    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+    def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn:
         """Answer one turn, as `TrainerClient.reply` does."""
         return one(self.reply_many([reply_item(turn_id, content, options)]))
 
@@ -196,19 +197,19 @@ class AsyncTurnStream:
     def ended(self) -> str | None:
         return self._inbox.ended
 
-    async def turns(self, wait_s: float = 30.0) -> list[wire.Turn]:
+    async def turns(self, wait_s: float = 30.0) -> list[schema.Turn]:
         deadline = time.monotonic() + wait_s
         while not self._inbox.turns and self._inbox.ended is None:
             if not await self._receive(max(0.0, deadline - time.monotonic())):
                 break
         return self._inbox.handed()
 
-    async def __aiter__(self) -> AsyncIterator[wire.Turn]:
+    async def __aiter__(self) -> AsyncIterator[schema.Turn]:
         while self._inbox.ended is None or self._inbox.turns:
             for turn in await self.turns():
                 yield turn
 
-    async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[wire.ReplyResult]:
+    async def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
         message_id, message = self._inbox.message(replies)
         try:
             await self._open().send(message)
@@ -219,7 +220,7 @@ class AsyncTurnStream:
                 raise TimeoutError(f"no acknowledgement within {self._timeout_s:g} s")
         return self._inbox.ack(message_id)
 
-    async def reply(self, turn_id: str, content: str | None = None, **options: Any) -> wire.Turn:
+    async def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn:
         return one(await self.reply_many([reply_item(turn_id, content, options)]))
 
     def _open(self) -> AsyncConnection:

@@ -4,103 +4,55 @@ Promises kept here: a turn is committed to the store before any trainer can see 
 committed before its agent receives it; what the broker holds in memory about an episode (its next seq, its
 branches, its status) changes only once the store has accepted the change. Cleanup of an open turn (answer,
 timeout, agent gone, episode finished) always goes through the ledger's `close`, which settles the turn in
-the parking lot exactly once. A restart loses no turn: `recover` takes back the open turns the store holds,
-for their agents' retries to claim. Given a shared queue (replicas sharing one database), the queue is the
-database's: pulls and answers go there (`shared_turns`), and `Replicas` keeps this replica in step with the others.
+the parking lot exactly once. Where open turns are leased and answered is the queue's business (`TurnQueue`:
+this process's lot, or the database replicas share); the broker never asks which queue it has.
+
+A parked call's whole life reads here: `park` records and parks it (or hands it to a model, a fork's replay,
+the pause), `attend` holds its agent's exchange on it until the answer, the turn timeout or a hang-up (then
+the retry grace), and every exit lets go of the turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from proxy.core.answers import Answer, Answers
-from proxy.core.deadlines import Deadlines
-from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
-from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, OverBudget, TrajproxyError, Unauthorized
+from proxy.core.answers import Answers
+from proxy.core.context import Context
+from proxy.core.episodes import LiveEpisode, closed_error
+from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Unauthorized
 from proxy.core.forks import Forks
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
-from proxy.core.ledger import Ledger
-from proxy.core.observer import Observer
-from proxy.core.parking import ParkingLot, Slot
+from proxy.core.parking import Slot
 from proxy.core.pause import Pause
-from proxy.core.ports import SharedQueue, Store, TokenCounter, Upstream
-from proxy.core.pulls import Pulls
+from proxy.core.queue import TurnQueue
 from proxy.core.recording import Recorder
-from proxy.core.recovery import adopt, left_open
-from proxy.core.replicas import Replicas
-from proxy.core.retries import retried
 from proxy.core.rewards import Rewards
-from proxy.core.shared_turns import Bell, SharedAnswers, SharedPulls
-from proxy.core.values import (
-    Budget,
-    Episode,
-    EpisodeStatus,
-    JsonObject,
-    ModelRoute,
-    Reply,
-    Reward,
-    Tally,
-    Turn,
-    TurnStatus,
-)
+from proxy.core.values import Budget, Episode, EpisodeStatus, JsonObject, ModelRoute, Reward, Tally, Turn, TurnStatus
 from proxy.core.weights import WeightSync
 
 log = logging.getLogger("trajproxy")
 
 
 class Broker:
-    def __init__(
-        self,
-        store: Store,
-        tokens: TokenCounter,
-        upstream: Upstream,
-        *,
-        turn_timeout_s: float,
-        lease_s: float,
-        retry_grace_s: float = 5.0,
-        restart_grace_s: float = 60.0,
-        clock: Callable[[], float] = time.time,
-        observer: Observer | None = None,  # told of each change of state (metrics)
-        shared: SharedQueue | None = None,  # the queue of replicas sharing one database (shared mode)
-    ) -> None:
-        self._store = store
-        self._tokens = tokens
-        self._lease_s = lease_s
-        self._now = clock
-        self._lot = ParkingLot(on_lease_expired=self._lease_expired)
-        self._ledger = Ledger(self._lot, store, clock, observer)
-        self._episodes = LiveEpisodes(store)
-        self._bell = bell = Bell()
-        answering = (self._lot, self._ledger, store, tokens, upstream, self._episodes, clock)
-        pulling = (self._lot, self._ledger, store, self._episodes, self.episode, clock)
-        self._answers: Answers = Answers(*answering, lease_s=lease_s)
-        self._pulls: Pulls = Pulls(*pulling, lease_s=lease_s)
-        if shared is not None:
-            self._answers = SharedAnswers(*answering, lease_s=lease_s, queue=shared)
-            self._pulls = SharedPulls(*pulling, lease_s=lease_s, queue=shared, bell=bell)
-        self._forks = Forks(self._lot, self._ledger, store, self._answers, clock)
-        self._rewards = Rewards(store, self._ledger, self.episode, clock)
-        self._recorder = Recorder(store, self._episodes, clock, self._over_budget, shared)
-        self._deadlines = Deadlines(
-            self._lot,
-            self._ledger,
-            store,
-            turn_timeout_s=turn_timeout_s,
-            retry_grace_s=retry_grace_s,
-            restart_grace_s=restart_grace_s,
-        )
-        self._pause = Pause(self._lot, self._answers.by_model)
-        self._shared = shared
-        self._replicas = None
-        if shared is not None:
-            parts = (self._episodes, self._answers, self._deadlines, self._pause, bell, clock)
-            self._replicas = Replicas(shared, self._lot, self._ledger, store, *parts, lease_s=lease_s)
-        self.weights = WeightSync(self._pause, self._answers, self._replicas)  # the trainer's weight-update cycle
+    def __init__(self, *, context: Context, queue: TurnQueue) -> None:
+        self._context = context
+        self._store = context.store
+        self._now = context.clock
+        self._lot = context.lot
+        self._ledger = context.ledger
+        self._episodes = context.episodes
+        self.queue = queue  # pulls, releases and the queue's state
+        self.answers: Answers = queue.answers  # replies to turns, from trainers or models
+        self._forks = Forks(context=context, answers=self.answers)
+        self.rewards = Rewards(context=context, episode=self.episode)
+        self._recorder = Recorder(context=context, queue=queue, over_budget=self._over_budget)
+        self._pause = Pause(context.lot, self.answers.by_model)
+        self.weights = WeightSync(pause=self._pause, queue=queue)  # the trainer's weight-update cycle
 
     @property
     def open_turns(self) -> int:
@@ -114,11 +66,7 @@ class Broker:
     def leased_turns(self) -> int:
         return self._lot.leased_count
 
-    @property
-    def waiting_pollers(self) -> int:
-        return self._lot.poller_count + self._bell.waiting
-
-    def queue(self, limit: int) -> list[Turn]:
+    def open(self, limit: int) -> list[Turn]:
         """Up to `limit` open turns (parked or leased) as they stand now, oldest first."""
         return self._lot.turns(limit)
 
@@ -126,34 +74,13 @@ class Broker:
         """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
         await self._ledger.drain()
 
-    async def recover(self) -> int:
-        """Take back the open turns a previous process left in the store (it stopped or crashed holding them);
-        call once, at start-up, before serving. Returns how many it took back.
-
-        Their agents' connections died with that process, so each waits out of the queue, as a turn whose agent
-        hung up does: its agent's SDK retry (the same body) reattaches to it within the restart grace (longer
-        than the retry grace: an SDK deep in its backoff comes back late), or it is recorded abandoned. A leased
-        one keeps its lease (renewed), so the reply its trainer sends still lands; answered before the retry
-        comes, it is replayed to the retry. A turn a model answers goes to it again.
-
-        A replica sharing the database takes back only what no live replica holds (see `Replicas`).
-        """
-        if self._replicas is not None:
-            return await self._replicas.start()
-        left = await left_open(self._store, self._episodes, self._now())
-        for slot, answerer in adopt(left, self._lot, self._lease_s):
-            self._deadlines.after_restart(slot)
-            if answerer is not None:  # a model answers it: it goes to the model again
-                self._answers.by_model(slot, answerer)
-        await self._store.save_turns(left.closed)
-        if left.episodes:
-            log.info("took back %d open turns of %d episodes from the store", len(left.waiting), left.episodes)
-        return len(left.waiting)
+    async def start(self) -> int:
+        """Take back the open turns a stopped process left (see `TurnQueue.start`); call once, before serving."""
+        return await self.queue.start(self._pause)
 
     async def stop(self) -> None:
-        """Leave the replicas sharing the database (the others take over what this one holds); call at the end."""
-        if self._replicas is not None:
-            await self._replicas.stop()
+        """Leave the replicas sharing the database, if any (the others take over what this one holds)."""
+        await self.queue.stop()
 
     # Episodes
 
@@ -238,8 +165,7 @@ class Broker:
             raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
         self._lot.wake(episode_id)  # a trainer stepping through this episode learns it has ended
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
-        if self._shared is not None:  # its open turns on every replica
-            await self._shared.episode_closed(episode_id, why, self._now())
+        await self.queue.closed(episode_id, why)  # its open turns held elsewhere
         slots = self._lot.of_episode(episode_id)
         closed = [turn for slot in slots if (turn := self._ledger.close(slot, TurnStatus.FAILED, why))]
         try:
@@ -262,7 +188,7 @@ class Broker:
         live = await self._episodes.load(episode_id)
         if live is None:
             raise closed_error(await self.episode(episode_id))
-        if retry and (same := await self._retried(live, wire)) is not None:
+        if retry and (same := await self.queue.retried(live, wire)) is not None:
             return same
         # A fork's first calls are answered from its parent's (the check costs nothing for other episodes).
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
@@ -286,21 +212,15 @@ class Broker:
             self._ledger.observer.settled(failed)
             raise closed_error(live.episode)
         slot = self._lot.park(turn)
-        if self._replicas is not None:  # a trainer elsewhere may have answered it already
-            self._replicas.parked(slot)
+        self.queue.parked(slot)
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot
         answerer = route or live.episode.policy  # None: a trainer answers
         if (answerer is None or answerer.served) and self._pause.hold_if_holding(slot, turn.created_at, answerer):
             return slot  # the policy being trained waits out the pause
         if answerer is not None:  # a model answers: no trainer sees the turn
-            self._answers.by_model(slot, answerer, since=turn.created_at)
+            self.answers.by_model(slot, answerer, since=turn.created_at)
         return slot
-
-    async def _retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
-        """The turn an SDK retry belongs to (see `retried`); with replicas, wherever its first attempt landed."""
-        same = await retried(self._lot, self._store, live, wire)
-        return same if self._replicas is None else await self._replicas.retried(same, live, wire)
 
     async def _over_budget(self, live: LiveEpisode, why: str) -> None:
         """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""
@@ -311,15 +231,21 @@ class Broker:
         await self._episodes.flag(live, why)
         raise OverBudget(f"episode {episode.id} is {why}; it takes no more calls")
 
-    def expire_later(self, slot: Slot, episode: Episode) -> asyncio.TimerHandle:
-        """Start the turn timeout of an agent exchange waiting on `slot.answer` (see `Deadlines`)."""
-        return self._deadlines.expire_later(slot, episode)
-
-    def leave(self, slot: Slot) -> None:
-        """An agent exchange ended: its turn waits for a retry within the retry grace (see `Deadlines`)."""
-        self._deadlines.leave(slot)
-        if self._replicas is not None and slot.withdrawn:
-            self._replicas.away(slot, True)
+    @contextmanager
+    def attend(self, slot: Slot, episode: Episode) -> Iterator[asyncio.Future[Turn]]:
+        """Hold an agent's exchange on its parked turn: yields the answer it waits for. If no reply comes within
+        the turn timeout, the turn is recorded expired and the agent hears so. However the exchange ends (reply,
+        error, timeout, hang-up, the server stopping), leaving lets go of the turn: if it was the turn's last
+        exchange and the turn is unanswered, the turn leaves the queue and waits the retry grace for its SDK's
+        retry, then is recorded abandoned (see `Deadlines`)."""
+        deadlines = self._context.deadlines
+        expiry = deadlines.expire_later(slot, episode)
+        try:
+            yield slot.answer
+        finally:
+            expiry.cancel()
+            deadlines.leave(slot)
+            self.queue.away(slot)
 
     def delivered(self, turn: Turn) -> None:
         """An answered turn's reply was handed to its agent's connection."""
@@ -327,54 +253,27 @@ class Broker:
 
     def count_tokens(self, request: JsonObject) -> int:
         """The prompt tokens of a chat request, as replies count them (for count_tokens endpoints)."""
-        return self._tokens.count_prompt(request)
+        return self._context.tokens.count_prompt(request)
 
     # Trainer side
 
-    async def pull(self, episode_id: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> list[Turn]:
-        """Lease up to `max_turns` parked turns, waiting up to `wait_s` for the first one (see `Pulls`)."""
-        return await self._pulls.pull(episode_id, max_turns, wait_s, lease_s)
-
-    def release(self, turns: Sequence[Turn]) -> None:
-        """Give back leased turns whose poller went away before receiving them."""
-        self._pulls.release(turns)
-
     async def next_turn(self, episode_id: str, wait_s: float, lease_s: float | None) -> Turn | None:
-        """Lease the episode's next turn, waiting up to `wait_s` for its agent to call (see `Pulls`)."""
-        return await self._pulls.next_turn(episode_id, wait_s, lease_s)
-
-    async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:
-        """Answer a turn. The same reply again succeeds; a different one is a conflict."""
-        return await self._answers.reply(turn_id, reply, lease_id)
-
-    async def reply_all(self, answers: Sequence[Answer]) -> list[Turn | TrajproxyError]:
-        """Answer many turns (`reply` for each), recording them in one write; each succeeds or fails alone."""
-        return await self._answers.reply_all(answers)
-
-    async def forward(self, turn_id: str, route: ModelRoute, lease_id: str | None, lease_s: float | None) -> Turn:
-        """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
-        return await self._answers.forward(turn_id, route, lease_id, lease_s)
-
-    async def add_reward(self, episode_id: str, name: str, value: float, **details: Any) -> Reward:
-        """Record a reward of the episode (or of one of its turns: `turn_id`); see `Rewards.add`."""
-        return await self._rewards.add(episode_id, name, value, **details)
-
-    async def turn(self, turn_id: str) -> Turn:
-        if self._shared is not None and self._lot.get(turn_id) is not None:  # open: its lease is the database's
-            return (await self._shared.turns([turn_id]))[turn_id]
-        return await self._ledger.turn(turn_id)
-
-    async def rewards(self, episode_id: str) -> list[Reward]:
-        await self.episode(episode_id)
-        return await self._store.rewards(episode_id)
+        """Lease the episode's next turn, waiting up to `wait_s` for its agent to call; None once the episode
+        has ended with nothing left to answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not (turns := await self.queue.pull(episode_id, 1, max(0.0, deadline - loop.time()), lease_s)):
+            if (await self.episode(episode_id)).status.closed:
+                return None
+            if loop.time() >= deadline:
+                raise NoTurnYet(
+                    f"episode {episode_id}'s agent made no call within {wait_s:g} s and is still running; "
+                    "ask again to keep waiting"
+                )
+        return turns[0]
 
     async def trajectory(self, episode_id: str) -> tuple[Episode, list[Turn], list[Reward]]:
         episode = await self.episode(episode_id)
         await self.drain()
         turns, rewards = await asyncio.gather(self._store.turns(episode_id), self._store.rewards(episode_id))
         return episode, turns, rewards
-
-    # Internals
-
-    def _lease_expired(self, slot: Slot) -> None:
-        log.info("lease on turn %s expired; it is back in the queue", slot.turn.id)

@@ -1,5 +1,5 @@
 """The broker's part in forks: each fork's replay, loaded from the store when its agent first calls, and what
-becomes of each call while it replays (see `proxy.core.replay` for the rules)."""
+becomes of each call while it replays (see `proxy.core.fork_plan` for the rules)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from proxy.core.answers import Answers
+from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, TurnClosed
-from proxy.core.ledger import Ledger
-from proxy.core.parking import ParkingLot, Slot
-from proxy.core.ports import Store
-from proxy.core.replay import REPLAYED, ForkPlan, OnDivergence, Replay, replayable
+from proxy.core.fork_plan import REPLAYED, ForkPlan, OnDivergence, Replay, replayable
+from proxy.core.parking import Slot
 from proxy.core.values import Episode, ModelRoute, Reply, TurnStatus
 
 log = logging.getLogger("trajproxy")
@@ -24,14 +23,12 @@ REPLAYS_KEPT = 4096  # forks replaying at once whose parent's calls are kept in 
 
 
 class Forks:
-    def __init__(
-        self, lot: ParkingLot, ledger: Ledger, store: Store, answers: Answers, clock: Callable[[], float]
-    ) -> None:
-        self._lot = lot
-        self._ledger = ledger
-        self._store = store
+    def __init__(self, *, context: Context, answers: Answers) -> None:
+        self._lot = context.lot
+        self._ledger = context.ledger
+        self._store = context.store
         self._answers = answers
-        self._now = clock
+        self._now = context.clock
         # fork episode id -> its replay, while it replays; bounded, for forks that end mid-replay leave theirs
         # behind (one dropped early is read again from the store at its fork's next call)
         self._replays: OrderedDict[str, Replay] = OrderedDict()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
+from proxy.core.bell import Bell
 from proxy.core.values import Turn, TurnStatus
 
 
@@ -40,7 +41,7 @@ class ParkingLot:
         self._slots: dict[str, Slot] = {}
         self._ready: OrderedDict[str, Slot] = OrderedDict()
         self._ready_by_episode: dict[str, OrderedDict[str, Slot]] = {}
-        self._pollers: list[tuple[str | None, asyncio.Future[None]]] = []
+        self._pollers = Bell()  # trainers' pulls waiting for a turn to become ready
         self._on_lease_expired = on_lease_expired
 
     def __len__(self) -> int:
@@ -56,7 +57,7 @@ class ParkingLot:
 
     @property
     def poller_count(self) -> int:
-        return len(self._pollers)
+        return self._pollers.waiting
 
     def get(self, turn_id: str) -> Slot | None:
         return self._slots.get(turn_id)
@@ -158,17 +159,7 @@ class ParkingLot:
 
     async def wait(self, episode_id: str | None, timeout_s: float) -> None:
         """Wait until a turn this poller could take becomes ready, or the timeout passes."""
-        waiter = asyncio.get_running_loop().create_future()
-        entry = (episode_id, waiter)
-        self._pollers.append(entry)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await waiter
-        except TimeoutError:
-            pass
-        finally:
-            if entry in self._pollers:  # still registered: not woken (timed out, or its poller left)
-                self._pollers.remove(entry)
+        await self._pollers.wait(episode_id, timeout_s)
 
     def _make_ready(self, slot: Slot, *, front: bool) -> None:
         turn_id, episode_id = slot.turn.id, slot.turn.episode_id
@@ -191,15 +182,7 @@ class ParkingLot:
 
     def wake(self, episode_id: str) -> None:
         """Wake the pollers that wait on this episode's turns (a turn is ready, or the episode has ended)."""
-        keep = []
-        for entry in self._pollers:
-            wanted, waiter = entry
-            if wanted is None or wanted == episode_id:
-                if not waiter.done():
-                    waiter.set_result(None)
-            else:
-                keep.append(entry)
-        self._pollers = keep
+        self._pollers.ring(episode_id)
 
     def _expire_lease(self, slot: Slot, lease_id: str | None) -> None:
         if slot.turn.lease_id != lease_id or self._slots.get(slot.turn.id) is not slot:

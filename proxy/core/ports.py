@@ -79,7 +79,7 @@ class Upstream(Protocol):
         ...
 
 
-class SharedQueue(Protocol):
+class SharedDatabase(Protocol):
     """The open turns of replicas sharing one database (shared mode): there, not in any one replica's memory, a turn
     is parked, leased, answered and handed over, and replicas tell each other what changed (notices).
 

@@ -10,11 +10,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
+from proxy.core.context import Context
+from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import Stale
 from proxy.core.keys import new_id
 from proxy.core.ledger import failure
-from proxy.core.ports import SharedQueue, Store
+from proxy.core.queue import TurnQueue
 from proxy.core.values import EpisodeStatus, JsonObject, Turn, TurnStatus
 
 _STALE_TRIES = 8  # an episode whose agent calls through many replicas at once may be read again this often
@@ -34,18 +35,12 @@ class _Call:
 
 class Recorder:
     def __init__(
-        self,
-        store: Store,
-        episodes: LiveEpisodes,
-        clock: Callable[[], float],
-        over_budget: Callable[[LiveEpisode, str], Awaitable[None]],
-        shared: SharedQueue | None,
+        self, *, context: Context, queue: TurnQueue, over_budget: Callable[[LiveEpisode, str], Awaitable[None]]
     ) -> None:
-        self._store = store
-        self._episodes = episodes
-        self._now = clock
+        self._episodes = context.episodes
+        self._now = context.clock
+        self._queue = queue
         self._over_budget = over_budget  # refuses the call (or finishes the episode): it raises
-        self._shared = shared
 
     async def record(
         self,
@@ -65,7 +60,7 @@ class Recorder:
                 try:
                     return await self._write(live, call)
                 except Stale:
-                    if self._shared is None or tries_left == 1:
+                    if not self._queue.retries_stale or tries_left == 1:
                         raise
                     await self._episodes.refresh(live)
         raise AssertionError("unreachable")
@@ -101,8 +96,7 @@ class Recorder:
 
         # Taken when the write settles, not when this call resumes: a call cancelled meanwhile whose turn was
         # recorded still takes its seq, or the next call's turn would collide with it.
-        adding = self._store.add_turn(turn) if self._shared is None else self._shared.add_turn(turn, call.held_for)
-        written = asyncio.ensure_future(adding)
+        written = asyncio.ensure_future(self._queue.add(turn, call.held_for))
         written.add_done_callback(took)
         if live.episode.status is EpisodeStatus.PENDING:
             await self._episodes.start(live, written, now)

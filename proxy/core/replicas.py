@@ -17,15 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from proxy.core.answers import Answers
-from proxy.core.deadlines import Deadlines
-from proxy.core.episodes import LiveEpisode, LiveEpisodes, closed_error
+from proxy.core.bell import Bell
+from proxy.core.context import Context
+from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import StorageError, TurnClosed
-from proxy.core.ledger import Ledger
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.pause import Pause
-from proxy.core.ports import SharedQueue, Store
+from proxy.core.ports import SharedDatabase
 from proxy.core.retries import replayed
-from proxy.core.shared_turns import Bell, settle_answered
 from proxy.core.values import Turn, TurnStatus
 
 log = logging.getLogger("trajproxy")
@@ -34,32 +33,18 @@ _EARLY_KEPT = 65536  # answers heard for turns not held here (most are other rep
 
 
 class Replicas:
-    def __init__(
-        self,
-        queue: SharedQueue,
-        lot: ParkingLot,
-        ledger: Ledger,
-        store: Store,
-        episodes: LiveEpisodes,
-        answers: Answers,
-        deadlines: Deadlines,
-        pause: Pause,
-        bell: Bell,
-        clock: Callable[[], float],
-        *,
-        lease_s: float,
-    ) -> None:
-        self._queue = queue
-        self._lot = lot
-        self._ledger = ledger
-        self._store = store
-        self._episodes = episodes
+    def __init__(self, *, context: Context, database: SharedDatabase, answers: Answers, bell: Bell) -> None:
+        self._database = database
+        self._lot = context.lot
+        self._ledger = context.ledger
+        self._store = context.store
+        self._episodes = context.episodes
         self._answers = answers
-        self._deadlines = deadlines
-        self._pause = pause
+        self._deadlines = context.deadlines
+        self._pause: Pause | None = None  # the broker's, from `start`
         self._bell = bell
-        self._now = clock
-        self._lease_s = lease_s
+        self._now = context.clock
+        self._lease_s = context.lease_s
         self._beating: asyncio.Task[None] | None = None
         self._in_order: asyncio.Future[None] | None = None  # the last of the changes made in the order asked
         self._answered: set[str] = set()  # turns held here answered elsewhere, to be read at the next tick
@@ -67,9 +52,10 @@ class Replicas:
         # insert's commit and its slot being parked here (the agent's call resumes a moment later).
         self._early: OrderedDict[str, None] = OrderedDict()
 
-    async def start(self) -> int:
+    async def start(self, pause: Pause) -> int:
         """Join: hear the others, obey the pause, take over what dead replicas left. Returns how many turns."""
-        await self._queue.start(self._heard)
+        self._pause = pause
+        await self._database.start(self._heard)
         await self._obey_pause()
         taken = await self._take_over()
         self._beating = asyncio.create_task(self._beat(), name="trajproxy-heartbeat")
@@ -80,7 +66,7 @@ class Replicas:
             self._beating.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beating
-        await self._queue.stop()
+        await self._database.stop()
 
     async def retried(self, found: Slot | None, live: LiveEpisode, wire: bytes) -> Slot | None:
         """An SDK retry, with the turn this replica found for it (see `retries`): back in every replica's queue if
@@ -94,7 +80,7 @@ class Replicas:
     async def attach(self, live: LiveEpisode, wire: bytes) -> Slot | None:
         """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked: this
         replica holds it from now on, and the retry waits on it."""
-        turn = await self._queue.attach(live.episode.id, wire)
+        turn = await self._database.attach(live.episode.id, wire)
         if turn is None:
             return None
         slot = self._lot.get(turn.id) or self._adopt(turn)
@@ -120,12 +106,12 @@ class Replicas:
 
     def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
         """Tell every replica of a pause (or of its end, None, with the policy version it names), in order."""
-        self._after(lambda: self._queue.set_pause(mode, retry_after_s, policy_version))
+        self._after(lambda: self._database.set_pause(mode, retry_after_s, policy_version))
 
     def away(self, slot: Slot, away: bool) -> None:
         """Keep a turn out of every replica's queue while its agent is away (it hung up), or put it back."""
         if self._lot.get(slot.turn.id) is slot:
-            self._after(lambda: self._queue.away(slot.turn.id, away))
+            self._after(lambda: self._database.away(slot.turn.id, away))
 
     def _after(self, change: Callable[[], Awaitable[None]]) -> None:
         """Make a change once the ones asked before it are made (a hang-up, then its retry: held, then back)."""
@@ -166,12 +152,12 @@ class Replicas:
         """Hand over what the database holds for turns this replica's agents wait on and others have settled."""
         if not turn_ids:
             return
-        for turn in (await self._queue.turns(turn_ids)).values():
+        for turn in (await self._database.turns(turn_ids)).values():
             slot = self._lot.get(turn.id)
             if slot is None or turn.status.open:
                 continue
             if turn.status is TurnStatus.ANSWERED and turn.reply is not None:
-                settle_answered(self._lot.settle, slot, turn)
+                settle_answered(self._lot, slot, turn)
                 if (live := self._episodes.get(turn.episode_id)) is not None:
                     live.account(turn, turn.reply)
             elif self._lot.settle(turn.id) is not None:
@@ -196,7 +182,8 @@ class Replicas:
                 slot.fail(error)
 
     async def _obey_pause(self) -> None:
-        mode, retry_after_s, policy_version = await self._queue.pause_state()
+        assert self._pause is not None, "obeyed only once started"
+        mode, retry_after_s, policy_version = await self._database.pause_state()
         if policy_version is not None:
             self._answers.policy_version = policy_version
         if mode is not None:
@@ -208,7 +195,7 @@ class Replicas:
 
     async def _beat(self) -> None:
         while True:
-            await asyncio.sleep(self._queue.heartbeat_s)
+            await asyncio.sleep(self._database.heartbeat_s)
             try:
                 await self._take_over()
             except StorageError as e:
@@ -216,7 +203,7 @@ class Replicas:
 
     async def _take_over(self) -> int:
         """Say this replica is alive, and take over the open turns of replicas that are not."""
-        taken = await self._queue.beat()
+        taken = await self._database.beat()
         failed: list[Turn] = []
         for turn, held_for in taken:
             if self._lot.get(turn.id) is not None:  # its own, taken back (it was thought dead for a while)
@@ -237,3 +224,12 @@ class Replicas:
         if taken:
             log.info("took over %d open turns of replicas that stopped", len(taken))
         return len(taken)
+
+
+def settle_answered(lot: ParkingLot, slot: Slot, turn: Turn) -> None:
+    """Hand an answer recorded in the database to the agent waiting on this replica's slot, once."""
+    if lot.settle(turn.id) is None:
+        return
+    slot.turn = replace(turn, lease_id=None)
+    if not slot.answer.done():
+        slot.answer.set_result(slot.turn)

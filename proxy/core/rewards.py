@@ -5,25 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 
+from proxy.core.context import Context
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.keys import new_id
-from proxy.core.ledger import Ledger
-from proxy.core.ports import Store
 from proxy.core.values import Episode, JsonObject, Reward
 
 
 class Rewards:
-    def __init__(
-        self,
-        store: Store,
-        ledger: Ledger,
-        episode: Callable[[str], Awaitable[Episode]],
-        clock: Callable[[], float],
-    ) -> None:
-        self._store = store
-        self._ledger = ledger
+    def __init__(self, *, context: Context, episode: Callable[[str], Awaitable[Episode]]) -> None:
+        self._store = context.store
+        self._ledger = context.ledger
         self._episode = episode
-        self._now = clock
+        self._now = context.clock
 
     async def add(
         self, episode_id: str, name: str, value: float, *, source: str, info: JsonObject, turn_id: str | None = None
@@ -37,3 +30,8 @@ class Rewards:
         await self._store.add_reward(reward)
         self._ledger.observer.rewarded(reward)
         return reward
+
+    async def of(self, episode_id: str) -> list[Reward]:
+        """The episode's rewards, in the order they were recorded."""
+        await self._episode(episode_id)
+        return await self._store.rewards(episode_id)

@@ -61,7 +61,7 @@ class Steps:
         """Give back the call a step leased for a trainer that hung up before receiving it."""
         if step.observation is not None:
             episode_id = step.episode.id
-            self._broker.release([step.observation])
+            self._broker.queue.release([step.observation])
             if (answered := self._answered.get(episode_id)) is not None:
                 self._current[episode_id] = answered  # the same step sent again goes on from there
             else:
@@ -71,10 +71,10 @@ class Steps:
         self, episode_id: str, turn_id: str, action: Reply, wait_s: float, lease_s: float | None
     ) -> TimeStep:
         """Answer the call `turn_id` with `action`, then wait for the agent's next call."""
-        turn = await self._broker.turn(turn_id)
+        turn = await self._broker.queue.turn(turn_id)
         if turn.episode_id != episode_id:
             raise Conflict(f"turn {turn_id} belongs to another episode")
-        await self._broker.reply(turn_id, action)  # idempotent: a step sent again answers nothing twice
+        await self._broker.answers.reply(turn_id, action)  # idempotent: a step sent again answers nothing twice
         self._answered[episode_id] = turn_id
         return await self._next(episode_id, wait_s, lease_s, first=False)
 
@@ -89,6 +89,6 @@ class Steps:
         self._current.pop(episode_id, None)
         self._answered.pop(episode_id, None)
         episode = await self._broker.episode(episode_id)
-        ending = tuple(reward for reward in await self._broker.rewards(episode_id) if reward.turn_id is None)
+        ending = tuple(reward for reward in await self._broker.rewards.of(episode_id) if reward.turn_id is None)
         discount = 1.0 if episode.over_budget else 0.0
         return TimeStep(StepType.LAST, None, sum(r.value for r in ending), discount, episode, ending)

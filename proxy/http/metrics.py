@@ -11,16 +11,16 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from proxy.adapters.prometheus_metrics import CONTENT_TYPE, PrometheusMetrics, Snapshot
 from proxy.core.broker import Broker
 from proxy.core.catalog import Catalog
 from proxy.core.errors import Forbidden
-from proxy.metrics import CONTENT_TYPE, PrometheusMetrics, Snapshot
+from proxy.http.sandbox_door import from_sandbox
 
 
 def on_sandbox_socket(request: Request) -> bool:
     """Whether the request came over the Unix socket sandboxes' gates relay agents to (it has no port)."""
-    server = request.scope.get("server")
-    return server is None or server[1] is None
+    return from_sandbox(request.scope)
 
 
 def add_metrics(app: FastAPI, metrics: PrometheusMetrics, broker: Broker, catalog: Catalog) -> None:
@@ -32,7 +32,7 @@ def add_metrics(app: FastAPI, metrics: PrometheusMetrics, broker: Broker, catalo
         now = Snapshot(
             parked=broker.open_turns - leased,
             leased=leased,
-            long_polls=broker.waiting_pollers,
+            long_polls=broker.queue.waiting,
             episodes=await catalog.episode_counts(),
         )
         return Response(metrics.exposition(now), media_type=CONTENT_TYPE)

@@ -1,7 +1,7 @@
 """ParkedReply: holds an agent's HTTP exchange open while its turn is parked, then delivers the outcome.
 
-However the exchange ends (reply, error, timeout, the agent hanging up, the server stopping), the
-`finally` in `__call__` is the one place that lets go of the turn.
+The turn's life while its agent waits (the turn timeout, a hang-up and its retry grace) is the broker's
+(`Broker.attend`); this renders what the agent hears, in its dialect: keep-alives, the reply, or an error.
 """
 
 from __future__ import annotations
@@ -35,16 +35,14 @@ class ParkedReply:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(disconnected(receive))
-        expiry = self._broker.expire_later(self._slot, self._episode)
         try:
-            if self._call.stream:
-                await self._stream(send, gone)
-            else:
-                await self._plain(send, gone)
+            with self._broker.attend(self._slot, self._episode):
+                if self._call.stream:
+                    await self._stream(send, gone)
+                else:
+                    await self._plain(send, gone)
         finally:
-            expiry.cancel()
             gone.cancel()
-            self._broker.leave(self._slot)
 
     async def _plain(self, send: Send, gone: asyncio.Future[None]) -> None:
         answer = self._slot.answer

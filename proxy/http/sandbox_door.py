@@ -7,7 +7,7 @@ token), the docs, the OpenAPI document, metrics or the queue counts `/health` sh
 
 from __future__ import annotations
 
-from starlette.types import Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from proxy.core.errors import Forbidden, NotFound
 from proxy.http.edge import deny, error_body, redact, respond
@@ -21,11 +21,13 @@ def from_sandbox(scope: Scope) -> bool:
     return server is None or server[1] is None
 
 
-async def sandbox_door(scope: Scope, send: Send) -> None:
+async def sandbox_health(_scope: Scope, _receive: Receive, send: Send) -> None:
+    """`/health` on the sandbox socket: that trajproxy is up, and nothing else."""
+    await respond(send, 200, HEALTH)
+
+
+async def sandbox_door(scope: Scope, _receive: Receive, send: Send) -> None:
     """Answer a request on the sandbox socket that no agent route took."""
-    if scope["path"] == "/health" and scope["method"] in ("GET", "HEAD"):
-        await respond(send, 200, HEALTH)
-        return
     if scope["path"].startswith("/e/"):  # a key in the path, then no agent route: as on TCP
         await deny(scope, send, 404, error_body(NotFound.kind, f"no route {scope['method']} {redact(scope['path'])}"))
         return

@@ -30,17 +30,16 @@ import orjson
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from proxy import wire
+from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.values import Turn
 from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
-from proxy.http.gate import too_deep
 from proxy.http.trainer import answer_all
-from proxy.http.views import turn_view
-from proxy.wire import replies
+from proxy.http.trainer_gate import too_deep
+from proxy.http.trainer_json import turn_view
+from proxy.schema import replies
 
-PATH = "/api/turns/stream"
 PULL_WAIT_S = 30.0  # one long poll after another; its length only sets how often an idle stream looks again
 _INTERNAL_ERROR = 1011
 _MAX_REASON_BYTES = 123  # what a close frame holds
@@ -55,7 +54,7 @@ class TurnStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            query = wire.StreamQuery.model_validate(dict(parse_qsl(scope["query_string"].decode("latin-1"), True)))
+            query = schema.StreamQuery.model_validate(dict(parse_qsl(scope["query_string"].decode("latin-1"), True)))
             if query.episode is not None:
                 await self._broker.episode(query.episode)  # 404 for an unknown episode, before the handshake
         except ValidationError as e:
@@ -73,7 +72,7 @@ class TurnStream:
 class _Session:
     """One open stream: the turns it holds leases on, and the room it has for more."""
 
-    def __init__(self, broker: Broker, query: wire.StreamQuery, send: Send) -> None:
+    def __init__(self, broker: Broker, query: schema.StreamQuery, send: Send) -> None:
         self._broker = broker
         self._query = query
         self._send = send
@@ -95,7 +94,7 @@ class _Session:
         finally:
             pusher.cancel()
             await asyncio.wait([pusher, *self._answering])  # replies sent are recorded, whoever hears of it
-            self._broker.release(list(self._in_flight.values()))  # at once, not when the leases run out
+            self._broker.queue.release(list(self._in_flight.values()))  # at once, not when the leases run out
 
     async def _push(self) -> None:
         episode = self._query.episode
@@ -103,7 +102,7 @@ class _Session:
             while True:
                 await self._room.wait()
                 room = self._query.max - len(self._in_flight)
-                turns = await self._broker.pull(episode, room, PULL_WAIT_S, self._query.lease)
+                turns = await self._broker.queue.pull(episode, room, PULL_WAIT_S, self._query.lease)
                 if not turns:
                     if episode is not None and (await self._broker.episode(episode)).status.closed:
                         await self._message({"type": "end", "reason": f"episode {episode} has ended"})
@@ -168,13 +167,13 @@ class _Session:
             await self._send({"type": "websocket.close", "code": _INTERNAL_ERROR, "reason": reason})
 
 
-def _decoded(data: str | bytes) -> replies.StreamReplies | wire.StreamReplies:
+def _decoded(data: str | bytes) -> replies.StreamReplies | schema.StreamReplies:
     """The message as Structs; what they refuse, the pydantic model may accept (`5.0` for an integer) or refuses
     with a ValidationError naming the field."""
     try:
         return _REPLIES.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return wire.StreamReplies.model_validate_json(data)
+        return schema.StreamReplies.model_validate_json(data)
 
 
 def _id_of(data: str | bytes) -> Any:

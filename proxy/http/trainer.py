@@ -1,4 +1,14 @@
-"""The trainer-facing API under /api: episodes, the turn queue, replies, rewards and trajectories."""
+"""The trainer-facing API under /api: episodes, the turn queue, replies, rewards and trajectories.
+
+`TrainerApi`'s methods are the handlers; the route table (`proxy.http.routes`) names their paths, and FastAPI
+serves them, validates what they take and describes them in the OpenAPI schema. The two calls a trainer makes
+for every batch (a batch pull, a batch reply) are also served as plain ASGI (`batch_pull`, `batch_reply`): they skip
+FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when they went
+through it), and a batch reply's body is decoded into msgspec Structs (`proxy.schema.replies`), not pydantic models.
+A pull or reply whose query or body does not validate goes on to its FastAPI route, which answers with the usual
+422 and is also what the schema describes. TrainerGate has checked the token, the query's names and the body size
+before any of them.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +16,22 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, TypeVar
+from urllib.parse import parse_qsl
 
+import msgspec
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
+from pydantic import ValidationError
 from starlette.responses import Response
-from starlette.types import Receive
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy import wire
+from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
 from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Turn, route_of
-from proxy.http.edge import disconnected, status_of
-from proxy.http.views import (
+from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
+from proxy.http.trainer_json import (
     episode_settings,
     episode_view,
     reply_from,
@@ -27,14 +40,196 @@ from proxy.http.views import (
     trajectory_view,
     turn_view,
 )
+from proxy.schema import replies
 from proxy.settings import Settings
-from proxy.wire import replies
 
 T = TypeVar("T")
+# The batch reply's body, decoded into Structs; what they refuse goes to the route, whose pydantic model may
+# accept it (`5.0` for an integer) or says what is wrong
+_REPLIES = msgspec.json.Decoder(replies.ReplyBatch)
 
 
 def json_response(data: JsonObject, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+class TrainerApi:
+    """The trainer API's handlers, over one broker. `api` is the FastAPI app that serves them: where a plain pull
+    or reply whose input does not validate goes on to."""
+
+    def __init__(self, broker: Broker, settings: Settings, api: ASGIApp) -> None:
+        self._broker = broker
+        self._settings = settings
+        self._api = api
+        self._steps = Steps(broker)
+
+    # The trainer's share of every turn, as plain ASGI
+
+    async def batch_pull(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """GET /api/turns/next, when its query validates."""
+        try:
+            query = schema.TurnsQuery.model_validate(_query(scope))
+        except ValidationError:
+            await self._api(scope, receive, send)
+            return
+        try:
+            status, body = await next_batch(self._broker, query, receive)
+        except TrajproxyError as e:
+            status, body = status_of(e), error_body(e.kind, e.message)
+        await respond(send, status, body)
+
+    async def batch_reply(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /api/turns/replies, when its query and body validate."""
+        try:
+            raw = await read_body(scope, receive, self._settings.max_body_bytes)
+        except TrajproxyError as e:
+            await respond(send, status_of(e), error_body(e.kind, e.message))
+            return
+        try:
+            batch = _REPLIES.decode(raw)
+            query = schema.RepliesQuery.model_validate(_query(scope))
+        except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
+            await self._api(scope, replay(raw, receive), send)
+            return
+        try:
+            status, body = await reply_batch(self._broker, batch, query, receive)
+        except TrajproxyError as e:
+            status, body = status_of(e), error_body(e.kind, e.message)
+        await respond(send, status, body)
+
+    # FastAPI's handlers
+
+    async def create_episode(self, body: schema.EpisodeCreate, request: Request) -> Response:
+        episode, key = await self._broker.create_episode(
+            body.task, body.metadata, body.turn_timeout_s, **episode_settings(body)
+        )
+        return json_response(self._created(episode, key, request), 201)
+
+    async def fork(self, episode_id: str, body: schema.ForkIn, request: Request) -> Response:
+        made = await self._broker.fork(
+            episode_id,
+            body.at_turn,
+            body.n,
+            policy=route_of(body.policy or "", body.policy_options),
+            inherit_policy=body.policy is None,
+            ignore=body.ignore,
+            min_similarity=body.min_similarity,
+            on_divergence=body.on_divergence,
+        )
+        return json_response({"episodes": [self._created(episode, key, request) for episode, key in made]}, 201)
+
+    async def list_episodes(
+        self,
+        status: EpisodeStatus | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # the databases' largest integer
+    ) -> Response:
+        found = await self._broker.episodes(status, limit + 1, offset)
+        more = len(found) > limit
+        return json_response(
+            {
+                "episodes": [episode_view(episode) for episode in found[:limit]],
+                "next_offset": offset + limit if more else None,
+            }
+        )
+
+    async def get_episode(self, episode_id: str) -> Response:
+        return json_response(episode_view(await self._broker.episode(episode_id)))
+
+    async def finish_episode(self, episode_id: str, body: schema.FinishIn) -> Response:
+        episode = await self._broker.finish(episode_id, EpisodeStatus(body.status), body.reason)
+        return json_response(episode_view(episode))
+
+    async def add_reward(self, episode_id: str, body: schema.RewardIn) -> Response:
+        reward = await self._broker.rewards.add(
+            episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=body.turn_id
+        )
+        return json_response(reward_view(reward), 201)
+
+    async def trajectory(self, episode_id: str) -> Response:
+        return json_response(trajectory_view(*await self._broker.trajectory(episode_id)))
+
+    async def reset(
+        self,
+        episode_id: str,
+        request: Request,
+        wait: Annotated[float, Query(ge=0, le=600)] = 60,
+        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    ) -> Response:
+        """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
+        steps = self._steps
+        step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo)
+        return json_response(timestep_view(step)) if step else Response(status_code=499)
+
+    async def step(
+        self,
+        episode_id: str,
+        body: schema.StepIn,
+        request: Request,
+        wait: Annotated[float, Query(ge=0, le=600)] = 60,
+        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
+    ) -> Response:
+        """dm_env's step: answer the current call with the action (a reply), then wait for the next call (MID)
+        or for the episode to end (LAST, with its reward). Sending the same step again is safe."""
+        steps = self._steps
+        await self._broker.episode(episode_id)  # 404 for an unknown episode
+        turn_id = body.turn_id or steps.current(episode_id)
+        action = steps.step(episode_id, turn_id, reply_from(body, turn_id), wait, lease)
+        result = await until_disconnect(request.receive, action, steps.undo)
+        return json_response(timestep_view(result)) if result else Response(status_code=499)
+
+    async def next_turns(self, request: Request, query: Annotated[schema.TurnsQuery, Query()]) -> Response:
+        status, body = await next_batch(self._broker, query, request.receive)
+        return Response(body, status, media_type="application/json")
+
+    async def get_turn(self, turn_id: str) -> Response:
+        return json_response(turn_view(await self._broker.queue.turn(turn_id)))
+
+    async def reply(self, turn_id: str, body: schema.ReplyIn) -> Response:
+        turn = await self._broker.answers.reply(turn_id, reply_from(body, turn_id), body.lease_id)
+        return json_response(turn_view(turn))
+
+    async def pause(self, body: schema.PauseIn) -> Response:
+        """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
+        in_flight = await self._broker.weights.pause(body.mode, body.retry_after_s, body.drain_s)
+        return json_response(pause_view(self._broker, 0, in_flight))
+
+    async def resume(self, body: schema.ResumeIn) -> Response:
+        """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
+        it (a weight update's step)."""
+        released = self._broker.weights.resume(body.policy_version)
+        return json_response(pause_view(self._broker, released, 0))
+
+    async def reply_many(
+        self, body: schema.ReplyBatch, request: Request, query: Annotated[schema.RepliesQuery, Query()]
+    ) -> Response:
+        """Answer a batch of turns (one model batch's outputs); results come back in the same order. With
+        `pull=N`, the next batch comes back too, leased, in `turns`."""
+        status, reply = await reply_batch(self._broker, body, query, request.receive)
+        return Response(reply, status, media_type="application/json")
+
+    async def forward(self, turn_id: str, body: schema.ForwardIn) -> Response:
+        route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
+        turn = await self._broker.answers.forward(turn_id, route, body.lease_id, None)
+        return json_response(turn_view(turn))
+
+    def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:
+        """A new episode as its creator sees it: with its key, and the environment its agent needs."""
+        base = (self._settings.public_url or str(request.base_url)).rstrip("/")
+        env = {
+            "OPENAI_BASE_URL": f"{base}/v1",
+            "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": base,
+            "ANTHROPIC_API_KEY": key,
+            "GOOGLE_GEMINI_BASE_URL": base,
+            "GEMINI_API_KEY": key,
+        }
+        return {**episode_view(episode), "key": key, "env": env}
+
+
+def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
+    state = {"paused": broker.weights.paused, "policy_version": broker.weights.policy_version}
+    return {**state, "released": released, "in_flight": in_flight}
 
 
 async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[[T], object]) -> T | None:
@@ -58,176 +253,22 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[
     return None
 
 
-def trainer_routes(broker: Broker, settings: Settings) -> APIRouter:
-    refused = {"model": wire.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
-    failed = {"model": wire.ApiError, "description": "the database or a model answering for the trainer failed"}
-    # TrainerGate has checked the token, the query's names and the body size
-    router = APIRouter(prefix="/api", tags=["trainer"], responses={"4XX": refused, "5XX": failed})
-    steps = Steps(broker)
-
-    @router.post("/episodes", status_code=201, response_model=wire.EpisodeCreated)
-    async def create_episode(body: wire.EpisodeCreate, request: Request) -> Response:
-        episode, key = await broker.create_episode(
-            body.task, body.metadata, body.turn_timeout_s, **episode_settings(body)
-        )
-        return json_response(created(episode, key, request), 201)
-
-    def created(episode: Episode, key: str, request: Request) -> JsonObject:
-        """A new episode as its creator sees it: with its key, and the environment its agent needs."""
-        base = (settings.public_url or str(request.base_url)).rstrip("/")
-        env = {
-            "OPENAI_BASE_URL": f"{base}/v1",
-            "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": base,
-            "ANTHROPIC_API_KEY": key,
-            "GOOGLE_GEMINI_BASE_URL": base,
-            "GEMINI_API_KEY": key,
-        }
-        return {**episode_view(episode), "key": key, "env": env}
-
-    @router.post("/episodes/{episode_id}/fork", status_code=201, response_model=wire.Forks)
-    async def fork(episode_id: str, body: wire.ForkIn, request: Request) -> Response:
-        made = await broker.fork(
-            episode_id,
-            body.at_turn,
-            body.n,
-            policy=route_of(body.policy or "", body.policy_options),
-            inherit_policy=body.policy is None,
-            ignore=body.ignore,
-            min_similarity=body.min_similarity,
-            on_divergence=body.on_divergence,
-        )
-        return json_response({"episodes": [created(episode, key, request) for episode, key in made]}, 201)
-
-    @router.get("/episodes", response_model=wire.EpisodeList)
-    async def list_episodes(
-        status: EpisodeStatus | None = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # the databases' largest integer
-    ) -> Response:
-        found = await broker.episodes(status, limit + 1, offset)
-        more = len(found) > limit
-        return json_response(
-            {
-                "episodes": [episode_view(episode) for episode in found[:limit]],
-                "next_offset": offset + limit if more else None,
-            }
-        )
-
-    @router.get("/episodes/{episode_id}", response_model=wire.Episode)
-    async def get_episode(episode_id: str) -> Response:
-        return json_response(episode_view(await broker.episode(episode_id)))
-
-    @router.post("/episodes/{episode_id}/finish", response_model=wire.Episode)
-    async def finish_episode(episode_id: str, body: wire.FinishIn) -> Response:
-        episode = await broker.finish(episode_id, EpisodeStatus(body.status), body.reason)
-        return json_response(episode_view(episode))
-
-    @router.post("/episodes/{episode_id}/rewards", status_code=201, response_model=wire.Reward)
-    async def add_reward(episode_id: str, body: wire.RewardIn) -> Response:
-        reward = await broker.add_reward(
-            episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=body.turn_id
-        )
-        return json_response(reward_view(reward), 201)
-
-    @router.get("/episodes/{episode_id}/trajectory", response_model=wire.Trajectory)
-    async def trajectory(episode_id: str) -> Response:
-        return json_response(trajectory_view(*await broker.trajectory(episode_id)))
-
-    @router.post("/episodes/{episode_id}/reset", response_model=wire.TimeStep)
-    async def reset(
-        episode_id: str,
-        request: Request,
-        wait: Annotated[float, Query(ge=0, le=600)] = 60,
-        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
-    ) -> Response:
-        """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
-        step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo)
-        return json_response(timestep_view(step)) if step else Response(status_code=499)
-
-    @router.post("/episodes/{episode_id}/step", response_model=wire.TimeStep)
-    async def step(
-        episode_id: str,
-        body: wire.StepIn,
-        request: Request,
-        wait: Annotated[float, Query(ge=0, le=600)] = 60,
-        lease: Annotated[float | None, Query(gt=0, le=86400)] = None,
-    ) -> Response:
-        """dm_env's step: answer the current call with the action (a reply), then wait for the next call (MID)
-        or for the episode to end (LAST, with its reward). Sending the same step again is safe."""
-        await broker.episode(episode_id)  # 404 for an unknown episode
-        turn_id = body.turn_id or steps.current(episode_id)
-        action = steps.step(episode_id, turn_id, reply_from(body, turn_id), wait, lease)
-        result = await until_disconnect(request.receive, action, steps.undo)
-        return json_response(timestep_view(result)) if result else Response(status_code=499)
-
-    @router.get("/turns/next", response_model=wire.TurnBatch)
-    async def next_turns(request: Request, query: Annotated[wire.TurnsQuery, Query()]) -> Response:
-        status, body = await next_batch(broker, query, request.receive)
-        return Response(body, status, media_type="application/json")
-
-    @router.get("/turns/{turn_id}", response_model=wire.Turn)
-    async def get_turn(turn_id: str) -> Response:
-        return json_response(turn_view(await broker.turn(turn_id)))
-
-    @router.post("/turns/{turn_id}/reply", response_model=wire.Turn)
-    async def reply(turn_id: str, body: wire.ReplyIn) -> Response:
-        turn = await broker.reply(turn_id, reply_from(body, turn_id), body.lease_id)
-        return json_response(turn_view(turn))
-
-    @router.post("/pause", response_model=wire.PauseState)
-    async def pause(body: wire.PauseIn) -> Response:
-        """Pause new agent calls for a weight update; turns already parked or pulled still drain."""
-        in_flight = await broker.weights.pause(body.mode, body.retry_after_s, body.drain_s)
-        return json_response(pause_view(broker, 0, in_flight))
-
-    @router.post("/resume", response_model=wire.PauseState)
-    async def resume(body: wire.ResumeIn) -> Response:
-        """Release the calls held by the pause; with `policy_version`, every reply recorded from now on carries
-        it (a weight update's step)."""
-        released = broker.weights.resume(body.policy_version)
-        return json_response(pause_view(broker, released, 0))
-
-    @router.post("/turns/replies", response_model=wire.ReplyResults)
-    async def reply_many(
-        body: wire.ReplyBatch, request: Request, query: Annotated[wire.RepliesQuery, Query()]
-    ) -> Response:
-        """Answer a batch of turns (one model batch's outputs); results come back in the same order. With
-        `pull=N`, the next batch comes back too, leased, in `turns`."""
-        status, reply = await reply_batch(broker, body, query, request.receive)
-        return Response(reply, status, media_type="application/json")
-
-    @router.post("/turns/{turn_id}/forward", response_model=wire.Turn)
-    async def forward(turn_id: str, body: wire.ForwardIn) -> Response:
-        route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
-        turn = await broker.forward(turn_id, route, body.lease_id, None)
-        return json_response(turn_view(turn))
-
-    return router
+# The two calls a trainer makes for every batch, whichever way they came in (plain, or through FastAPI)
 
 
-def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
-    state = {"paused": broker.weights.paused, "policy_version": broker.weights.policy_version}
-    return {**state, "released": released, "in_flight": in_flight}
-
-
-# The two calls a trainer makes for every batch; FastLane serves them without the framework when their input is
-# well-formed, and the routes above when it is not (and for the schema).
-
-
-async def next_batch(broker: Broker, query: wire.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
+async def next_batch(broker: Broker, query: schema.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
     """Lease a batch of turns (long-polling up to `query.wait`); 499 if the trainer hung up meanwhile."""
     if query.episode is not None:
         await broker.episode(query.episode)
-    pull = broker.pull(query.episode, query.max, query.wait, query.lease)
-    turns = await until_disconnect(receive, pull, broker.release)
+    pull = broker.queue.pull(query.episode, query.max, query.wait, query.lease)
+    turns = await until_disconnect(receive, pull, broker.queue.release)
     if turns is None:
         return 499, b""
     return 200, orjson.dumps({"turns": [turn_view(turn) for turn in turns]})
 
 
 async def reply_batch(
-    broker: Broker, batch: wire.ReplyBatch | replies.ReplyBatch, query: wire.RepliesQuery, receive: Receive
+    broker: Broker, batch: schema.ReplyBatch | replies.ReplyBatch, query: schema.RepliesQuery, receive: Receive
 ) -> tuple[int, bytes]:
     """Answer the batch; with `query.pull`, then lease the next batch (long-polling up to `query.wait`). The
     replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
@@ -236,18 +277,18 @@ async def reply_batch(
     results = await answer_all(broker, batch.replies)
     if not query.pull:
         return 200, orjson.dumps({"results": results})
-    pulled = wire.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
+    pulled = schema.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
     status, body = await next_batch(broker, pulled, receive)
     if status != 200:
         return status, body
     return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})
 
 
-async def answer_all(broker: Broker, items: Sequence[wire.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
+async def answer_all(broker: Broker, items: Sequence[schema.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
     """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
     status: what both the batch route and the stream acknowledge with."""
     answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]
-    outcomes = await broker.reply_all(answers)
+    outcomes = await broker.answers.reply_all(answers)
     return [_result(turn_id, outcome) for (turn_id, _, _), outcome in zip(answers, outcomes, strict=True)]
 
 
@@ -256,3 +297,7 @@ def _result(turn_id: str, outcome: Turn | TrajproxyError) -> JsonObject:
         return {"turn_id": turn_id, "status": 200, "turn": turn_view(outcome)}
     error = {"type": outcome.kind, "message": outcome.message}
     return {"turn_id": turn_id, "status": status_of(outcome), "error": error}
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    return dict(parse_qsl(scope["query_string"].decode("latin-1"), True))

@@ -43,13 +43,13 @@ import orjson
 from sqlalchemy import Connection, Engine, and_, create_engine, func, inspect, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.cli import key_values
 from proxy.core.answers import first_difference
 from proxy.core.errors import NotFound, StorageError
-from proxy.core.replay import REPLAYED
+from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject, text_of
+from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
-from proxy.storage.sole import database_url, one_line
+from proxy.storage.database_lock import database_url, one_line
 from proxy.storage.sql import engine_url, episodes, rewards, turns
 
 Shape = Literal["chat", "tokens", "atif"]

@@ -1,6 +1,6 @@
 """SqlStore: the Store port over SQLite (default, WAL) or Postgres. Writes are group-committed by one writer
 thread (`proxy.storage.writer`); reads run on a thread of their own connection pool. Given a replica id, it is one
-of several replicas sharing a Postgres database (`proxy.storage.shared` holds their queue).
+of several replicas sharing a Postgres database (`proxy.storage.postgres_queue` holds their queue).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from sqlmodel import SQLModel
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
 from proxy.core.errors import StorageError
 from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
-from proxy.storage.sole import SoleServer
+from proxy.storage.database_lock import DatabaseLock
 from proxy.storage.tables import (
     TURN_SETTLED,
     TURN_STATE,
@@ -118,16 +118,16 @@ class SqlStore:
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
         self._engine: Engine | None = None
         self._writer: Writer | None = None
-        self._sole = SoleServer(self.url, shared=replica is not None)
+        self._database_lock = DatabaseLock(self.url, shared=replica is not None)
 
     async def open(self) -> None:
         if self.replica is not None and self.url.startswith("sqlite"):
             raise StorageError("--shared needs Postgres: one process serves a SQLite database (drop --shared)")
-        self._sole.acquire()
+        self._database_lock.acquire()
         try:
             self._engine = await asyncio.to_thread(self._connect)
         except BaseException:
-            self._sole.release()
+            self._database_lock.release()
             raise
         self._writer = Writer(self._engine, self._on_commit)
 
@@ -144,7 +144,7 @@ class SqlStore:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
-        self._sole.release()
+        self._database_lock.release()
 
     # Writes (group-committed)
 
@@ -270,8 +270,8 @@ class SqlStore:
         summed = select(rewards.c.episode_id, func.sum(rewards.c.value)).where(
             rewards.c.episode_id.in_(ids), rewards.c.turn_id.is_(None)
         )
-        counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).tuples().all())
-        sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).tuples().all())
+        counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).all())
+        sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).all())
         return [EpisodeSummary(e, int(counts.get(e.id, 0)), sums.get(e.id)) for e in found]
 
     async def episode_counts(self) -> dict[EpisodeStatus, int]:
@@ -345,7 +345,7 @@ class SqlStore:
         assert self._writer is not None, "SqlStore.open() was not awaited"
         return self._writer.write(op)
 
-    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.shared`)
+    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.postgres_queue`)
 
     async def _read(self, query: Callable[[Connection], Any]) -> list[Any]:
         engine = self._engine

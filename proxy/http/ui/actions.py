@@ -13,15 +13,15 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
-from proxy import wire
+from proxy import schema
 from proxy.core.errors import NotFound, TrajproxyError
 from proxy.core.values import Turn
+from proxy.http.trainer_json import reply_from
 from proxy.http.ui.auth import check_door, local_path
 from proxy.http.ui.forms import Refused, hand_answer, hand_error, hand_reward
 from proxy.http.ui.pages import Pages, field, form
 from proxy.http.ui.routes import guard, turn_page
 from proxy.http.ui.throttle import LoginThrottle, retry_after
-from proxy.http.views import reply_from
 
 HUMAN = "human"  # answered_by of a turn answered on the page
 log = logging.getLogger("trajproxy")
@@ -87,7 +87,7 @@ def action_routes(pages: Pages) -> APIRouter:
         fields = await form(request)
         try:
             body = hand_reward(field(fields, "name"), field(fields, "value"), field(fields, "info"))
-            await pages.broker.add_reward(
+            await pages.broker.rewards.add(
                 episode_id, body.name, body.value, source=body.source, info=body.info, turn_id=None
             )
         except NotFound:
@@ -104,22 +104,22 @@ async def _by_hand(
     pages: Pages,
     request: Request,
     turn_id: str,
-    read: Callable[[Turn], wire.ReplyIn],
+    read: Callable[[Turn], schema.ReplyIn],
     typed: dict[str, Any],
     form_name: str = "",
 ) -> Response:
     """Read a hand answer for the turn and record it as the trainer API would, `answered_by: human`. A form that
     cannot be used, or a turn no longer open (answered meanwhile, its agent gone), shows the form again with why."""
     try:
-        turn = await pages.broker.turn(turn_id)
+        turn = await pages.broker.queue.turn(turn_id)
     except NotFound:
         return pages.missing(request, f"There is no turn {turn_id!r}.")
     try:
         body = read(turn)
-        await pages.broker.reply(turn_id, replace(reply_from(body, turn_id), answered_by=HUMAN))
+        await pages.broker.answers.reply(turn_id, replace(reply_from(body, turn_id), answered_by=HUMAN))
     except Refused as e:
         return turn_page(pages, request, turn, 400, {**typed, f"{form_name}refused": str(e)})
     except TrajproxyError as e:
-        turn = await pages.broker.turn(turn_id)
+        turn = await pages.broker.queue.turn(turn_id)
         return turn_page(pages, request, turn, 409, {**typed, f"{form_name}refused": e.message})
     return RedirectResponse(f"/ui/turns/{turn_id}", 303)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 from starlette.responses import RedirectResponse, Response
 
-from proxy import wire
+from proxy import schema
 from proxy.core.errors import NotFound, TrajproxyError
 from proxy.core.values import EpisodeStatus
 from proxy.http.ui.pages import Pages, field, form
@@ -29,7 +29,7 @@ def closing_routes(pages: Pages) -> APIRouter:
         if status not in _ENDINGS:
             return _back(episode_id, f"an episode ends finished, failed or cancelled, not {status[:40]!r}")
         try:
-            body = wire.FinishIn.model_validate({"status": status, "reason": reason or None})
+            body = schema.FinishIn.model_validate({"status": status, "reason": reason or None})
         except ValidationError as e:
             return _back(episode_id, f"the reason: {e.errors()[0]['msg']}")
         try:

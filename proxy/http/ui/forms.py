@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from proxy import wire
+from proxy import schema
 from proxy.core.catalog import Cursor, EpisodeQuery
 from proxy.core.values import EpisodeStatus, JsonObject
 from proxy.storage.export import Filters, parse_time, parse_where
@@ -99,7 +99,7 @@ def cursor_text(at: Cursor) -> str:
     return f"{at[0]!r}~{at[1]}"
 
 
-def hand_answer(request: JsonObject, content: str, names: Sequence[str], arguments: Sequence[str]) -> wire.ReplyIn:
+def hand_answer(request: JsonObject, content: str, names: Sequence[str], arguments: Sequence[str]) -> schema.ReplyIn:
     """A reply typed by hand: text and tool calls (a name and JSON arguments each), checked against the tools the
     agent's call offers."""
     offered = [tool.get("function", {}).get("name") for tool in request.get("tools") or () if isinstance(tool, dict)]
@@ -129,7 +129,7 @@ def hand_answer(request: JsonObject, content: str, names: Sequence[str], argumen
     return _reply({"message": message})
 
 
-def hand_error(status: str, message: str, kind: str) -> wire.ReplyIn:
+def hand_error(status: str, message: str, kind: str) -> schema.ReplyIn:
     """An error for the agent instead of a reply: an HTTP status (400-599) and a message."""
     try:
         code = int(status)
@@ -142,7 +142,7 @@ def hand_error(status: str, message: str, kind: str) -> wire.ReplyIn:
     return _reply({"error": {"status": code, "message": message, "type": kind.strip() or "server_error"}})
 
 
-def hand_reward(name: str, value: str, info: str) -> wire.RewardIn:
+def hand_reward(name: str, value: str, info: str) -> schema.RewardIn:
     number = _number(value, "the reward")
     if number is None:
         raise Refused("the reward needs a value")
@@ -151,16 +151,16 @@ def hand_reward(name: str, value: str, info: str) -> wire.RewardIn:
     except orjson.JSONDecodeError as e:
         raise Refused(f"the info is not JSON ({e})") from e
     try:
-        return wire.RewardIn.model_validate(
+        return schema.RewardIn.model_validate(
             {"name": name.strip() or "reward", "value": number, "source": "human", "info": details}
         )
     except ValidationError as e:
         raise Refused(_reasons(e)) from None
 
 
-def _reply(body: JsonObject) -> wire.ReplyIn:
+def _reply(body: JsonObject) -> schema.ReplyIn:
     try:
-        return wire.ReplyIn.model_validate(body)
+        return schema.ReplyIn.model_validate(body)
     except ValidationError as e:
         raise Refused(_reasons(e)) from None
 

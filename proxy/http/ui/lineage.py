@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from proxy.core.catalog import Catalog, EpisodeSummary
-from proxy.core.replay import ForkPlan
+from proxy.core.fork_plan import ForkPlan
 from proxy.core.values import Episode
 
 MAX_DEPTH = 8  # forks of forks shown below an episode

@@ -18,7 +18,7 @@ from proxy.core.catalog import Catalog
 from proxy.http.edge import read_body
 from proxy.http.ui.auth import UiAuth
 from proxy.http.ui.diffs import diff_lines
-from proxy.http.ui.views import moment
+from proxy.http.ui.display import moment
 
 HERE = Path(__file__).parent
 _FORM_BYTES = 4 * 1024 * 1024  # a hand-typed answer; a pasted file at most
@@ -45,7 +45,7 @@ class Pages:
         return {
             "parked": self.broker.open_turns - leased,
             "leased": leased,
-            "waiting": self.broker.waiting_pollers,
+            "waiting": self.broker.queue.waiting,
         }
 
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> Response:

@@ -10,14 +10,14 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import RedirectResponse, Response
 
+import proxy.http.ui.display as display
 from proxy.core.errors import NotFound
 from proxy.core.values import Turn
 from proxy.http.trainer import json_response
-from proxy.http.ui import views
+from proxy.http.trainer_json import turn_view
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
 from proxy.http.ui.lineage import lineage
 from proxy.http.ui.pages import Pages
-from proxy.http.views import turn_view
 
 QUEUE_SHOWN = 200
 
@@ -39,7 +39,7 @@ def page_routes(pages: Pages) -> APIRouter:
             return pages.render(request, "episodes.html", 400, filters=ListFilters(), refused=str(e), rows=[])
         found = await pages.catalog.summaries(filters.query(after, PAGE + 1))
         now = time.time()
-        rows = [views.row(summary, now) for summary in found[:PAGE]]
+        rows = [display.row(summary, now) for summary in found[:PAGE]]
         kept = urlencode([(k, v) for k, v in params.multi_items() if k not in ("after", "partial") and v])
         more = None
         if len(found) > PAGE:
@@ -59,19 +59,19 @@ def page_routes(pages: Pages) -> APIRouter:
             found, turns, rewards = await pages.broker.trajectory(episode_id)
         except NotFound:
             return pages.missing(request, f"There is no episode {episode_id!r}.")
-        output, diff = views.left_behind(rewards)
-        tree = views.branches(turns)
+        output, diff = display.left_behind(rewards)
+        tree = display.branches(turns)
         forks = await lineage(pages.catalog, found)
         return pages.render(
             request,
             "episode.html",
             episode=found,
-            agent=views.agent_of(found),
-            metadata=views.pretty(found.metadata),
+            agent=display.agent_of(found),
+            metadata=display.pretty(found.metadata),
             branches=tree,
             branches_by_number={branch.number: branch for branch in tree},
             turns=turns,
-            rewards=[(reward, views.pretty(reward.info) if reward.info else "") for reward in rewards],
+            rewards=[(reward, display.pretty(reward.info) if reward.info else "") for reward in rewards],
             output=output,
             diff=diff,
             refused=refused,
@@ -81,14 +81,14 @@ def page_routes(pages: Pages) -> APIRouter:
 
     @router.get("/queue")
     async def queue(request: Request) -> Response:
-        shown = pages.broker.queue(QUEUE_SHOWN)
+        shown = pages.broker.open(QUEUE_SHOWN)
         name = "queue_rows.html" if request.query_params.get("partial") else "queue.html"
         return pages.render(request, name, turns=[(turn, _asked(turn)) for turn in shown], limit=QUEUE_SHOWN)
 
     @router.get("/turns/{turn_id}")
     async def turn(request: Request, turn_id: str) -> Response:
         try:
-            found = await pages.broker.turn(turn_id)
+            found = await pages.broker.queue.turn(turn_id)
         except NotFound:
             return pages.missing(request, f"There is no turn {turn_id!r}.")
         return turn_page(pages, request, found)
@@ -96,7 +96,7 @@ def page_routes(pages: Pages) -> APIRouter:
     @router.get("/turns/{turn_id}/raw")
     async def raw(turn_id: str) -> Response:
         """The turn as the trainer API gives it: the request as received and normalised, and the reply."""
-        return json_response(turn_view(await pages.broker.turn(turn_id)))
+        return json_response(turn_view(await pages.broker.queue.turn(turn_id)))
 
     return router
 
@@ -105,14 +105,14 @@ def turn_page(
     pages: Pages, request: Request, turn: Turn, status: int = 200, form: dict[str, Any] | None = None
 ) -> Response:
     """One turn: the conversation its call sends, the tools it offers, and an answer form while it is open."""
-    tools = views.offered_tools(turn.request)
-    answer = views.step(turn, None).reply
+    tools = display.offered_tools(turn.request)
+    answer = display.step(turn, None).reply
     return pages.render(
         request,
         "turn.html",
         status,
         turn=turn,
-        messages=[views.shown(m) for m in views.messages_of(turn)],
+        messages=[display.shown(m) for m in display.messages_of(turn)],
         tools=tools,
         answer=answer,
         form=form or {},
@@ -121,8 +121,8 @@ def turn_page(
 
 def _asked(turn: Turn) -> str:
     """The last thing the call says (a user's words, a tool's output), short."""
-    messages = views.messages_of(turn)
-    text = views.shown(messages[-1]).text if messages else ""
+    messages = display.messages_of(turn)
+    text = display.shown(messages[-1]).text if messages else ""
     return text if len(text) <= 160 else text[:160] + "…"
 
 

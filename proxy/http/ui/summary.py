@@ -16,10 +16,10 @@ from starlette.responses import Response
 
 from proxy.core.catalog import Catalog, EpisodeQuery, EpisodeSummary
 from proxy.core.values import EpisodeStatus
+from proxy.http.ui.display import agent_of, moment
 from proxy.http.ui.forms import ListFilters, Refused, list_filters
 from proxy.http.ui.pages import Pages
 from proxy.http.ui.routes import guard
-from proxy.http.ui.views import agent_of, moment
 
 WIDTH, HEIGHT, MARGIN = 720, 240, 40  # the chart's viewBox and the room left for its axes' labels
 SUMMARISED = 10_000  # the newest episodes a summary reads, at most

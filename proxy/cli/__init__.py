@@ -1,0 +1,1 @@
+"""The `trajproxy` command line: its parser and the proxy's own subcommands (serve, export)."""

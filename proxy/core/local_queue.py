@@ -1,0 +1,204 @@
+"""LocalQueue: this process's parking lot is the queue (one process per database).
+
+A pull leases from the lot, waiting for a turn if none is ready; a lease lives in memory only, costing no write:
+after a restart its turn is parked again, and a reply naming it still lands (`_before_restart`). A reply is checked
+against the lot and recorded in the store before its agent hears it (`LocalBook`). A restart loses no turn: `start`
+takes back the open turns the store holds, for their agents' retries to claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+
+from proxy.core.answers import Answer, Answers, Claim, Outcome, handed_out_again, same_reply
+from proxy.core.context import Context
+from proxy.core.episodes import LiveEpisode
+from proxy.core.errors import Conflict, TrajproxyError, TurnClosed
+from proxy.core.parking import Slot, delivery_of
+from proxy.core.pause import Pause
+from proxy.core.recovery import adopt, left_open
+from proxy.core.retries import retried
+from proxy.core.values import Reply, Turn, TurnStatus
+
+log = logging.getLogger("trajproxy")
+
+
+class LocalQueue:
+    retries_stale = False  # no other process records this database's turns
+
+    def __init__(self, *, context: Context) -> None:
+        self._context = context
+        self.answers = Answers(context=context, book=LocalBook(context))
+
+    @property
+    def waiting(self) -> int:
+        return self._context.lot.poller_count
+
+    async def start(self, pause: Pause) -> int:
+        """Take back the open turns a previous process left in the store (it stopped or crashed holding them).
+
+        Their agents' connections died with that process, so each waits out of the queue, as a turn whose agent
+        hung up does: its agent's SDK retry (the same body) reattaches to it within the restart grace (longer
+        than the retry grace: an SDK deep in its backoff comes back late), or it is recorded abandoned. A leased
+        one keeps its lease (renewed), so the reply its trainer sends still lands; answered before the retry
+        comes, it is replayed to the retry. A turn a model answers goes to it again."""
+        context = self._context
+        left = await left_open(context.store, context.episodes, context.clock())
+        for slot, answerer in adopt(left, context.lot, context.lease_s):
+            context.deadlines.after_restart(slot)
+            if answerer is not None:
+                self.answers.by_model(slot, answerer)
+        await context.store.save_turns(left.closed)
+        if left.episodes:
+            log.info("took back %d open turns of %d episodes from the store", len(left.waiting), left.episodes)
+        return len(left.waiting)
+
+    async def stop(self) -> None:
+        pass
+
+    def add(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
+        return self._context.store.add_turn(turn)
+
+    def parked(self, slot: Slot) -> None:
+        pass
+
+    async def retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+        return await retried(self._context.lot, self._context.store, live, wire)
+
+    def away(self, slot: Slot) -> None:
+        pass
+
+    async def closed(self, episode_id: str, why: str) -> None:
+        pass
+
+    async def turn(self, turn_id: str) -> Turn:
+        return await self._context.ledger.turn(turn_id)
+
+    async def pull(self, episode_id: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> list[Turn]:
+        context = self._context
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not (slots := context.lot.take(episode_id, max_turns, lease_s or context.lease_s, context.clock())):
+            remaining = deadline - loop.time()
+            if remaining <= 0 or (episode_id is not None and context.episodes.closed(episode_id)):
+                return []
+            await context.lot.wait(episode_id, remaining)
+        handed = [slot.turn for slot in slots]
+        context.ledger.observer.leased(handed)
+        return handed
+
+    def release(self, turns: Sequence[Turn]) -> None:
+        for turn in turns:
+            slot = self._context.lot.get(turn.id)
+            if slot is not None and slot.turn.lease_id == turn.lease_id:
+                self._context.lot.release(slot)
+
+    def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
+        pass
+
+
+class LocalBook:
+    """Replies checked against this process's lot and recorded in the store."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._pending: dict[str, asyncio.Future[None]] = {}  # turn id -> the write recording its reply
+
+    async def claim(self, answers: Sequence[Answer]) -> list[Claim | TrajproxyError | None]:
+        claims: list[Claim | TrajproxyError | None] = []
+        for turn_id, reply, lease_id in answers:
+            slot = self._context.lot.get(turn_id)
+            if slot is not None and lease_id is not None and (before := _before_restart(slot.turn, lease_id)):
+                slot.turn = replace(slot.turn, deliveries=before)  # the delivery its reply names is recorded
+            elif slot is not None and lease_id is not None and slot.turn.lease_id != lease_id:
+                claims.append(handed_out_again(turn_id, lease_id))
+                continue
+            claims.append(None if slot is None else Claim(slot.turn, reply, slot))
+        return claims
+
+    async def record(self, claims: Sequence[Claim], now: float) -> list[Outcome | None]:
+        context = self._context
+        outcomes: list[Outcome | None] = [None] * len(claims)
+        answered: list[tuple[int, Slot, Turn]] = []
+        for i, claim in enumerate(claims):
+            assert claim.slot is not None
+            turn = context.ledger.close(claim.slot, TurnStatus.ANSWERED, None, reply=claim.reply, answered_at=now)
+            if turn is not None:  # else settled by now (an earlier answer in this batch, its agent gone, …)
+                answered.append((i, claim.slot, turn))
+                if (live := context.episodes.get(turn.episode_id)) is not None:
+                    live.account(turn, claim.reply)
+        if not answered:
+            return outcomes
+        written = asyncio.ensure_future(context.store.save_turns([turn for _, _, turn in answered]))  # noqa: RUF006 (kept in _pending)
+        for _, _, turn in answered:
+            self._pending[turn.id] = written
+        written.add_done_callback(lambda done: self._written([(slot, turn) for _, slot, turn in answered], done))
+        try:
+            await asyncio.shield(written)
+        except TrajproxyError as e:
+            for i, _, _ in answered:
+                outcomes[i] = e
+        else:
+            for i, _, turn in answered:
+                outcomes[i] = turn
+        return outcomes
+
+    async def judge(self, turn_id: str, reply: Reply) -> Turn:
+        pending = self._pending.get(turn_id)
+        if pending is not None:  # an answer is being recorded: judge this one against it once it is
+            await asyncio.shield(pending)
+        turn = await self._context.ledger.turn(turn_id)
+        if turn.status is TurnStatus.ANSWERED:
+            if turn.reply is not None and same_reply(turn.reply, reply):
+                return turn
+            raise Conflict(f"turn {turn_id} already has a different reply; replies cannot be changed")
+        if turn.status.open:
+            raise TurnClosed(f"turn {turn_id} is not waiting on this proxy any more; its agent is gone")
+        raise TurnClosed(f"turn {turn_id} is {turn.status} ({turn.reason}); it can no longer be answered")
+
+    async def forwarding(self, turn_id: str, lease_id: str | None) -> tuple[Turn, str | None, Callable[[float], None]]:
+        context = self._context
+        slot = context.lot.get(turn_id)
+        if slot is None:
+            turn = await context.ledger.turn(turn_id)
+            raise TurnClosed(f"turn {turn_id} is {turn.status}; it can no longer be answered")
+        if lease_id is not None and slot.turn.lease_id != lease_id:
+            raise Conflict(f"lease {lease_id} on turn {turn_id} has expired; the turn was not forwarded")
+        context.lot.hold(slot, context.clock())
+        return slot.turn, slot.turn.lease_id, lambda lease_s: context.lot.renew(slot, lease_s)
+
+    def _written(self, answered: list[tuple[Slot, Turn]], written: asyncio.Future[None]) -> None:
+        lost = not written.cancelled() and written.exception() is not None
+        failed = []
+        for slot, turn in answered:
+            self._pending.pop(turn.id, None)
+            if lost:
+                failed.append(replace(turn, status=TurnStatus.FAILED, reason="the reply could not be recorded"))
+                self._context.ledger.remember(failed[-1])
+            _resolve(slot, written, turn)
+        if failed:
+            self._context.ledger.submit(self._context.store.save_turns(failed))
+
+
+def _before_restart(turn: Turn, lease_id: str) -> int | None:
+    """The delivery a lease names, if an earlier process handed it out: leases live in memory, so a turn taken back
+    after a restart is parked, and a lease on it with a later delivery than this process knows can be no other.
+    Its trainer's reply lands."""
+    delivery = delivery_of(turn.id, lease_id)
+    if turn.status is not TurnStatus.PARKED or delivery is None:
+        return None
+    return delivery if delivery > turn.deliveries else None
+
+
+def _resolve(slot: Slot, written: asyncio.Future[None], turn: Turn) -> None:
+    if slot.answer.done():
+        return
+    if written.cancelled():
+        slot.answer.cancel()
+    elif (error := written.exception()) is not None:
+        slot.fail(error)
+    else:
+        slot.answer.set_result(turn)

@@ -1,0 +1,202 @@
+"""SharedQueue: replicas share one database, and the queue is the database's, not any one replica's lot.
+
+A pull leases there (no two trainers anywhere get the same turn) and waits for a notice that turns were parked; an
+answer is recorded there, if the turn is still open under the lease it names, and the replica holding the turn's
+agent hears of it and hands the reply over. `Replicas` keeps this replica in step with the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+
+from proxy.core.answers import Answer, Answers, Claim, Outcome, handed_out_again, same_reply
+from proxy.core.bell import Bell
+from proxy.core.context import Context
+from proxy.core.episodes import LiveEpisode
+from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed
+from proxy.core.parking import Slot, delivery_of, lease_of
+from proxy.core.pause import Pause
+from proxy.core.ports import SharedDatabase
+from proxy.core.replicas import Replicas, settle_answered
+from proxy.core.retries import retried
+from proxy.core.values import Reply, Turn, TurnStatus
+
+_LEASE_SLACK_S = 0.05  # a waiting pull looks again this long after a running lease should have run out
+
+
+class SharedQueue:
+    retries_stale = True  # another replica may have recorded the episode's next turn first
+
+    def __init__(self, *, context: Context, database: SharedDatabase) -> None:
+        self._context = context
+        self._database = database
+        self._bell = Bell()
+        self.answers = Answers(context=context, book=SharedBook(context, database))
+        self._replicas = Replicas(context=context, database=database, answers=self.answers, bell=self._bell)
+
+    @property
+    def waiting(self) -> int:
+        return self._bell.waiting
+
+    async def start(self, pause: Pause) -> int:
+        """Join the replicas: hear the others, obey the pause, take over what dead replicas left."""
+        return await self._replicas.start(pause)
+
+    async def stop(self) -> None:
+        await self._replicas.stop()
+
+    def add(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
+        return self._database.add_turn(turn, held_for)
+
+    def parked(self, slot: Slot) -> None:
+        self._replicas.parked(slot)  # a trainer elsewhere may have answered it already
+
+    async def retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+        found = await retried(self._context.lot, self._context.store, live, wire)
+        return await self._replicas.retried(found, live, wire)
+
+    def away(self, slot: Slot) -> None:
+        if slot.withdrawn:
+            self._replicas.away(slot, True)
+
+    async def closed(self, episode_id: str, why: str) -> None:
+        await self._database.episode_closed(episode_id, why, self._context.clock())
+
+    async def turn(self, turn_id: str) -> Turn:
+        if self._context.lot.get(turn_id) is not None:  # open: its lease is the database's
+            return (await self._database.turns([turn_id]))[turn_id]
+        return await self._context.ledger.turn(turn_id)
+
+    async def pull(self, episode_id: str | None, max_turns: int, wait_s: float, lease_s: float | None) -> list[Turn]:
+        context = self._context
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            rung = self._bell.rings
+            leasing = asyncio.ensure_future(
+                self._database.lease(episode_id, max_turns, lease_s or context.lease_s, context.clock())
+            )
+            try:
+                turns, lease_ends_in_s = await asyncio.shield(leasing)
+            except asyncio.CancelledError:  # the poller left: what was leased for it goes back at once
+                leasing.add_done_callback(self._give_back)
+                raise
+            if turns:
+                handed = [replace(turn, lease_id=lease_of(turn.id, turn.deliveries)) for turn in turns]
+                context.ledger.observer.leased(handed)
+                return handed
+            remaining = deadline - loop.time()
+            if remaining <= 0 or (episode_id is not None and context.episodes.closed(episode_id)):
+                return []
+            if self._bell.rings == rung:  # nothing parked while it looked: wait for a notice, or a lease to run out
+                until_s = remaining if lease_ends_in_s is None else min(remaining, lease_ends_in_s + _LEASE_SLACK_S)
+                await self._bell.wait(episode_id, until_s)
+
+    def release(self, turns: Sequence[Turn]) -> None:
+        self._context.ledger.submit(self._database.release(turns))
+
+    def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
+        self._replicas.pause(mode, retry_after_s, policy_version)
+
+    def _give_back(self, leasing: asyncio.Future[tuple[list[Turn], float | None]]) -> None:
+        if not leasing.cancelled() and leasing.exception() is None:
+            self.release(leasing.result()[0])
+
+
+class SharedBook:
+    """Replies checked against the database replicas share and recorded there."""
+
+    def __init__(self, context: Context, database: SharedDatabase) -> None:
+        self._context = context
+        self._database = database
+
+    async def claim(self, answers: Sequence[Answer]) -> list[Claim | TrajproxyError | None]:
+        found = await self._database.turns([turn_id for turn_id, _, _ in answers])
+        claims: list[Claim | TrajproxyError | None] = []
+        for turn_id, reply, lease_id in answers:
+            turn = found.get(turn_id)
+            if turn is None:
+                claims.append(NotFound(f"no turn {turn_id!r}"))
+                continue
+            try:
+                delivery = self._delivery(turn_id, lease_id)
+            except Conflict as e:
+                claims.append(e)
+                continue
+            if delivery is not None and turn.status.open and delivery != turn.deliveries:
+                claims.append(handed_out_again(turn_id, lease_id))
+                continue
+            claims.append(Claim(turn, reply, delivery=delivery))
+        return claims
+
+    async def record(self, claims: Sequence[Claim], now: float) -> list[Outcome | None]:
+        answered = [
+            replace(
+                claim.turn, status=TurnStatus.ANSWERED, reply=claim.reply, answered_at=now, ended_at=now, reason=None
+            )
+            for claim in claims
+        ]
+        recorded = await self._database.answer(
+            [(turn, claim.delivery) for turn, claim in zip(answered, claims, strict=True)]
+        )
+        outcomes: list[Outcome | None] = []
+        seen: set[str] = set()  # the first answer to a turn in the batch is the one recorded
+        for turn in answered:
+            outcomes.append(self._recorded(turn) if turn.id in recorded and turn.id not in seen else None)
+            seen.add(turn.id)
+        return outcomes
+
+    async def judge(self, turn_id: str, reply: Reply) -> Turn:
+        turn = (await self._database.turns([turn_id])).get(turn_id)
+        if turn is None:
+            raise NotFound(f"no turn {turn_id!r}")
+        if turn.status is TurnStatus.ANSWERED:
+            if turn.reply is not None and same_reply(turn.reply, reply):
+                return turn
+            raise Conflict(f"turn {turn_id} already has a different reply; replies cannot be changed")
+        if turn.status.open:
+            raise Conflict(
+                f"the lease on turn {turn_id} has expired and the turn was handed out again; this reply was not "
+                "recorded"
+            )
+        raise TurnClosed(f"turn {turn_id} is {turn.status} ({turn.reason}); it can no longer be answered")
+
+    async def forwarding(self, turn_id: str, lease_id: str | None) -> tuple[Turn, str | None, Callable[[float], None]]:
+        turn = (await self._database.turns([turn_id])).get(turn_id)
+        if turn is None:
+            raise NotFound(f"no turn {turn_id!r}")
+        if not turn.status.open:
+            raise TurnClosed(f"turn {turn_id} is {turn.status}; it can no longer be answered")
+        if lease_id is not None and self._delivery(turn_id, lease_id) != turn.deliveries:
+            raise Conflict(f"lease {lease_id} on turn {turn_id} has expired; the turn was not forwarded")
+        return turn, lease_id, _unchanged  # the lease is the database's, running all along
+
+    def _delivery(self, turn_id: str, lease_id: str | None) -> int | None:
+        """The delivery a reply's lease names; None for a reply under no lease, or this replica's own hold of a turn
+        a model (or a fork's replay) answers, which no trainer can lease."""
+        slot = self._context.lot.get(turn_id)
+        if lease_id is None or (slot is not None and slot.turn.lease_id == lease_id):
+            return None
+        if (delivery := delivery_of(turn_id, lease_id)) is None:
+            raise Conflict(f"{lease_id!r} is not a lease on turn {turn_id}; this reply was not recorded")
+        return delivery
+
+    def _recorded(self, turn: Turn) -> Turn:
+        """An answer this replica recorded: its agent hears it now if this replica holds the turn (else its holder
+        hears the notice), and its episode counts what it used."""
+        context = self._context
+        slot = context.lot.get(turn.id)
+        if slot is not None:
+            settle_answered(context.lot, slot, turn)
+            context.ledger.remember(slot.turn)
+        context.ledger.observer.settled(turn)
+        assert turn.reply is not None
+        if (live := context.episodes.get(turn.episode_id)) is not None:
+            live.account(turn, turn.reply)
+        return turn
+
+
+def _unchanged(_lease_s: float) -> None:
+    pass

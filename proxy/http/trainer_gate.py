@@ -1,0 +1,102 @@
+"""TrainerGate: the trainer API's door; the token, the query's names, the body size and its JSON nesting are checked
+before any route reads the body or waits. The route table (`proxy.http.routes`) sends every route whose door is the
+trainer's through it."""
+
+from __future__ import annotations
+
+import contextlib
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorized
+from proxy.core.keys import same_secret
+from proxy.http.edge import (
+    TOO_DEEP,
+    deny,
+    error_body,
+    may_nest_too_deep,
+    nested_too_deep,
+    parse_bearer,
+    read_body,
+    replay,
+    status_of,
+)
+from proxy.http.queries import DeclaredQueries
+from proxy.http.sandbox_door import from_sandbox
+
+
+class TrainerGate:
+    def __init__(self, token: str | None, max_body_bytes: int, queries: DeclaredQueries) -> None:
+        self._token = token
+        self._max_body_bytes = max_body_bytes
+        self._queries = queries
+
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Check an HTTP request at the door and read its body: what its route reads the body from, or None once
+        the request has been refused."""
+        try:
+            self._check_door(scope)
+            unknown = self._queries.refusal(scope["method"], scope["path"], scope["query_string"])
+        except TrajproxyError as e:
+            await self._drain(scope, receive)
+            await _refuse(send, status_of(e), e.kind, e.message)
+            return None
+        if unknown is not None:
+            await self._drain(scope, receive)
+            await _refuse(send, 422, BadRequest.kind, unknown)  # FastAPI's status for a query it cannot take
+            return None
+        try:
+            body = await read_body(scope, receive, self._max_body_bytes)
+            if too_deep(body):
+                raise BadRequest(TOO_DEEP)
+        except TrajproxyError as e:
+            await _refuse(send, status_of(e), e.kind, e.message)
+            return None
+        return replay(body, receive)
+
+    async def admit_handshake(self, scope: Scope, send: Send) -> bool:
+        """Check a WebSocket handshake (the trainer's stream) before it is accepted; its query is the stream's own
+        to check. False once it has been refused."""
+        try:
+            self._check_door(scope)
+        except TrajproxyError as e:
+            await deny(scope, send, status_of(e), error_body(e.kind, e.message))
+            return False
+        return True
+
+    async def _drain(self, scope: Scope, receive: Receive) -> None:
+        """Read and drop the body of a request refused before it was read (up to the body limit, and as long as it
+        does not stall): a connection closed with a body still arriving is reset, and the reset can reach the client
+        before it has read the refusal."""
+        with contextlib.suppress(TrajproxyError):
+            await read_body(scope, receive, self._max_body_bytes)
+
+    def _check_door(self, scope: Scope) -> None:
+        if from_sandbox(scope):  # the sandboxes' door, agents only
+            raise Forbidden("the trainer API is not served on the sandbox socket; use trajproxy's TCP address")
+        self._check_token(scope)
+
+    def _check_token(self, scope: Scope) -> None:
+        if self._token is None:
+            return
+        given = parse_bearer(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
+        if given is None or not same_secret(given, self._token):
+            raise Unauthorized("the trainer API needs 'Authorization: Bearer <TRAJPROXY_TRAINER_TOKEN>'")
+
+
+def too_deep(body: bytes) -> bool:
+    """Whether the body is JSON nested deeper than MAX_JSON_DEPTH (malformed JSON is its route's to refuse)."""
+    if not may_nest_too_deep(body):
+        return False
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return str(e).startswith("depth limit exceeded")
+    return nested_too_deep(value)
+
+
+async def _refuse(send: Send, status: int, kind: str, message: str) -> None:
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": error_body(kind, message)})

@@ -1,0 +1,187 @@
+"""How granian serves trajproxy: its Rust HTTP/1.1 and WebSocket protocol layer on the sockets `sockets.listen`
+opens (TCP and the sandboxes' Unix socket), one worker on the caller's event loop, graceful shutdown bounded.
+
+granian's embedded server binds one address of its own and, on shutdown, stops waiting for the requests in flight
+at once; trajproxy needs both of its sockets on one app and parked calls ended (each cleaned up in its `finally`)
+before the store closes. So this runs granian's ASGI worker per socket itself, the lifespan once, and cancels the
+requests still in flight after `graceful_s`. The access log is off (paths carry episode keys) and KeyRedactor sits
+on granian's loggers. Its WebSocket frames are limited to 16 MiB, and it sends no pings (benchmarks/RESULTS.md,
+"A compiled HTTP front").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from granian._futures import _future_watcher_wrapper, _new_cbscheduler
+from granian.asgi import LifespanProtocol, _callback_wrapper
+from granian.constants import HTTPModes
+from granian.http import HTTP1Settings
+
+from proxy.servers.redaction import KeyRedactor, install_log_filter
+from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
+
+# granian admits at most this many requests at once per worker, holding the rest in the accept queue: parked calls
+# are requests, and a run parks thousands.
+MAX_CONCURRENT_REQUESTS = 1 << 20
+_LOGGERS = ("_granian", "granian", "granian.access")
+_log = logging.getLogger("trajproxy")
+
+
+@dataclass
+class GranianFront:
+    """Serve `app` on `sockets` until `stop()` (or, under `run()`, SIGINT/SIGTERM): a `front.Front`."""
+
+    app: Any
+    sockets: list[socket.socket]
+    log_level: str = "info"
+    graceful_s: float = 5.0  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
+    started: bool = False
+    _stopping: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def run(self) -> None:
+        """Serve on a new event loop until SIGINT or SIGTERM, then shut down within `graceful_s` (and a little)."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.stop)
+            await self.serve()
+
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
+
+    def stop(self) -> None:
+        """Begin shutting down; safe from any thread."""
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+
+    async def serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        _quiet_logs(self.log_level)
+        lifespan = LifespanProtocol(self.app)
+        await lifespan.startup()
+        if lifespan.interrupt:
+            raise RuntimeError("the application failed to start (its log says why)") from lifespan.exc
+        signals = [_native().WorkerSignal() for _ in self.sockets]
+        for worker_id, (sock, signal_) in enumerate(zip(self.sockets, signals, strict=True), start=1):
+            self._start_worker(worker_id, sock, signal_, lifespan.state)
+        self.started = True
+        try:
+            await self._stopping.wait()
+        finally:
+            for signal_ in signals:
+                signal_.set()  # no new connections; requests in flight go on
+            await self._end_in_flight()
+            await lifespan.shutdown()
+            _log.info("Application shutdown complete.")
+
+    def _start_worker(self, worker_id: int, sock: socket.socket, stop: Any, state: dict[str, Any]) -> None:
+        uds = sock.family == socket.AF_UNIX
+        sock.listen(LISTEN_BACKLOG)  # again, as uvicorn does: a socket given bound but not yet listening
+        native = _native()
+        # A duplicate for granian, which closes what it is given when it stops: given the socket's own descriptor, it
+        # would close it twice (the second time, whatever socket was since given that number).
+        holder = native.SocketHolder(os.dup(sock.fileno()), uds, LISTEN_BACKLOG)
+        no_tls: tuple[Any, ...] = (False, None, None, None, "tls1.3", None, [], False)
+        worker = native.ASGIWorker(
+            worker_id,
+            (None, holder),
+            None,
+            1,  # runtime threads: the protocol work is light; Python is the bottleneck
+            512,  # runtime blocking threads (granian's default)
+            1,  # blocking threads: ASGI takes exactly one
+            30,  # their idle timeout, s
+            MAX_CONCURRENT_REQUESTS,
+            HTTPModes.http1,  # as uvicorn: WebSocket upgrades need HTTP/1.1
+            HTTP1Settings(keep_alive=True, header_read_timeout=KEEP_ALIVE_S * 1000),  # hyper's idle limit too
+            None,
+            bool(WEBSOCKET["ws"]),
+            None,  # no static files
+            *no_tls,
+            (None, None),
+        )
+        app = self._on_unix_socket if uds else self._tracked
+        call = _future_watcher_wrapper(_callback_wrapper(app, {}, state))
+        scheduler = _new_cbscheduler(self._loop, call, impl_asyncio=True)
+        serve = worker.serve_async_uds if uds else worker.serve_async
+        serve(scheduler, self._loop, stop)
+
+    async def _on_unix_socket(self, scope: Any, receive: Any, send: Any) -> None:
+        # As uvicorn and the ASGI spec have it: no port, no client address (granian says "0" for both). The app
+        # tells the sandboxes' socket, agents only, by its server having no port.
+        scope["server"], scope["client"] = (scope["server"][0], None), None
+        await self._tracked(scope, receive, send)
+
+    async def _tracked(self, scope: Any, receive: Any, send: Any) -> None:
+        # Each request runs in an asyncio task of its own (granian's asyncio task mode): kept, to cancel at shutdown.
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_flight.add(task)
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if self._stopping is None or not self._stopping.is_set():
+                raise
+            if scope["type"] == "http":  # cancelled by the shutdown: the agent's SDK retries, on the next process
+                await _unavailable(send)
+        finally:
+            self._in_flight.discard(task)
+
+    async def _end_in_flight(self) -> None:
+        """Let requests in flight finish for `graceful_s`, then cancel the rest (parked calls clean up as they go)."""
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=self.graceful_s)
+        left = set(self._in_flight)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=self.graceful_s)
+
+
+def _loop_factory() -> Any:
+    """uvloop's event loop where it is installed (uvicorn[standard] brings it), as uvicorn and granian's CLI choose."""
+    try:
+        import uvloop  # lazy: optional (uvicorn[standard] brings it), and only `run()` makes a loop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _native() -> Any:
+    """granian's Rust extension, looked up by name: its stubs type the worker's arguments differently from what its
+    own code passes."""
+    return importlib.import_module("granian._granian")
+
+
+async def _unavailable(send: Any) -> None:
+    """Answer 503 to a request the shutdown cut short, unless its answer had begun (a stream then just ends)."""
+    body = b'{"error": {"message": "trajproxy is shutting down: retry", "type": "unavailable", "code": 503}}'
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close")]
+    try:
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except RuntimeError:  # its answer had begun (granian refuses a second start): nothing more to say
+        return
+
+
+def _quiet_logs(level: str) -> None:
+    """granian's own log lines at the level asked for, through the root logger's handlers, keys redacted; its
+    access log stays off (it is never configured with a format)."""
+    install_log_filter(_LOGGERS)
+    for name in _LOGGERS:
+        logging.getLogger(name).setLevel(level.upper())
+    # The Rust side logs under child loggers (`_granian.<module>`), which a filter on `_granian` does not see.
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, KeyRedactor) for f in handler.filters):
+            handler.addFilter(KeyRedactor())

@@ -1,0 +1,62 @@
+"""The log filter that keeps episode keys and secret headers out of every line a server writes.
+
+Agents may carry their episode key in the URL (`/e/<key>/v1`), so no path may reach a log line whole. Access logs
+are off, and the handshake lines uvicorn's WebSocket code writes (with the path) go through KeyRedactor."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+_KEY_IN_PATH = re.compile(r"/e/[^/\s\"']+")
+
+
+_KEY_IN_QUERY = re.compile(r"([?&]key=)[^&\s\"']+")  # the Gemini API's ?key=
+
+
+# What uvicorn says of each upgrade request it leaves to the app (which answers it): noise, and with ws="none"
+# its advice to install a WebSocket library is wrong for us.
+_UPGRADE_NOISE = ("Unsupported upgrade request.", "No supported WebSocket library detected")
+
+
+# The websockets library, at debug level, writes each handshake header as a line of its own: these carry secrets.
+_HEADER_LINES = ("< %s: %s", "> %s: %s")
+
+
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key", "cookie", "proxy-authorization"})
+
+
+class KeyRedactor(logging.Filter):
+    """Rewrites `/e/<key>` in a record to `/e/<key>` literally (and `?key=<key>` likewise), hides the values of
+    headers that carry secrets, and drops uvicorn's notes on upgrade requests."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_UPGRADE_NOISE):
+            return False
+        record.msg = _redact(record.msg)
+        if record.msg in _HEADER_LINES and isinstance(record.args, tuple) and len(record.args) == 2:
+            name, _ = record.args
+            if str(name).lower() in _SECRET_HEADERS:
+                record.args = (name, "<redacted>")
+        if isinstance(record.args, tuple):  # kept a tuple of the same length: formatters unpack it
+            record.args = tuple(_redact(arg) for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {name: _redact(arg) for name, arg in record.args.items()}
+        return True
+
+
+def _redact(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    if "/e/" in value:
+        value = _KEY_IN_PATH.sub("/e/<key>", value)
+    return _KEY_IN_QUERY.sub(r"\1<key>", value) if "key=" in value else value
+
+
+def install_log_filter(servers: tuple[str, ...] = ("uvicorn", "uvicorn.error", "uvicorn.access")) -> None:
+    """Put KeyRedactor on the loggers a server writes to, and on ours (once; calling again is harmless)."""
+    for name in (*servers, "trajproxy"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, KeyRedactor) for f in logger.filters):
+            logger.addFilter(KeyRedactor())

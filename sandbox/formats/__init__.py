@@ -1,1 +1,0 @@
-"""Task formats: each reads its files into `sandbox.tasks.Task`s, with a grader and, where it has one, a solver."""
