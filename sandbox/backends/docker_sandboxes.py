@@ -268,7 +268,8 @@ class DockerSandboxes:
         selector = [f"{name}={value}" for name, value in self._selector.items()]
         removed: list[str] = []
         kept: dict[str, str] = {}
-        for container in self._docker().containers.list(all=True, filters={"label": selector}):
+        # Another run on the same engine may remove a container between the listing and its inspection: skip it.
+        for container in self._docker().containers.list(all=True, filters={"label": selector}, ignore_removed=True):
             made_by = RunIdentity.from_labels(container.labels)
             why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(self.run)
             if why is None:
