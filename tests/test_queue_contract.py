@@ -6,7 +6,6 @@ one is refused, a reply under a lease that ran out is refused, a released turn c
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,7 +25,7 @@ from proxy.core.shared_queue import SharedQueue
 from proxy.core.values import Reply, TurnStatus
 from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
-from tests.conftest import POSTGRES_URL, fresh_schema
+from tests.conftest import fresh_database
 
 WAIT_S = 10.0
 REQUEST = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
@@ -37,14 +36,7 @@ ANSWER = Reply(message={"role": "assistant", "content": "hi"}, finish_reason="st
 def kind(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[tuple[str, str]]:
     """Which queue, over which database: a fresh SQLite file or a schema of its own on the test Postgres."""
     queue, _, database = request.param.partition("-")
-    if database == "sqlite":
-        yield queue, f"sqlite:///{tmp_path}/trajproxy.db"
-        return
-    if not POSTGRES_URL:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the Postgres tests: .ci/run sets TRAJPROXY_TEST_POSTGRES_URL")
-        pytest.skip("no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)")
-    with fresh_schema(POSTGRES_URL) as url:
+    with fresh_database(database, tmp_path) as url:
         yield queue, url
 
 

@@ -82,3 +82,16 @@ def arguments_of(function: JsonObject) -> Any:
         return orjson.loads(function.get("arguments") or "{}")
     except orjson.JSONDecodeError:
         return {"_raw": function.get("arguments")}
+
+
+def agent_env(base_url: str, key: str) -> dict[str, str]:
+    """The environment that points an agent's SDKs (OpenAI's, Anthropic's, Google's) at trajproxy with its episode
+    key: where each dialect is served under `base_url`."""
+    return {
+        "OPENAI_BASE_URL": f"{base_url}/v1",
+        "OPENAI_API_KEY": key,
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": key,
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "GEMINI_API_KEY": key,
+    }

@@ -30,6 +30,7 @@ from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
 from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Turn, route_of
+from proxy.dialects.dialect import agent_env
 from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
 from proxy.http.trainer_json import (
     episode_settings,
@@ -216,14 +217,7 @@ class TrainerApi:
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:
         """A new episode as its creator sees it: with its key, and the environment its agent needs."""
         base = (self._settings.public_url or str(request.base_url)).rstrip("/")
-        env = {
-            "OPENAI_BASE_URL": f"{base}/v1",
-            "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": base,
-            "ANTHROPIC_API_KEY": key,
-            "GOOGLE_GEMINI_BASE_URL": base,
-            "GEMINI_API_KEY": key,
-        }
+        env = agent_env(base, key)
         return {**episode_view(episode), "key": key, "env": env}
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from proxy import schema
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
+from proxy.dialects.dialect import agent_env
 from sandbox.agents.injection import InjectedAgent, launch_script
 from sandbox.agents.manifests import TASK_FILE
 from sandbox.backends.interface import (
@@ -289,14 +290,7 @@ class Runner:
 
     def _agent_spec(self, task: Task, episode_id: str, key: str) -> SandboxSpec:
         base = self._sandboxes.base_url
-        env = {
-            "OPENAI_BASE_URL": f"{base}/v1",
-            "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": base,
-            "ANTHROPIC_API_KEY": key,
-            "GOOGLE_GEMINI_BASE_URL": base,
-            "GEMINI_API_KEY": key,
-        }
+        env = agent_env(base, key)
         agent = None if self._config.oracle else self._config.agent
         spec = self._spec(task, episode_id, env=env, proxy=True, agent=agent)
         if self._config.read_only if self._config.read_only is not None else task.read_only:
