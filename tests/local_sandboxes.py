@@ -1,12 +1,13 @@
-"""A second backend of the Sandboxes interface, with no Docker: each sandbox is a temporary folder on this machine,
-its commands local subprocesses, so the runner's own logic can be driven in seconds.
+"""A second backend of the Sandboxes interface, with no Docker: each sandbox is a temporary folder on this machine, its
+commands local subprocesses, so the runner's own logic can be driven in seconds.
 
 An "image" is a folder: its files are the working directory every sandbox of it starts with (`build` registers a
-folder as an image). Each command runs with `unshare` in a private mount namespace where the sandbox's own folder
-is mounted on /tmp, its working directory /tmp/work: the paths the runner writes (the task file, the diff) are each
-sandbox's own. Nothing else is
-isolated: the network, the rest of the filesystem and the limits are this machine's (`spec.proxy`, `spec.limits`,
-`spec.mounts` and `spec.read_only` are not enforced); it is a test double of the interface, not a sandbox to trust.
+folder as an image). Each command runs with `unshare` in a private mount namespace where the sandbox's own folder is
+mounted on /tmp, its working directory /tmp/work: the paths the runner writes (the task file, the diff) are each
+sandbox's own. This checkout and its Python stay where they are even when they live under /tmp (a clean clone in
+`mktemp -d`): each is bound back into the sandbox's /tmp at its own path. Nothing else is isolated: the network, the
+rest of the filesystem and the limits are this machine's (`spec.proxy`, `spec.limits`, `spec.mounts` and
+`spec.read_only` are not enforced); it is a test double of the interface, not a sandbox to trust.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -24,6 +26,15 @@ from sandbox.backends.interface import ExecResult, SandboxError, SandboxSpec
 
 WORK = "work"  # in a sandbox's folder, its /tmp: its working directory
 KILLED = 137
+
+
+def _host_folders_in_tmp() -> list[str]:
+    """The folders directly under /tmp that hold this checkout or its Python, which a sandbox must not hide."""
+    wanted = (Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
+    return sorted({path.parts[2] for path in wanted if path.parts[:2] == ("/", "tmp") and len(path.parts) > 2})
+
+
+HOST_IN_TMP = _host_folders_in_tmp()
 
 
 class LocalSandbox:
@@ -38,8 +49,13 @@ class LocalSandbox:
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str] | None = None, user: str = ""
     ) -> ExecResult:
+        keep = []
+        for name in HOST_IN_TMP:
+            (self._root / name).mkdir(exist_ok=True)
+            keep.append(f"mount --bind {shlex.quote('/tmp/' + name)} {shlex.quote(str(self._root / name))} && ")
         inside = (
-            f"mount --bind {shlex.quote(str(self._root))} /tmp && cd /tmp/{WORK} && exec sh -c {shlex.quote(command)}"
+            f"{''.join(keep)}mount --rbind {shlex.quote(str(self._root))} /tmp && cd /tmp/{WORK} && "
+            f"exec sh -c {shlex.quote(command)}"
         )
         process = await asyncio.create_subprocess_exec(
             "unshare",
