@@ -318,7 +318,9 @@ def test_the_sdks_own_retry_attaches_to_the_turn_already_parked(
     server: Any, trainer: TrainerClient, background: Any
 ) -> None:
     episode = trainer.create_episode()
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, timeout=2.0, max_retries=1)
+    # Retries to spare: on a loaded machine the second attempt may time out too before the reply comes; each
+    # attaches to the same turn all the same.
+    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, timeout=2.0, max_retries=4)
     call = background(client.chat.completions.create, model="m", messages=[{"role": "user", "content": "slow"}])
     turn = trainer.next_turns(wait_s=5)[0]
     time.sleep(3.0)  # the first attempt times out at 2 s; the SDK retries the same body

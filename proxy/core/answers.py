@@ -26,10 +26,9 @@ _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """An answer whose turn is open under the lease it names: the turn as it stands, to be answered."""
+    """An answer's hold on its turn, open under the lease the answer names: the turn as it stands, to be answered."""
 
     turn: Turn
-    reply: Reply
     slot: Slot | None = None  # the turn's slot, where this process holds it
     delivery: int | None = None  # the delivery its lease names, where the lease is not this process's own
 
@@ -41,8 +40,8 @@ class Book(Protocol):
         """For each answer: its claim on an open turn, why it has none, or None (not open here: `judge` it)."""
         ...
 
-    async def record(self, claims: Sequence[Claim], now: float) -> list[Outcome | None]:
-        """Record the claims' replies (completed); for each, the turn answered, why it failed, or None if another
+    async def record(self, claims: Sequence[tuple[Claim, Reply]], now: float) -> list[Outcome | None]:
+        """Record each claim's reply (completed); for each, the turn answered, why it failed, or None if another
         answer settled the turn first (`judge` it)."""
         ...
 
@@ -74,8 +73,8 @@ class Answers:
         claims = await self._book.claim(answers)
         outcomes: list[Outcome | None] = [claim if isinstance(claim, TrajproxyError) else None for claim in claims]
         open_ = [(i, claim) for i, claim in enumerate(claims) if isinstance(claim, Claim)]
-        completed = await self._completed([(claim.turn, claim.reply) for _, claim in open_])
-        to_record = [replace(claim, reply=reply) for (_, claim), reply in zip(open_, completed, strict=True)]
+        completed = await self._completed([(claim.turn, answers[i][1]) for i, claim in open_])
+        to_record = [(claim, reply) for (_, claim), reply in zip(open_, completed, strict=True)]
         recorded = await self._book.record(to_record, self._context.clock())
         for (i, _), outcome in zip(open_, recorded, strict=True):
             outcomes[i] = outcome

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from proxy.core.answers import Answers
 from proxy.core.context import Context
+from proxy.core.deadlines import Deadlines
 from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Unauthorized
 from proxy.core.forks import Forks
@@ -231,21 +231,13 @@ class Broker:
         await self._episodes.flag(live, why)
         raise OverBudget(f"episode {episode.id} is {why}; it takes no more calls")
 
-    @contextmanager
-    def attend(self, slot: Slot, episode: Episode) -> Iterator[asyncio.Future[Turn]]:
-        """Hold an agent's exchange on its parked turn: yields the answer it waits for. If no reply comes within
-        the turn timeout, the turn is recorded expired and the agent hears so. However the exchange ends (reply,
-        error, timeout, hang-up, the server stopping), leaving lets go of the turn: if it was the turn's last
-        exchange and the turn is unanswered, the turn leaves the queue and waits the retry grace for its SDK's
-        retry, then is recorded abandoned (see `Deadlines`)."""
-        deadlines = self._context.deadlines
-        expiry = deadlines.expire_later(slot, episode)
-        try:
-            yield slot.answer
-        finally:
-            expiry.cancel()
-            deadlines.leave(slot)
-            self.queue.away(slot)
+    def attend(self, slot: Slot, episode: Episode) -> Attendance:
+        """Hold an agent's exchange on its parked turn (`with broker.attend(...) as answer`): the answer it waits
+        for. If no reply comes within the turn timeout, the turn is recorded expired and the agent hears so. However
+        the exchange ends (reply, error, timeout, hang-up, the server stopping), leaving lets go of the turn: if it
+        was the turn's last exchange and the turn is unanswered, the turn leaves the queue and waits the retry grace
+        for its SDK's retry, then is recorded abandoned (see `Deadlines`)."""
+        return Attendance(slot, episode, self._context.deadlines, self.queue)
 
     def delivered(self, turn: Turn) -> None:
         """An answered turn's reply was handed to its agent's connection."""
@@ -277,3 +269,24 @@ class Broker:
         await self.drain()
         turns, rewards = await asyncio.gather(self._store.turns(episode_id), self._store.rewards(episode_id))
         return episode, turns, rewards
+
+
+class Attendance:
+    """An agent's exchange held on its parked turn (`Broker.attend`), as a plain context manager: it is entered
+    once per turn, where a generator's would cost several calls more."""
+
+    __slots__ = ("_deadlines", "_episode", "_expiry", "_queue", "_slot")
+
+    def __init__(self, slot: Slot, episode: Episode, deadlines: Deadlines, queue: TurnQueue) -> None:
+        self._slot, self._episode, self._deadlines, self._queue = slot, episode, deadlines, queue
+        self._expiry: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> asyncio.Future[Turn]:
+        self._expiry = self._deadlines.expire_later(self._slot, self._episode)
+        return self._slot.answer
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._deadlines.leave(self._slot)
+        self._queue.away(self._slot)

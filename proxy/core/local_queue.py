@@ -109,27 +109,27 @@ class LocalBook:
 
     async def claim(self, answers: Sequence[Answer]) -> list[Claim | TrajproxyError | None]:
         claims: list[Claim | TrajproxyError | None] = []
-        for turn_id, reply, lease_id in answers:
+        for turn_id, _, lease_id in answers:
             slot = self._context.lot.get(turn_id)
             if slot is not None and lease_id is not None and (before := _before_restart(slot.turn, lease_id)):
                 slot.turn = replace(slot.turn, deliveries=before)  # the delivery its reply names is recorded
             elif slot is not None and lease_id is not None and slot.turn.lease_id != lease_id:
                 claims.append(handed_out_again(turn_id, lease_id))
                 continue
-            claims.append(None if slot is None else Claim(slot.turn, reply, slot))
+            claims.append(None if slot is None else Claim(slot.turn, slot))
         return claims
 
-    async def record(self, claims: Sequence[Claim], now: float) -> list[Outcome | None]:
+    async def record(self, claims: Sequence[tuple[Claim, Reply]], now: float) -> list[Outcome | None]:
         context = self._context
         outcomes: list[Outcome | None] = [None] * len(claims)
         answered: list[tuple[int, Slot, Turn]] = []
-        for i, claim in enumerate(claims):
+        for i, (claim, reply) in enumerate(claims):
             assert claim.slot is not None
-            turn = context.ledger.close(claim.slot, TurnStatus.ANSWERED, None, reply=claim.reply, answered_at=now)
+            turn = context.ledger.close(claim.slot, TurnStatus.ANSWERED, None, reply=reply, answered_at=now)
             if turn is not None:  # else settled by now (an earlier answer in this batch, its agent gone, …)
                 answered.append((i, claim.slot, turn))
                 if (live := context.episodes.get(turn.episode_id)) is not None:
-                    live.account(turn, claim.reply)
+                    live.account(turn, reply)
         if not answered:
             return outcomes
         written = asyncio.ensure_future(context.store.save_turns([turn for _, _, turn in answered]))  # noqa: RUF006 (kept in _pending)

@@ -115,7 +115,7 @@ class SharedBook:
     async def claim(self, answers: Sequence[Answer]) -> list[Claim | TrajproxyError | None]:
         found = await self._database.turns([turn_id for turn_id, _, _ in answers])
         claims: list[Claim | TrajproxyError | None] = []
-        for turn_id, reply, lease_id in answers:
+        for turn_id, _, lease_id in answers:
             turn = found.get(turn_id)
             if turn is None:
                 claims.append(NotFound(f"no turn {turn_id!r}"))
@@ -128,18 +128,16 @@ class SharedBook:
             if delivery is not None and turn.status.open and delivery != turn.deliveries:
                 claims.append(handed_out_again(turn_id, lease_id))
                 continue
-            claims.append(Claim(turn, reply, delivery=delivery))
+            claims.append(Claim(turn, delivery=delivery))
         return claims
 
-    async def record(self, claims: Sequence[Claim], now: float) -> list[Outcome | None]:
+    async def record(self, claims: Sequence[tuple[Claim, Reply]], now: float) -> list[Outcome | None]:
         answered = [
-            replace(
-                claim.turn, status=TurnStatus.ANSWERED, reply=claim.reply, answered_at=now, ended_at=now, reason=None
-            )
-            for claim in claims
+            replace(claim.turn, status=TurnStatus.ANSWERED, reply=reply, answered_at=now, ended_at=now, reason=None)
+            for claim, reply in claims
         ]
         recorded = await self._database.answer(
-            [(turn, claim.delivery) for turn, claim in zip(answered, claims, strict=True)]
+            [(turn, claim.delivery) for turn, (claim, _) in zip(answered, claims, strict=True)]
         )
         outcomes: list[Outcome | None] = []
         seen: set[str] = set()  # the first answer to a turn in the batch is the one recorded
