@@ -122,8 +122,9 @@ class Answers:
         """The replies as recorded: usage counted where missing, the policy version they were answered under, and
         for replies with prompt ids, whether those extend the ids of the turn their conversation continues."""
         counted = await self._with_usage(replies)
+        version = self.policy_version
         stamped = [
-            reply if reply.policy_version is not None else replace(reply, policy_version=self.policy_version)
+            replace(reply, policy_version=version) if reply.policy_version is None and version is not None else reply
             for reply in counted
         ]
         return [await self._chained(turn, reply) for (turn, _), reply in zip(replies, stamped, strict=True)]
