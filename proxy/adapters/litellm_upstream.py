@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from proxy.core.errors import UpstreamError
-from proxy.core.values import JsonObject, ModelRoute, Reply, Usage
+from proxy.core.values import Answerer, JsonObject, Reply, Usage
 
 # Request fields that describe the agent's HTTP exchange with trajproxy, not the model call.
 _EXCHANGE_FIELDS = frozenset({"model", "stream", "stream_options", "n"})
@@ -22,9 +22,9 @@ class LitellmUpstream:
         self._litellm: Any = None
         self._importing = asyncio.Lock()
 
-    async def complete(self, route: ModelRoute, request: JsonObject) -> Reply:
+    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
         litellm = await self._load()
-        model, options = route.model, route.options
+        model, options = answerer.model, answerer.options
         params = {k: v for k, v in request.items() if k not in _EXCHANGE_FIELDS}
         try:
             response = await litellm.acompletion(model=model, **params, **options)
@@ -63,7 +63,7 @@ def _cost(litellm: Any, model: str, response: Any) -> float | None:
 
 def _import_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # read before the import, never fetched
-    # lazy: litellm takes seconds to import, and only calls routed to a hosted model need it
+    # lazy: litellm takes seconds to import, and only calls a hosted model answers need it
     import litellm
 
     litellm.telemetry = False

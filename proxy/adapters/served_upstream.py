@@ -19,7 +19,7 @@ import httpx
 import orjson
 
 from proxy.core.errors import UpstreamError
-from proxy.core.values import JsonObject, ModelRoute, Reply, Usage
+from proxy.core.values import Answerer, JsonObject, Reply, Usage
 
 _OWN_OPTIONS = frozenset({"api_base", "timeout_s"})  # trajproxy's, not the server's
 _REQUEST_FIELDS = ("messages", "tools", "tool_choice")  # what the policy sees of the agent's call
@@ -81,17 +81,17 @@ class ServedUpstream:
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
         self._timeout_s = timeout_s
 
-    async def complete(self, route: ModelRoute, request: JsonObject) -> Reply:
-        server = SERVERS[route.kind]
-        url = _chat_url(route)
-        sampling = {k: v for k, v in route.options.items() if k not in _OWN_OPTIONS}
+    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
+        server = SERVERS[answerer.kind]
+        url = _chat_url(answerer)
+        sampling = {k: v for k, v in answerer.options.items() if k not in _OWN_OPTIONS}
         asked = {k: request[k] for k in _REQUEST_FIELDS if request.get(k) is not None}
         if tools := _functions(asked.pop("tools", None)):
             asked["tools"] = tools
         else:
             asked.pop("tool_choice", None)
-        body = server.ask({**asked, **sampling, "model": route.model, "stream": False})
-        response = await self._post(url, body, float(route.options.get("timeout_s") or self._timeout_s))
+        body = server.ask({**asked, **sampling, "model": answerer.model, "stream": False})
+        response = await self._post(url, body, float(answerer.options.get("timeout_s") or self._timeout_s))
         return _reply(server, url, response, sampling)
 
     async def aclose(self) -> None:
@@ -127,11 +127,11 @@ def _functions(tools: Any) -> list[JsonObject]:
     return kept
 
 
-def _chat_url(route: ModelRoute) -> str:
-    base = route.options.get("api_base")
+def _chat_url(answerer: Answerer) -> str:
+    base = answerer.options.get("api_base")
     if not isinstance(base, str) or not base.startswith(("http://", "https://")):
         raise UpstreamError(
-            f"policy {route.spec} needs policy_options.api_base, the server's URL (e.g. http://127.0.0.1:8000/v1)"
+            f"policy {answerer.spec} needs policy_options.api_base, the server's URL (e.g. http://127.0.0.1:8000/v1)"
         )
     return base.rstrip("/") + "/chat/completions"
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from proxy.core.context import Context
 from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed, UpstreamError
 from proxy.core.parking import Slot
-from proxy.core.values import ModelRoute, Reply, Turn, TurnStatus, Usage
+from proxy.core.values import Answerer, Reply, Turn, TurnStatus, Usage
 
 Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
 Outcome = Turn | TrajproxyError
@@ -90,27 +90,27 @@ class Answers:
         assert len(done) == len(answers)
         return done
 
-    async def forward(self, turn_id: str, route: ModelRoute, lease_id: str | None, lease_s: float | None) -> Turn:
+    async def forward(self, turn_id: str, answerer: Answerer, lease_id: str | None, lease_s: float | None) -> Turn:
         """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
         turn, lease_id, give_back = await self._book.forwarding(turn_id, lease_id)
         try:
-            reply = await self._context.upstream.complete(route, turn.request)
+            reply = await self._context.upstream.complete(answerer, turn.request)
         except BaseException:  # the model failed: the turn is the trainer's again, under a running lease
             give_back(lease_s or self._context.lease_s)
             raise
-        return await self.reply(turn_id, replace(reply, answered_by=route.spec), lease_id)
+        return await self.reply(turn_id, replace(reply, answered_by=answerer.spec), lease_id)
 
-    def by_model(self, slot: Slot, route: ModelRoute, since: float | None = None) -> None:
+    def by_model(self, slot: Slot, answerer: Answerer, since: float | None = None) -> None:
         """Hold a turn out of the trainers' queue (since `since`, else now) while a model answers it."""
         context = self._context
         context.lot.hold(slot, context.clock() if since is None else since)
-        context.ledger.submit(self._from_model(slot, route))
+        context.ledger.submit(self._from_model(slot, answerer))
 
-    async def _from_model(self, slot: Slot, route: ModelRoute) -> None:
+    async def _from_model(self, slot: Slot, answerer: Answerer) -> None:
         """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
         try:
-            reply = await self._context.upstream.complete(route, slot.turn.request)
-            await self.reply(slot.turn.id, replace(reply, answered_by=route.spec), slot.turn.lease_id)
+            reply = await self._context.upstream.complete(answerer, slot.turn.request)
+            await self.reply(slot.turn.id, replace(reply, answered_by=answerer.spec), slot.turn.lease_id)
         except UpstreamError as e:
             if (failed := self._context.ledger.close(slot, TurnStatus.FAILED, e.message)) is not None:
                 await self._context.store.save_turns([failed])

@@ -32,7 +32,7 @@ from proxy.core.pause import Pause
 from proxy.core.queue import TurnQueue
 from proxy.core.recording import Recorder
 from proxy.core.rewards import Rewards
-from proxy.core.values import Budget, Episode, EpisodeStatus, JsonObject, ModelRoute, Reward, Tally, Turn, TurnStatus
+from proxy.core.values import Answerer, Budget, Episode, EpisodeStatus, JsonObject, Reward, Tally, Turn, TurnStatus
 from proxy.core.weights import WeightSync
 
 log = logging.getLogger("trajproxy")
@@ -90,8 +90,8 @@ class Broker:
         metadata: JsonObject,
         turn_timeout_s: float | None = None,
         *,
-        policy: ModelRoute | None = None,
-        routes: Sequence[ModelRoute] = (),
+        policy: Answerer | None = None,
+        routes: Sequence[Answerer] = (),
         budget: Budget | None = None,
         deadline_s: float | None = None,
     ) -> tuple[Episode, str]:
@@ -194,13 +194,14 @@ class Broker:
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
         self._pause.refuse_if_rejecting()
         live.restore_arguments(request)
-        route = live.route(request)
-        held_for = "model" if route or live.episode.policy else "pause" if self._pause.mode == "hold" else None
+        side = live.side_answerer(request)
+        answerer = side or live.episode.policy  # None: a trainer answers
+        held_for = "model" if answerer else "pause" if self._pause.mode == "hold" else None
         recorded = asyncio.get_running_loop().create_future()
         live.recording[recorded] = wire
         try:
             turn = await self._recorder.record(
-                live, dialect, request, wire, stream=stream, trainable=route is None, held_for=held_for
+                live, dialect, request, wire, stream=stream, trainable=side is None, held_for=held_for
             )
         finally:  # a retry of this call that came meanwhile finds the turn in the lot once it resumes
             del live.recording[recorded]
@@ -215,7 +216,6 @@ class Broker:
         self.queue.parked(slot)
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot
-        answerer = route or live.episode.policy  # None: a trainer answers
         if (answerer is None or answerer.served) and self._pause.hold_if_holding(slot, turn.created_at, answerer):
             return slot  # the policy being trained waits out the pause
         if answerer is not None:  # a model answers: no trainer sees the turn

@@ -19,7 +19,7 @@ from proxy.core.branches import HEADS_KEPT, Branches, Place
 from proxy.core.errors import EpisodeClosed
 from proxy.core.ledger import failure
 from proxy.core.ports import Store
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Reply, Tally, Turn
+from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Reply, Tally, Turn
 
 log = logging.getLogger("trajproxy")
 
@@ -71,9 +71,13 @@ class LiveEpisode:
                 if original is not None and original != echoed and _same_json(original, echoed):
                     function["arguments"] = original
 
-    def route(self, request: JsonObject) -> ModelRoute | None:
-        """The episode's routing rule that sends this call to a model, if one does."""
-        return next((route for route in self.episode.routes if route.matches(request)), None)
+    def side_answerer(self, request: JsonObject) -> Answerer | None:
+        """The episode's routing rule that takes this call as a side call, if one does."""
+        return next((rule for rule in self.episode.routes if rule.matches(request)), None)
+
+    def answerer(self, request: JsonObject) -> Answerer | None:
+        """The model that answers this call: its routing rule's, else the episode's policy; None: a trainer."""
+        return self.side_answerer(request) or self.episode.policy
 
 
 class LiveEpisodes:

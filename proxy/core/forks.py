@@ -15,7 +15,7 @@ from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, TurnClosed
 from proxy.core.fork_plan import REPLAYED, ForkPlan, OnDivergence, Replay, replayable
 from proxy.core.parking import Slot
-from proxy.core.values import Episode, ModelRoute, Reply, TurnStatus
+from proxy.core.values import Answerer, Episode, Reply, TurnStatus
 
 log = logging.getLogger("trajproxy")
 
@@ -40,7 +40,7 @@ class Forks:
         n: int,
         create: Callable[..., Awaitable[tuple[Episode, str]]],
         *,
-        policy: ModelRoute | None = None,
+        policy: Answerer | None = None,
         inherit_policy: bool = True,
         ignore: Sequence[str] = (),
         min_similarity: float = 1.0,

@@ -10,18 +10,18 @@ from collections.abc import Callable
 
 from proxy.core.errors import BadRequest, Paused
 from proxy.core.parking import ParkingLot, Slot
-from proxy.core.values import ModelRoute
+from proxy.core.values import Answerer
 
 _DRAIN_POLL_S = 0.02
 
 
 class Pause:
-    def __init__(self, lot: ParkingLot, answer: Callable[[Slot, ModelRoute], None]) -> None:
+    def __init__(self, lot: ParkingLot, answer: Callable[[Slot, Answerer], None]) -> None:
         self._lot = lot
         self._answer = answer  # hand a held turn to the model that answers it
         self.mode: str | None = None  # hold | reject, while paused
         self._retry_after_s = 0.0
-        self._held: list[tuple[Slot, ModelRoute | None]] = []
+        self._held: list[tuple[Slot, Answerer | None]] = []
 
     def start(self, mode: str, retry_after_s: float) -> None:
         if mode not in ("hold", "reject"):
@@ -58,7 +58,7 @@ class Pause:
         if self.mode == "reject":
             raise Paused("the trainer has paused new calls (a policy update); retry shortly", self._retry_after_s)
 
-    def hold_if_holding(self, slot: Slot, now: float, by: ModelRoute | None = None) -> bool:
+    def hold_if_holding(self, slot: Slot, now: float, by: Answerer | None = None) -> bool:
         """A new call parked while paused to hold: out of the queue (or kept from the served policy `by`) until
         resume. False if not paused."""
         if self.mode != "hold":

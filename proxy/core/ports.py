@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Reply, Reward, Tally, Turn
+from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Reply, Reward, Tally, Turn
 
 
 class Store(Protocol):
@@ -74,8 +74,8 @@ class TokenCounter(Protocol):
 class Upstream(Protocol):
     """A model that can answer a turn in the trainer's place (evaluation, teachers, side calls)."""
 
-    async def complete(self, route: ModelRoute, request: JsonObject) -> Reply:
-        """Answer the chat request with the route's model; raise UpstreamError if the model fails."""
+    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
+        """Answer the chat request with the answerer's model; raise UpstreamError if the model fails."""
         ...
 
 

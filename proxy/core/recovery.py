@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from proxy.core.episodes import LiveEpisode, LiveEpisodes
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.ports import Store
-from proxy.core.values import ModelRoute, Turn, TurnStatus
+from proxy.core.values import Answerer, Turn, TurnStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +39,8 @@ async def left_open(store: Store, episodes: LiveEpisodes, now: float) -> LeftOpe
     return LeftOpen(waiting, closed, len(by_episode))
 
 
-def adopt(left: LeftOpen, lot: ParkingLot, lease_s: float) -> Iterator[tuple[Slot, ModelRoute | None]]:
+def adopt(left: LeftOpen, lot: ParkingLot, lease_s: float) -> Iterator[tuple[Slot, Answerer | None]]:
     """Each waiting turn put back in the lot (a leased one keeps its lease, renewed), with the model that answers
     it, if one does."""
     for live, turn in left.waiting:
-        yield lot.adopt(turn, lease_s), live.route(turn.request) or live.episode.policy
+        yield lot.adopt(turn, lease_s), live.answerer(turn.request)

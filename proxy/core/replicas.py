@@ -216,7 +216,7 @@ class Replicas:
             # if it has one, stands: leases are the database's).
             slot = self._adopt(turn)
             self._deadlines.after_restart(slot)
-            answerer = live.route(turn.request) or live.episode.policy
+            answerer = live.answerer(turn.request)
             if held_for == "model" and answerer is not None:  # a model answers it: it goes to the model again
                 self._answers.by_model(slot, answerer)
         if failed:

@@ -6,17 +6,17 @@ from collections.abc import Mapping
 
 from proxy.core.errors import UpstreamError
 from proxy.core.ports import Upstream
-from proxy.core.values import JsonObject, ModelRoute, Reply
+from proxy.core.values import Answerer, JsonObject, Reply
 
 
 class Upstreams:
-    """Sends each route to the upstream for its kind (`model`: litellm; `vllm`, `sglang`: the served policy)."""
+    """Sends each answerer's calls to its kind's upstream (`model`: litellm; `vllm`, `sglang`: the served policy)."""
 
     def __init__(self, by_kind: Mapping[str, Upstream]) -> None:
         self._by_kind = dict(by_kind)
 
-    async def complete(self, route: ModelRoute, request: JsonObject) -> Reply:
-        upstream = self._by_kind.get(route.kind)
+    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
+        upstream = self._by_kind.get(answerer.kind)
         if upstream is None:
-            raise UpstreamError(f"no upstream answers {route.spec} here")
-        return await upstream.complete(route, request)
+            raise UpstreamError(f"no upstream answers {answerer.spec} here")
+        return await upstream.complete(answerer, request)

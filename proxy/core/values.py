@@ -40,14 +40,14 @@ class TurnStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class ModelRoute:
+class Answerer:
     """A model that answers some of an episode's calls in the trainer's place: any name litellm knows (`kind`
     "model"), or the policy being trained, served by an inference server that returns the token ids it sampled
     (`kind` "vllm" or "sglang", its `options` holding the server's `api_base` and the sampling parameters).
 
-    As an episode's policy it answers every call. As a routing rule it answers the calls that match it: those
-    for a model name matching `when_model` (a glob, e.g. `claude-3-5-haiku*`), or whose system prompt contains
-    `when_system`. Calls answered by a rule are side calls, recorded as not trainable.
+    As an episode's policy it answers every call. As a routing rule (an entry of the episode's `routes`) it answers
+    the calls that match it: those for a model name matching `when_model` (a glob, e.g. `claude-3-5-haiku*`), or
+    whose system prompt contains `when_system`. Calls answered by a rule are side calls, recorded as not trainable.
     """
 
     model: str
@@ -78,12 +78,12 @@ SERVED_KINDS = ("vllm", "sglang")
 POLICY_KINDS = ("model", *SERVED_KINDS)
 
 
-def route_of(spec: str, options: JsonObject, served_only: bool = False) -> ModelRoute | None:
+def answerer_of(spec: str, options: JsonObject, served_only: bool = False) -> Answerer | None:
     """The model a policy spec names (`model:NAME`, `vllm:NAME`, `sglang:NAME`, or with `served_only` the last
     two alone); None for `trainer` or another spec."""
     kind, sep, model = spec.partition(":")
     known = SERVED_KINDS if served_only else POLICY_KINDS
-    return ModelRoute(model, options, kind=kind) if sep and kind in known else None
+    return Answerer(model, options, kind=kind) if sep and kind in known else None
 
 
 def system_prompt(request: JsonObject) -> str:
@@ -137,8 +137,8 @@ class Episode:
     started_at: float | None = None
     ended_at: float | None = None
     reason: str | None = None
-    policy: ModelRoute | None = None  # None: the trainer answers
-    routes: tuple[ModelRoute, ...] = ()
+    policy: Answerer | None = None  # None: the trainer answers
+    routes: tuple[Answerer, ...] = ()  # routing rules: each answers the side calls it matches
     budget: Budget = field(default_factory=Budget)
     over_budget: str | None = None  # why the episode's last refused call was over budget
 

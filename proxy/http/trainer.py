@@ -29,7 +29,7 @@ from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.steps import Steps
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, ModelRoute, Turn, route_of
+from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Turn, answerer_of
 from proxy.dialects.dialect import agent_env
 from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
 from proxy.http.trainer_json import (
@@ -111,7 +111,7 @@ class TrainerApi:
             episode_id,
             body.at_turn,
             body.n,
-            policy=route_of(body.policy or "", body.policy_options),
+            policy=answerer_of(body.policy or "", body.policy_options),
             inherit_policy=body.policy is None,
             ignore=body.ignore,
             min_similarity=body.min_similarity,
@@ -210,8 +210,8 @@ class TrainerApi:
         return Response(reply, status, media_type="application/json")
 
     async def forward(self, turn_id: str, body: schema.ForwardIn) -> Response:
-        route = route_of(body.model, body.options, served_only=True) or ModelRoute(body.model, body.options)
-        turn = await self._broker.answers.forward(turn_id, route, body.lease_id, None)
+        answerer = answerer_of(body.model, body.options, served_only=True) or Answerer(body.model, body.options)
+        turn = await self._broker.answers.forward(turn_id, answerer, body.lease_id, None)
         return json_response(turn_view(turn))
 
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:

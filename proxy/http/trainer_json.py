@@ -10,7 +10,7 @@ import orjson
 
 from proxy import schema
 from proxy.core.steps import TimeStep
-from proxy.core.values import AgentError, Budget, Episode, JsonObject, ModelRoute, Reply, Reward, Turn, Usage, route_of
+from proxy.core.values import AgentError, Answerer, Budget, Episode, JsonObject, Reply, Reward, Turn, Usage, answerer_of
 from proxy.schema import replies
 
 
@@ -28,7 +28,7 @@ def episode_view(episode: Episode) -> JsonObject:
         "reason": episode.reason,
         "policy": episode.policy.spec if episode.policy else "trainer",
         "policy_options": episode.policy.options if episode.policy else {},
-        "routes": [_route_view(route) for route in episode.routes],
+        "routes": [_rule_view(rule) for rule in episode.routes],
         "budget": {
             "max_turns": budget.max_turns,
             "max_tokens": budget.max_tokens,
@@ -39,12 +39,13 @@ def episode_view(episode: Episode) -> JsonObject:
     }
 
 
-def _route_view(route: ModelRoute) -> JsonObject:
+def _rule_view(rule: Answerer) -> JsonObject:
+    """A routing rule as the API's `routes` list holds it."""
     return {
-        "model": route.model,
-        "when_model": route.when_model,
-        "when_system": route.when_system,
-        "options": route.options,
+        "model": rule.model,
+        "when_model": rule.when_model,
+        "when_system": rule.when_system,
+        "options": rule.options,
     }
 
 
@@ -165,8 +166,8 @@ def _reply_view(reply: Reply) -> JsonObject:
 def episode_settings(body: schema.EpisodeCreate) -> JsonObject:
     """The broker's keyword arguments for a new episode's policy, routes and budget."""
     return {
-        "policy": route_of(body.policy, body.policy_options),
-        "routes": [ModelRoute(r.model, r.options, r.when_model, r.when_system) for r in body.routes],
+        "policy": answerer_of(body.policy, body.policy_options),
+        "routes": [Answerer(r.model, r.options, r.when_model, r.when_system) for r in body.routes],
         "budget": Budget(body.max_turns, body.max_tokens, None, body.on_budget == "finish"),
         "deadline_s": body.deadline_s,
     }

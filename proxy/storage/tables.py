@@ -12,11 +12,11 @@ from sqlmodel import Field, SQLModel
 
 from proxy.core.values import (
     AgentError,
+    Answerer,
     Budget,
     Episode,
     EpisodeStatus,
     JsonObject,
-    ModelRoute,
     Reply,
     Reward,
     Turn,
@@ -140,8 +140,8 @@ def episode_row(episode: Episode) -> dict[str, Any]:
         "started_at": episode.started_at,
         "ended_at": episode.ended_at,
         "reason": episode.reason,
-        "policy": _route_json(episode.policy) if episode.policy else None,
-        "routes": [_route_json(route) for route in episode.routes],
+        "policy": _answerer_json(episode.policy) if episode.policy else None,
+        "routes": [_answerer_json(rule) for rule in episode.routes],
         "max_turns": episode.budget.max_turns,
         "max_tokens": episode.budget.max_tokens,
         "deadline_at": episode.budget.deadline_at,
@@ -162,8 +162,8 @@ def episode_from(row: Any) -> Episode:
         started_at=row.started_at,
         ended_at=row.ended_at,
         reason=row.reason,
-        policy=ModelRoute(**row.policy) if row.policy else None,
-        routes=tuple(ModelRoute(**route) for route in row.routes),
+        policy=Answerer(**row.policy) if row.policy else None,
+        routes=tuple(Answerer(**rule) for rule in row.routes),
         budget=Budget(row.max_turns, row.max_tokens, row.deadline_at, row.finish_over_budget),
         over_budget=row.over_budget,
     )
@@ -308,8 +308,8 @@ def _reply_from(row: Any) -> Reply:
     )
 
 
-def _route_json(route: ModelRoute) -> JsonObject:
-    return asdict(route)
+def _answerer_json(answerer: Answerer) -> JsonObject:
+    return asdict(answerer)
 
 
 def dumps(value: Any) -> str:

@@ -34,7 +34,7 @@ class InjectedAgent:
 
     @property
     def routes(self) -> list[dict[str, Any]]:
-        return [dict(route) for route in self.manifest.routes]
+        return [dict(rule) for rule in self.manifest.routes]
 
     def render(self, *, base_url: str, key: str, task: str, workdir: str) -> Rendered:
         """The episode's command, env and files; `base_url` is trajproxy as the agent sees it (no /v1)."""

@@ -152,7 +152,7 @@ def parse(data: dict[str, Any], path: Path) -> Manifest:
             raise fail(f"files[{number}]: needs a 'path' and a 'content'")
         files.append(AgentFile(item["path"], str(item["content"])))
     routes = data.get("routes", [])
-    if not isinstance(routes, list) or not all(isinstance(route, dict) for route in routes):
+    if not isinstance(routes, list) or not all(isinstance(rule, dict) for rule in routes):
         raise fail("routes: expected [[routes]] tables (model, when_model or when_system, options)")
     for where, text in (
         [("command", data["command"])]
