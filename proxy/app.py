@@ -34,7 +34,7 @@ from proxy.http.queries import DeclaredQueries
 from proxy.http.routes import Route, Router, framework_routes, route_table
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import TrainerApi
-from proxy.http.trainer_gate import TrainerGate
+from proxy.http.trainer_door import TrainerDoor
 from proxy.http.ui import add_ui
 from proxy.settings import Settings
 from proxy.storage.postgres_queue import PostgresQueue
@@ -53,8 +53,8 @@ class Trajproxy(Router):
         self, broker: Broker, settings: Settings, metrics: PrometheusMetrics, table: list[Route], api: FastAPI
     ) -> None:
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        gate = TrainerGate(token, settings.max_body_bytes, DeclaredQueries(api.openapi))
-        super().__init__(table, gate, api, settings.body_read_timeout_s)
+        trainer_door = TrainerDoor(token, settings.max_body_bytes, DeclaredQueries(api.openapi))
+        super().__init__(table, trainer_door, api, settings.body_read_timeout_s)
         self.broker = broker
         self.settings = settings
         self.metrics = metrics

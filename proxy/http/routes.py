@@ -9,7 +9,7 @@ docs, `/metrics` and the page under `/ui` are FastAPI's too (`proxy.http.docs`, 
 
 - AGENT: an episode key (in the path's `/e/<key>` prefix, a header, or Gemini's `key` query parameter), checked by
   the handler, which answers in its dialect's shape; on TCP and on the sandbox socket.
-- TRAINER: the trainer token, the query's declared names, the body limit and its nesting (`TrainerGate`), before
+- TRAINER: the trainer token, the query's declared names, the body limit and its nesting (`TrainerDoor`), before
   the handler reads anything or waits; TCP only.
 - OPEN: nothing to show (the schema, the docs, metrics, the page, which checks its own login); TCP only.
 - SOCKET: the sandbox socket only.
@@ -40,7 +40,7 @@ from proxy.http.sandbox_door import from_sandbox, sandbox_door, sandbox_health
 from proxy.http.stalls import timed_body
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import TrainerApi
-from proxy.http.trainer_gate import TrainerGate
+from proxy.http.trainer_door import TrainerDoor
 
 WEBSOCKET = "WEBSOCKET"  # a route's method for a WebSocket handshake
 ANY = "*"  # as a method: every HTTP method (the framework says which it allows); as a path: every path
@@ -167,9 +167,11 @@ class Router:
     """The whole ASGI app: a request matched once against the table, through its route's door to its handler.
     What is not a request (the server's lifespan: the store opens and closes) goes to FastAPI."""
 
-    def __init__(self, table: Sequence[Route], gate: TrainerGate, api: ASGIApp, body_read_timeout_s: float) -> None:
+    def __init__(
+        self, table: Sequence[Route], trainer_door: TrainerDoor, api: ASGIApp, body_read_timeout_s: float
+    ) -> None:
         self.table = tuple(table)
-        self._gate = gate
+        self._trainer_door = trainer_door
         self._api = api
         self._body_read_timeout_s = body_read_timeout_s
         self._exact: dict[str, list[Route]] = {}
@@ -202,9 +204,9 @@ class Router:
             scope["path_params"] = params
         elif route.door is Door.TRAINER:
             if scope["type"] == "websocket":
-                if not await self._gate.admit_handshake(scope, send):
+                if not await self._trainer_door.admit_handshake(scope, send):
                     return
-            elif (admitted := await self._gate.admit(scope, receive, send)) is None:
+            elif (admitted := await self._trainer_door.admit(scope, receive, send)) is None:
                 return
             else:
                 receive = admitted
@@ -235,7 +237,7 @@ class Router:
     def _fits(route: Route, scope: Scope) -> bool:
         """Whether the route takes the request's method (any, for an agent route: its 405 is its own) and its
         door is on the request's side: TCP, or the sandbox socket."""
-        if scope["type"] == "websocket":  # the gate refuses it on the socket, with a reason
+        if scope["type"] == "websocket":  # the trainer's door refuses it on the socket, with a reason
             return route.methods == WEBSOCKET
         if route.door is Door.AGENT:
             return True

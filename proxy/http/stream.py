@@ -36,7 +36,7 @@ from proxy.core.errors import TrajproxyError
 from proxy.core.values import Turn
 from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
 from proxy.http.trainer import answer_all
-from proxy.http.trainer_gate import too_deep
+from proxy.http.trainer_door import too_deep
 from proxy.http.trainer_json import turn_view
 from proxy.schema import replies
 
@@ -47,7 +47,7 @@ _REPLIES = msgspec.json.Decoder(replies.StreamReplies)
 
 
 class TurnStream:
-    """The ASGI app for the stream's WebSocket scope; TrainerGate has checked the token before it."""
+    """The ASGI app for the stream's WebSocket scope; TrainerDoor has checked the token before it."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker

@@ -6,7 +6,7 @@ for every batch (a batch pull, a batch reply) are also served as plain ASGI (`ba
 FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when they went
 through it), and a batch reply's body is decoded into msgspec Structs (`proxy.schema.replies`), not pydantic models.
 A pull or reply whose query or body does not validate goes on to its FastAPI route, which answers with the usual
-422 and is also what the schema describes. TrainerGate has checked the token, the query's names and the body size
+422 and is also what the schema describes. TrainerDoor has checked the token, the query's names and the body size
 before any of them.
 """
 

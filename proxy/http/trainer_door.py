@@ -1,6 +1,6 @@
-"""TrainerGate: the trainer API's door; the token, the query's names, the body size and its JSON nesting are checked
-before any route reads the body or waits. The route table (`proxy.http.routes`) sends every route whose door is the
-trainer's through it."""
+"""TrainerDoor: the trainer API's door (`Door.TRAINER`); the token, the query's names, the body size and its JSON
+nesting are checked before any route reads the body or waits. The route table (`proxy.http.routes`) sends every route
+whose door is the trainer's through it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from proxy.http.queries import DeclaredQueries
 from proxy.http.sandbox_door import from_sandbox
 
 
-class TrainerGate:
+class TrainerDoor:
     def __init__(self, token: str | None, max_body_bytes: int, queries: DeclaredQueries) -> None:
         self._token = token
         self._max_body_bytes = max_body_bytes
