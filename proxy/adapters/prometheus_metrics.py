@@ -89,7 +89,7 @@ class PrometheusMetrics:
         if turn.answered_at is not None and turn.leased_at is not None:
             self._pull_to_reply.observe(max(0.0, turn.answered_at - turn.leased_at))
 
-    def delivered(self, turn: Turn, at: float) -> None:
+    def handed_over(self, turn: Turn, at: float) -> None:
         if turn.answered_at is not None:
             self._reply_to_delivered.observe(max(0.0, at - turn.answered_at))
 

@@ -239,9 +239,9 @@ class Broker:
         for its SDK's retry, then is recorded abandoned (see `Deadlines`)."""
         return Attendance(slot, episode, self._context.deadlines, self.queue)
 
-    def delivered(self, turn: Turn) -> None:
-        """An answered turn's reply was handed to its agent's connection."""
-        self._ledger.observer.delivered(turn, self._now())
+    def handed_over(self, turn: Turn) -> None:
+        """An answered turn's reply was handed over to its agent's connection."""
+        self._ledger.observer.handed_over(turn, self._now())
 
     def count_tokens(self, request: JsonObject) -> int:
         """The prompt tokens of a chat request, as replies count them (for count_tokens endpoints)."""

@@ -1,4 +1,4 @@
-"""ParkedReply: holds an agent's HTTP exchange open while its turn is parked, then delivers the outcome.
+"""ParkedReply: holds an agent's HTTP exchange open while its turn is parked, then hands over the outcome.
 
 The turn's life while its agent waits (the turn timeout, a hang-up and its retry grace) is the broker's
 (`Broker.attend`); this renders what the agent hears, in its dialect: keep-alives, the reply, or an error.
@@ -53,7 +53,7 @@ class ParkedReply:
             await self._refuse(send, failure)
         else:
             await respond(send, 200, self._dialect.render(self._call, answer.result()))
-        self._delivered(answer)
+        self._handed_over(answer)
 
     async def _stream(self, send: Send, gone: asyncio.Future[None]) -> None:
         answer = self._slot.answer
@@ -71,7 +71,7 @@ class ParkedReply:
         if not started:
             if failure is not None:  # nothing sent yet: a proper error status, not an event
                 await self._refuse(send, failure)
-                self._delivered(answer)
+                self._handed_over(answer)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": SSE})
         if failure is not None:
@@ -80,12 +80,12 @@ class ParkedReply:
         else:
             body = b"".join(self._dialect.render_stream(self._call, answer.result()))
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        self._delivered(answer)
+        self._handed_over(answer)
 
-    def _delivered(self, answer: asyncio.Future[Turn]) -> None:
+    def _handed_over(self, answer: asyncio.Future[Turn]) -> None:
         """Tell the broker the reply is with the agent's connection (an error a trainer chose counts too)."""
         if not answer.cancelled() and answer.exception() is None:
-            self._broker.delivered(answer.result())
+            self._broker.handed_over(answer.result())
 
     @staticmethod
     def _failure(answer: asyncio.Future[Turn]) -> Failure | None:
