@@ -2,12 +2,12 @@
 
     python benchmarks/all.py [--repeats 3] [--database-url postgresql+psycopg://...] [--quick]
 
-Turns, overhead, capacity, large calls, storage, sandbox start, task formats, forks, the web page and replicas behind
-HAProxy, in that order, with the settings their own scripts default to (--quick: the short smoke settings, once
-each). With --database-url, turns and storage run on that Postgres too (a scratch schema per run), and so do the
-replicas (a database per run; without it, or without HAProxy, they are left out with a note). The sandbox benchmark
-is left out, with a note, if no Docker engine answers. Each figure is the median of its runs; errors are summed
-over them.
+Turns, what one turn costs in-process, overhead, capacity, large calls, storage, sandbox start, task formats, forks,
+the web page and replicas behind HAProxy, in that order, with the settings their own scripts default to (--quick:
+the short smoke settings, once each). With --database-url, turns and storage run on that Postgres too (a scratch
+schema per run), and so do the replicas (a database per run; without it, or without HAProxy, they are left out with
+a note). The sandbox benchmark is left out, with a note, if no Docker engine answers. Each figure is the median of
+its runs; errors are summed over them.
 """
 
 from __future__ import annotations
@@ -280,6 +280,7 @@ def backends(args: argparse.Namespace) -> list[tuple[str, str | None]]:
 
 BENCHMARKS = {
     "turns": run_turns,
+    "turn-cost": script("turn_cost.py", "What one turn costs, in-process"),
     "overhead": run_overhead,
     "capacity": run_capacity,
     "large-calls": run_large_calls,
