@@ -156,23 +156,27 @@ def test_count_tokens_matches_the_usage_replies_carry(server: Any, trainer: Trai
 def test_errors_come_in_anthropics_shape(server: Any, trainer: TrainerClient) -> None:
     episode = trainer.create_episode()
     hello: dict[str, Any] = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
-    with pytest.raises(anthropic.AuthenticationError) as bad_key:
-        anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key="nope", max_retries=0).messages.create(
-            **hello
-        )
-    assert error_body(bad_key.value.body)["error"]["type"] == "authentication_error"
+    base_url = episode.env["ANTHROPIC_BASE_URL"]
+    with (
+        anthropic.Anthropic(base_url=base_url, api_key="nope", max_retries=0) as stranger,
+        agent_for(episode) as agent,
+        anthropic.Anthropic(base_url=base_url, api_key=episode.key) as retrying,  # the SDK's default retries
+    ):
+        with pytest.raises(anthropic.AuthenticationError) as bad_key:
+            stranger.messages.create(**hello)
+        assert error_body(bad_key.value.body)["error"]["type"] == "authentication_error"
 
-    with pytest.raises(anthropic.BadRequestError) as malformed:
-        agent_for(episode).messages.create(model="m", max_tokens=5, messages=[])
-    assert error_body(malformed.value.body)["type"] == "error"
+        with pytest.raises(anthropic.BadRequestError) as malformed:
+            agent.messages.create(model="m", max_tokens=5, messages=[])
+        assert error_body(malformed.value.body)["type"] == "error"
 
-    with pytest.raises(anthropic.APIStatusError) as timeout:
-        anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key).messages.create(**hello)
-    assert timeout.value.status_code == 504  # and with the SDK's default retries, still one turn:
-    assert len(trainer.trajectory(episode.id).turns) == 1
+        with pytest.raises(anthropic.APIStatusError) as timeout:
+            retrying.messages.create(**hello)
+        assert timeout.value.status_code == 504  # and with the SDK's default retries, still one turn:
+        assert len(trainer.trajectory(episode.id).turns) == 1
 
-    trainer.finish(episode.id)
-    with pytest.raises(anthropic.APIStatusError) as closed:
-        agent_for(episode).messages.create(**hello)
-    assert closed.value.status_code == 410
-    assert error_body(closed.value.body)["error"]["type"] == "episode_closed"
+        trainer.finish(episode.id)
+        with pytest.raises(anthropic.APIStatusError) as closed:
+            agent.messages.create(**hello)
+        assert closed.value.status_code == 410
+        assert error_body(closed.value.body)["error"]["type"] == "episode_closed"
