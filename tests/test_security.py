@@ -416,27 +416,27 @@ def test_an_episode_key_opens_no_trainer_route_over_the_sandbox_socket(
     """No trainer token at all: sandboxed agents, which reach trajproxy only through its socket, still cannot."""
     sock = f"{socket_dir}/proxy.sock"
     server = make_server(socket_path=sock, no_trainer_token=True)
-    trainer = TrainerClient(server.url, server.token)
 
     def sandbox_side() -> httpx.Client:
         return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandbox", timeout=10)
 
-    a, b, answer_a, answer_b, turn_a, turn_b = two_parked_episodes(
-        trainer, "http://sandbox/v1", background, http_client=sandbox_side()
-    )
-    before = {e.id: snapshot(server.url, e.id) for e in (a, b)}
+    with TrainerClient(server.url, server.token) as trainer, sandbox_side() as agents_http:
+        a, b, answer_a, answer_b, turn_a, turn_b = two_parked_episodes(
+            trainer, "http://sandbox/v1", background, http_client=agents_http
+        )
+        before = {e.id: snapshot(server.url, e.id) for e in (a, b)}
 
-    with sandbox_side() as http:
-        for target, turn in ((b, turn_b), (a, turn_a)):
-            for method, path, body in trainer_routes(target.id, turn.id):
-                for headers in ({}, bearer(a.key), {"x-api-key": a.key}):
-                    response = http.request(method, path, json=body, headers=headers)
-                    assert "sandbox socket" in message_of(response, 403), path
-                response = http.request(method, f"/e/{a.key}{path}", json=body)
-                message_of(response, 404)
-                assert target.task not in response.text
+        with sandbox_side() as http:
+            for target, turn in ((b, turn_b), (a, turn_a)):
+                for method, path, body in trainer_routes(target.id, turn.id):
+                    for headers in ({}, bearer(a.key), {"x-api-key": a.key}):
+                        response = http.request(method, path, json=body, headers=headers)
+                        assert "sandbox socket" in message_of(response, 403), path
+                    response = http.request(method, f"/e/{a.key}{path}", json=body)
+                    message_of(response, 404)
+                    assert target.task not in response.text
 
-    assert_untouched_then_served(trainer, server.url, before, [(a, turn_a, answer_a), (b, turn_b, answer_b)])
+        assert_untouched_then_served(trainer, server.url, before, [(a, turn_a, answer_a), (b, turn_b, answer_b)])
 
 
 @pytest.mark.settings(no_trainer_token=True)  # raw snapshots of the trainer API; its door is tested above
