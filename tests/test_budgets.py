@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient
-from tests.test_trainer_api import HELLO, MODEL, ask_as, snapshot
+from tests.test_trainer_api import HELLO, MODEL, agent_for, ask, ask_as, snapshot
 
 
 def answer_next(trainer: TrainerClient, episode_id: str, **extras: Any) -> None:
@@ -48,8 +48,8 @@ def test_past_max_turns_the_agent_gets_429_and_the_trainer_sees_why(
     assert "over budget: the episode has used its 2 turns" in error["message"]
     assert refused.headers["x-should-retry"] == "false"  # retrying cannot help: SDKs must not
 
-    with pytest.raises(openai.RateLimitError):  # the SDK sees the 429 too
-        ask_as(episode, max_retries=2)
+    with agent_for(episode, max_retries=2) as retrying, pytest.raises(openai.RateLimitError):  # the SDK sees it too
+        ask(retrying)
     recorded = trainer.episode(episode.id)
     assert recorded.status == "running"
     assert recorded.over_budget is not None and "its 2 turns" in recorded.over_budget
