@@ -119,7 +119,11 @@ def sampled(reply: ReplyOut | None) -> tuple[list[int], list[int]]:
 
 def exported(server: LiveServer, shape: str = "tokens") -> list[dict[str, Any]]:
     out = io.BytesIO()
-    export(source(server.settings.database_url), out, shape, Filters())  # type: ignore[arg-type]
+    engine = source(server.settings.database_url)
+    try:
+        export(engine, out, shape, Filters())  # type: ignore[arg-type]
+    finally:
+        engine.dispose()  # its pooled Postgres connections with it
     return [orjson.loads(line) for line in out.getvalue().splitlines()]
 
 
