@@ -29,21 +29,21 @@ def say(**fields: Any) -> None:
 def agent(base_url: str, key: str, text: str, stream: bool, retries: int) -> int:
     import openai
 
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=retries, timeout=WAIT_S * 4)
-    messages: Any = [{"role": "user", "content": text}]
-    say(calling=text)
-    try:
-        if stream:
-            chunks = client.chat.completions.create(model="m", messages=messages, stream=True)
-            say(streaming=True)
-            content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
-        else:
-            content = client.chat.completions.create(model="m", messages=messages).choices[0].message.content or ""
-    except openai.OpenAIError as e:
-        say(error=f"{type(e).__name__}: {e}")
-        return 1
-    say(content=content)
-    return 0
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=retries, timeout=WAIT_S * 4) as client:
+        messages: Any = [{"role": "user", "content": text}]
+        say(calling=text)
+        try:
+            if stream:
+                chunks = client.chat.completions.create(model="m", messages=messages, stream=True)
+                say(streaming=True)
+                content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+            else:
+                content = client.chat.completions.create(model="m", messages=messages).choices[0].message.content or ""
+        except openai.OpenAIError as e:
+            say(error=f"{type(e).__name__}: {e}")
+            return 1
+        say(content=content)
+        return 0
 
 
 def trainer(base_url: str, turns: int, lease_s: float) -> int:

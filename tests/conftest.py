@@ -304,7 +304,7 @@ SANDBOX_IMAGE = "python:3.11-slim"
 
 
 @pytest.fixture(scope="session")
-def engine() -> Any:
+def engine() -> Iterator[Any]:
     try:
         client = docker.from_env()
         client.ping()
@@ -313,7 +313,8 @@ def engine() -> Any:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the Docker tests, but the engine is not ready: {e}")
         pytest.skip(f"no Docker engine with {SANDBOX_IMAGE} ({e}); run ../shared/tools/docker-up or bash .ci/run")
-    return client
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -335,8 +336,15 @@ def sandboxes(engine: Any, socket_dir: str) -> Iterator[DockerSandboxes]:
 
 
 @pytest.fixture
-def proxied(make_server: Any, socket_dir: str) -> Any:
+def proxied(make_server: Callable[..., LiveServer], socket_dir: str) -> LiveServer:
     return make_server(socket_path=f"{socket_dir}/proxy.sock")
+
+
+@pytest.fixture
+def proxied_trainer(proxied: LiveServer) -> Iterator[TrainerClient]:
+    """A trainer client of the `proxied` server, closed after the test."""
+    with TrainerClient(proxied.url, token=proxied.token) as client:
+        yield client
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ def test_the_runner_records_the_agents_diff_and_the_page_colours_it(
 
     outcome = asyncio.run(main())
     assert outcome.status == "finished" and "return a + b" in outcome.diff, outcome.reason
-    [reward] = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id).rewards
+    with TrainerClient(proxied.url, proxied.token) as trainer:
+        [reward] = trainer.trajectory(outcome.episode_id).rewards
     assert reward.info["diff"] == outcome.diff
 
     headers = {"authorization": f"Bearer {proxied.token}"}

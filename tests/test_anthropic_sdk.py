@@ -30,47 +30,47 @@ def agent_for(episode: Any) -> anthropic.Anthropic:
 
 def test_a_tool_conversation_in_messages(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    client = agent_for(episode)
-    history: list[Any] = [{"role": "user", "content": "How many files?"}]
-    first = background(
-        client.messages.create, model="claude-x", max_tokens=100, system=SYSTEM, tools=TOOLS, messages=history
-    )
-    turn = trainer.next_turns(wait_s=5)[0]
-    assert turn.dialect == "anthropic"
-    assert turn.request["messages"] == [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": "How many files?"},
-    ]
-    assert turn.request["tools"][0]["function"]["parameters"] == TOOLS[0]["input_schema"]
-    assert turn.request["max_tokens"] == 100
-    assert turn.wire is not None and turn.wire["system"] == SYSTEM  # the body exactly as the agent sent it
-    trainer.reply(
-        turn.id,
-        "Let me look.",
-        tool_calls=[{"id": "toolu_1", "function": {"name": "bash", "arguments": {"cmd": "ls"}}}],
-    )
+    with agent_for(episode) as client:
+        history: list[Any] = [{"role": "user", "content": "How many files?"}]
+        first = background(
+            client.messages.create, model="claude-x", max_tokens=100, system=SYSTEM, tools=TOOLS, messages=history
+        )
+        turn = trainer.next_turns(wait_s=5)[0]
+        assert turn.dialect == "anthropic"
+        assert turn.request["messages"] == [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "How many files?"},
+        ]
+        assert turn.request["tools"][0]["function"]["parameters"] == TOOLS[0]["input_schema"]
+        assert turn.request["max_tokens"] == 100
+        assert turn.wire is not None and turn.wire["system"] == SYSTEM  # the body exactly as the agent sent it
+        trainer.reply(
+            turn.id,
+            "Let me look.",
+            tool_calls=[{"id": "toolu_1", "function": {"name": "bash", "arguments": {"cmd": "ls"}}}],
+        )
 
-    message = first.result(timeout=5)
-    assert message.stop_reason == "tool_use"
-    assert [block.type for block in message.content] == ["text", "tool_use"]
-    tool_use = message.content[1]
-    assert (tool_use.id, tool_use.name, tool_use.input) == ("toolu_1", "bash", {"cmd": "ls"})
-    assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
+        message = first.result(timeout=5)
+        assert message.stop_reason == "tool_use"
+        assert [block.type for block in message.content] == ["text", "tool_use"]
+        tool_use = message.content[1]
+        assert (tool_use.id, tool_use.name, tool_use.input) == ("toolu_1", "bash", {"cmd": "ls"})
+        assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
 
-    history += [
-        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in message.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a b c"}]},
-    ]
-    second = background(client.messages.create, model="claude-x", max_tokens=100, tools=TOOLS, messages=history)
-    turn = trainer.next_turns(wait_s=5)[0]
-    assistant, tool = turn.request["messages"][-2:]
-    assert assistant["tool_calls"][0]["id"] == "toolu_1"
-    assert assistant["content"] == "Let me look."
-    assert tool == {"role": "tool", "tool_call_id": "toolu_1", "content": "a b c"}
-    trainer.reply(turn.id, "3 files.")
-    final = second.result(timeout=5)
-    assert (final.stop_reason, final.content[0].text) == ("end_turn", "3 files.")
-    assert [t.dialect for t in trainer.trajectory(episode.id).turns] == ["anthropic", "anthropic"]
+        history += [
+            {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in message.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a b c"}]},
+        ]
+        second = background(client.messages.create, model="claude-x", max_tokens=100, tools=TOOLS, messages=history)
+        turn = trainer.next_turns(wait_s=5)[0]
+        assistant, tool = turn.request["messages"][-2:]
+        assert assistant["tool_calls"][0]["id"] == "toolu_1"
+        assert assistant["content"] == "Let me look."
+        assert tool == {"role": "tool", "tool_call_id": "toolu_1", "content": "a b c"}
+        trainer.reply(turn.id, "3 files.")
+        final = second.result(timeout=5)
+        assert (final.stop_reason, final.content[0].text) == ("end_turn", "3 files.")
+        assert [t.dialect for t in trainer.trajectory(episode.id).turns] == ["anthropic", "anthropic"]
 
 
 @pytest.mark.settings(keepalive_s=0.1)
@@ -84,7 +84,10 @@ def test_streaming_with_thinking_and_pings_while_parked(server: Any, trainer: Tr
     ]
 
     def stream() -> Any:
-        with agent_for(episode).messages.stream(model="claude-x", max_tokens=50, messages=history) as events:
+        with (
+            agent_for(episode) as agent,
+            agent.messages.stream(model="claude-x", max_tokens=50, messages=history) as events,
+        ):
             return events.get_final_message()
 
     final = background(stream)
@@ -137,42 +140,46 @@ def test_the_raw_stream_carries_pings_then_the_event_sequence(server: Any, train
 
 def test_count_tokens_matches_the_usage_replies_carry(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    client = agent_for(episode)
-    request: dict[str, Any] = {
-        "model": "claude-x",
-        "system": SYSTEM,
-        "tools": TOOLS,
-        "messages": [{"role": "user", "content": "count me"}],
-    }
-    counted = client.messages.count_tokens(**request)
-    assert counted.input_tokens > 0
-    call = background(client.messages.create, max_tokens=10, **request)
-    trainer.reply(trainer.next_turns(wait_s=5)[0].id, "ok")
-    assert call.result(timeout=5).usage.input_tokens == counted.input_tokens
-    assert len(trainer.trajectory(episode.id).turns) == 1  # counting parks nothing
+    with agent_for(episode) as client:
+        request: dict[str, Any] = {
+            "model": "claude-x",
+            "system": SYSTEM,
+            "tools": TOOLS,
+            "messages": [{"role": "user", "content": "count me"}],
+        }
+        counted = client.messages.count_tokens(**request)
+        assert counted.input_tokens > 0
+        call = background(client.messages.create, max_tokens=10, **request)
+        trainer.reply(trainer.next_turns(wait_s=5)[0].id, "ok")
+        assert call.result(timeout=5).usage.input_tokens == counted.input_tokens
+        assert len(trainer.trajectory(episode.id).turns) == 1  # counting parks nothing
 
 
 @pytest.mark.settings(turn_timeout_s=0.5)
 def test_errors_come_in_anthropics_shape(server: Any, trainer: TrainerClient) -> None:
     episode = trainer.create_episode()
     hello: dict[str, Any] = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
-    with pytest.raises(anthropic.AuthenticationError) as bad_key:
-        anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key="nope", max_retries=0).messages.create(
-            **hello
-        )
-    assert error_body(bad_key.value.body)["error"]["type"] == "authentication_error"
+    base_url = episode.env["ANTHROPIC_BASE_URL"]
+    with (
+        anthropic.Anthropic(base_url=base_url, api_key="nope", max_retries=0) as stranger,
+        agent_for(episode) as agent,
+        anthropic.Anthropic(base_url=base_url, api_key=episode.key) as retrying,  # the SDK's default retries
+    ):
+        with pytest.raises(anthropic.AuthenticationError) as bad_key:
+            stranger.messages.create(**hello)
+        assert error_body(bad_key.value.body)["error"]["type"] == "authentication_error"
 
-    with pytest.raises(anthropic.BadRequestError) as malformed:
-        agent_for(episode).messages.create(model="m", max_tokens=5, messages=[])
-    assert error_body(malformed.value.body)["type"] == "error"
+        with pytest.raises(anthropic.BadRequestError) as malformed:
+            agent.messages.create(model="m", max_tokens=5, messages=[])
+        assert error_body(malformed.value.body)["type"] == "error"
 
-    with pytest.raises(anthropic.APIStatusError) as timeout:
-        anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key).messages.create(**hello)
-    assert timeout.value.status_code == 504  # and with the SDK's default retries, still one turn:
-    assert len(trainer.trajectory(episode.id).turns) == 1
+        with pytest.raises(anthropic.APIStatusError) as timeout:
+            retrying.messages.create(**hello)
+        assert timeout.value.status_code == 504  # and with the SDK's default retries, still one turn:
+        assert len(trainer.trajectory(episode.id).turns) == 1
 
-    trainer.finish(episode.id)
-    with pytest.raises(anthropic.APIStatusError) as closed:
-        agent_for(episode).messages.create(**hello)
-    assert closed.value.status_code == 410
-    assert error_body(closed.value.body)["error"]["type"] == "episode_closed"
+        trainer.finish(episode.id)
+        with pytest.raises(anthropic.APIStatusError) as closed:
+            agent.messages.create(**hello)
+        assert closed.value.status_code == 410
+        assert error_body(closed.value.body)["error"]["type"] == "episode_closed"

@@ -27,14 +27,16 @@ SYSTEM = {"role": "system", "content": "You are a careful agent."}
 
 def agent(episode: Any) -> None:
     """One conversation with a tool call and its result, then a second, unrelated question (a new branch)."""
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30)
-    messages: list[Any] = [SYSTEM, {"role": "user", "content": "How many files are there?"}]
-    first = client.chat.completions.create(model="policy-7b", messages=messages, tools=TOOLS).choices[0].message
-    messages += [first.model_dump(exclude_none=True)]
-    assert first.tool_calls is not None
-    messages += [{"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "3 files"}]
-    client.chat.completions.create(model="policy-7b", messages=messages, tools=TOOLS)
-    client.chat.completions.create(model="policy-7b", messages=[{"role": "user", "content": "Name a colour."}])
+    with openai.OpenAI(
+        base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30
+    ) as client:
+        messages: list[Any] = [SYSTEM, {"role": "user", "content": "How many files are there?"}]
+        first = client.chat.completions.create(model="policy-7b", messages=messages, tools=TOOLS).choices[0].message
+        messages += [first.model_dump(exclude_none=True)]
+        assert first.tool_calls is not None
+        messages += [{"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "3 files"}]
+        client.chat.completions.create(model="policy-7b", messages=messages, tools=TOOLS)
+        client.chat.completions.create(model="policy-7b", messages=[{"role": "user", "content": "Name a colour."}])
 
 
 @pytest.fixture

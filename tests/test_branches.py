@@ -107,46 +107,46 @@ def test_branches_place_every_call_where_a_scan_over_every_head_would() -> None:
 
 def test_the_trajectory_records_branches(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    agent = agent_for(episode)
+    with agent_for(episode) as agent:
 
-    def call(messages: list[dict[str, Any]]) -> Any:
-        pending = background(agent.chat.completions.create, model="m", messages=messages)
-        [turn] = trainer.next_turns(episode=episode.id, wait_s=5)
-        trainer.reply(turn.id, f"reply {turn.seq}")
-        return pending.result(timeout=10).choices[0].message
+        def call(messages: list[dict[str, Any]]) -> Any:
+            pending = background(agent.chat.completions.create, model="m", messages=messages)
+            [turn] = trainer.next_turns(episode=episode.id, wait_s=5)
+            trainer.reply(turn.id, f"reply {turn.seq}")
+            return pending.result(timeout=10).choices[0].message
 
-    history = [SYSTEM, user("fix the bug")]
-    for _ in range(2):
-        history += [call(history).model_dump(exclude_none=True), user("next")]
-    call([SYSTEM, user("a summary, as the agent compacted its context")])
-    call(history)
+        history = [SYSTEM, user("fix the bug")]
+        for _ in range(2):
+            history += [call(history).model_dump(exclude_none=True), user("next")]
+        call([SYSTEM, user("a summary, as the agent compacted its context")])
+        call(history)
 
-    turns = trainer.trajectory(episode.id).turns
-    assert [(t.seq, t.branch) for t in turns] == [(0, 0), (1, 0), (2, 1), (3, 0)]
-    assert [t.parent_id for t in turns] == [None, turns[0].id, None, turns[1].id]
+        turns = trainer.trajectory(episode.id).turns
+        assert [(t.seq, t.branch) for t in turns] == [(0, 0), (1, 0), (2, 1), (3, 0)]
+        assert [t.parent_id for t in turns] == [None, turns[0].id, None, turns[1].id]
 
 
 def test_claude_code_style_cache_markers_keep_one_branch(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    claude = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    marker = {"type": "ephemeral"}
+    with anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0) as claude:
+        marker = {"type": "ephemeral"}
 
-    def say(messages: list[Any]) -> str:
-        pending = background(claude.messages.create, model="claude", max_tokens=100, messages=messages)
-        [turn] = trainer.next_turns(episode=episode.id, wait_s=5)
-        trainer.reply(turn.id, f"reply {turn.seq}")
-        block = pending.result(timeout=10).content[0]
-        return str(block.text)
+        def say(messages: list[Any]) -> str:
+            pending = background(claude.messages.create, model="claude", max_tokens=100, messages=messages)
+            [turn] = trainer.next_turns(episode=episode.id, wait_s=5)
+            trainer.reply(turn.id, f"reply {turn.seq}")
+            block = pending.result(timeout=10).content[0]
+            return str(block.text)
 
-    first = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": marker}]}]
-    answer = say(first)
-    second = [
-        {"role": "user", "content": [{"type": "text", "text": "hi"}]},  # the marker moved to the newest message
-        {"role": "assistant", "content": [{"type": "text", "text": answer}]},
-        {"role": "user", "content": [{"type": "text", "text": "more", "cache_control": marker}]},
-    ]
-    say(second)
-    assert [t.branch for t in trainer.trajectory(episode.id).turns] == [0, 0]
+        first = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": marker}]}]
+        answer = say(first)
+        second = [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},  # the marker moved to the newest message
+            {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+            {"role": "user", "content": [{"type": "text", "text": "more", "cache_control": marker}]},
+        ]
+        say(second)
+        assert [t.branch for t in trainer.trajectory(episode.id).turns] == [0, 0]
 
 
 def grown(dialect: Any, first: dict[str, Any], second: dict[str, Any]) -> tuple[list[list[str]], list[Any]]:

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient
-from tests.test_trainer_api import HELLO, MODEL, agent_for, ask, snapshot
+from tests.test_trainer_api import HELLO, MODEL, agent_for, ask, ask_as, snapshot
 
 
 def answer_next(trainer: TrainerClient, episode_id: str, **extras: Any) -> None:
@@ -36,9 +36,8 @@ def test_past_max_turns_the_agent_gets_429_and_the_trainer_sees_why(
     server: Any, trainer: TrainerClient, background: Any
 ) -> None:
     episode = trainer.create_episode(max_turns=2)
-    agent = agent_for(episode)
     for _ in range(2):
-        call = background(ask, agent)
+        call = background(ask_as, episode)
         answer_next(trainer, episode.id)
         assert call.result(timeout=10).choices[0].message.content == "ok"
     before = snapshot(server, episode.id)
@@ -49,8 +48,8 @@ def test_past_max_turns_the_agent_gets_429_and_the_trainer_sees_why(
     assert "over budget: the episode has used its 2 turns" in error["message"]
     assert refused.headers["x-should-retry"] == "false"  # retrying cannot help: SDKs must not
 
-    with pytest.raises(openai.RateLimitError):  # the SDK sees the 429 too
-        ask(agent_for(episode, max_retries=2))
+    with agent_for(episode, max_retries=2) as retrying, pytest.raises(openai.RateLimitError):  # the SDK sees it too
+        ask(retrying)
     recorded = trainer.episode(episode.id)
     assert recorded.status == "running"
     assert recorded.over_budget is not None and "its 2 turns" in recorded.over_budget
@@ -59,11 +58,10 @@ def test_past_max_turns_the_agent_gets_429_and_the_trainer_sees_why(
 
 def test_max_tokens_counts_the_usage_of_answered_turns(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode(max_tokens=150)
-    agent = agent_for(episode)
-    call = background(ask, agent)
+    call = background(ask_as, episode)
     answer_next(trainer, episode.id, usage={"prompt_tokens": 60, "completion_tokens": 40})
     call.result(timeout=10)
-    call = background(ask, agent)  # 100 of 150 used: still within budget
+    call = background(ask_as, episode)  # 100 of 150 used: still within budget
     answer_next(trainer, episode.id, usage={"prompt_tokens": 70, "completion_tokens": 30})
     call.result(timeout=10)
 
@@ -79,7 +77,7 @@ def test_a_deadline_refuses_calls_after_it(server: Any, trainer: TrainerClient) 
 
 def test_over_budget_can_finish_the_episode_instead(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode(max_turns=1, on_budget="finish")
-    call = background(ask, agent_for(episode))
+    call = background(ask_as, episode)
     answer_next(trainer, episode.id)
     call.result(timeout=10)
 
@@ -95,7 +93,7 @@ def test_anthropic_agents_get_their_own_429(server: Any, trainer: TrainerClient)
     episode = trainer.create_episode(max_turns=1, deadline_s=0.1)
     time.sleep(0.2)
     claude = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    with pytest.raises(anthropic.RateLimitError) as refused:
+    with claude, pytest.raises(anthropic.RateLimitError) as refused:
         claude.messages.create(model="claude-sonnet-4", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
     assert "deadline passed" in str(refused.value)
 
@@ -104,7 +102,7 @@ def test_the_token_tally_survives_a_restart(make_server: Any, background: Any) -
     first = make_server()
     with TrainerClient(first.url, first.token) as trainer:
         episode = trainer.create_episode(max_tokens=50)
-        call = background(ask, agent_for(episode))
+        call = background(ask_as, episode)
         answer_next(trainer, episode.id, usage={"prompt_tokens": 30, "completion_tokens": 25})
         call.result(timeout=10)
     first.stop()

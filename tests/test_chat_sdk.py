@@ -28,36 +28,37 @@ def agent_for(episode: Any, **kwargs: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, **kwargs)
 
 
-def run_tool_loop(client: openai.OpenAI, *, stream: bool) -> list[Any]:
-    """A tiny agent: ask, run the requested 'tool', send its output back, until the model stops."""
-    messages: list[Any] = [{"role": "user", "content": "How many files are there?"}]
-    finals = []
-    for _ in range(4):
-        if stream:
-            chunks = list(
-                client.chat.completions.create(
-                    model="policy",
-                    messages=messages,
-                    tools=TOOLS,
-                    stream=True,
-                    stream_options={"include_usage": True},
+def run_tool_loop(episode: Any, *, stream: bool) -> list[Any]:
+    """A tiny agent of the episode: ask, run the requested 'tool', send its output back, until the model stops."""
+    with agent_for(episode) as client:
+        messages: list[Any] = [{"role": "user", "content": "How many files are there?"}]
+        finals = []
+        for _ in range(4):
+            if stream:
+                chunks = list(
+                    client.chat.completions.create(
+                        model="policy",
+                        messages=messages,
+                        tools=TOOLS,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
                 )
-            )
-            message, finish_reason = assemble(chunks)
-            assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
-        else:
-            completion = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
-            message = completion.choices[0].message.model_dump(exclude_none=True)
-            finish_reason = completion.choices[0].finish_reason
-            assert completion.usage is not None and completion.usage.prompt_tokens > 0
-        finals.append((message, finish_reason))
-        messages.append(message)
-        if finish_reason != "tool_calls":
-            return finals
-        for call in message["tool_calls"]:
-            cmd = json.loads(call["function"]["arguments"])["cmd"]
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"ran {cmd}: 3 files"})
-    raise AssertionError("the conversation did not end")
+                message, finish_reason = assemble(chunks)
+                assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
+            else:
+                completion = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+                message = completion.choices[0].message.model_dump(exclude_none=True)
+                finish_reason = completion.choices[0].finish_reason
+                assert completion.usage is not None and completion.usage.prompt_tokens > 0
+            finals.append((message, finish_reason))
+            messages.append(message)
+            if finish_reason != "tool_calls":
+                return finals
+            for call in message["tool_calls"]:
+                cmd = json.loads(call["function"]["arguments"])["cmd"]
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"ran {cmd}: 3 files"})
+        raise AssertionError("the conversation did not end")
 
 
 def assemble(chunks: list[Any]) -> tuple[dict[str, Any], str | None]:
@@ -102,7 +103,7 @@ def answer_tool_loop(trainer: TrainerClient, episode_id: str) -> list[Any]:
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_sync_sdk_tool_conversation(server: Any, trainer: TrainerClient, background: Any, stream: bool) -> None:
     episode = trainer.create_episode(task="count files")
-    agent = background(run_tool_loop, agent_for(episode), stream=stream)
+    agent = background(run_tool_loop, episode, stream=stream)
     seen = answer_tool_loop(trainer, episode.id)
     finals = agent.result(timeout=10)
 
@@ -181,69 +182,71 @@ def test_async_sdk_many_episodes_with_async_trainer(server: Any) -> None:
 def test_unknown_fields_reach_the_trainer_verbatim(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
     extra = {"reasoning_effort": "high", "provider_specific_fields": {"x": [1, 2]}, "future_field": None}
-    call = background(
-        agent_for(episode).chat.completions.create,
-        model="gpt-5",
-        messages=[
-            {"role": "system", "content": "s", "cache_control": {"type": "ephemeral"}},
-            {"role": "user", "content": "u"},
-        ],
-        extra_body=extra,
-        metadata={"run": "7"},
-    )
-    turn = trainer.next_turns(wait_s=5)[0]
-    for name, value in extra.items():
-        assert turn.request[name] == value
-    assert turn.request["metadata"] == {"run": "7"}
-    assert turn.request["messages"][0]["cache_control"] == {"type": "ephemeral"}
-    trainer.reply(turn.id, "ok")
-    assert call.result(timeout=5).choices[0].message.content == "ok"
+    with agent_for(episode) as agent:
+        call = background(
+            agent.chat.completions.create,
+            model="gpt-5",
+            messages=[
+                {"role": "system", "content": "s", "cache_control": {"type": "ephemeral"}},
+                {"role": "user", "content": "u"},
+            ],
+            extra_body=extra,
+            metadata={"run": "7"},
+        )
+        turn = trainer.next_turns(wait_s=5)[0]
+        for name, value in extra.items():
+            assert turn.request[name] == value
+        assert turn.request["metadata"] == {"run": "7"}
+        assert turn.request["messages"][0]["cache_control"] == {"type": "ephemeral"}
+        trainer.reply(turn.id, "ok")
+        assert call.result(timeout=5).choices[0].message.content == "ok"
 
 
 def test_episode_key_in_the_path_for_agents_that_force_their_own_key(
     server: Any, trainer: TrainerClient, background: Any
 ) -> None:
     episode = trainer.create_episode()
-    client = openai.OpenAI(base_url=f"{server.url}/e/{episode.key}/v1", api_key="sk-agent-forces-this", max_retries=0)
-    call = background(client.chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}])
-    turn = trainer.next_turns(wait_s=5)[0]
-    assert turn.episode_id == episode.id
-    trainer.reply(turn.id, "hello")
-    assert call.result(timeout=5).choices[0].message.content == "hello"
-    assert [model.id for model in client.models.list()] == ["trajproxy"]
+    with openai.OpenAI(
+        base_url=f"{server.url}/e/{episode.key}/v1", api_key="sk-agent-forces-this", max_retries=0
+    ) as client:
+        call = background(client.chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}])
+        turn = trainer.next_turns(wait_s=5)[0]
+        assert turn.episode_id == episode.id
+        trainer.reply(turn.id, "hello")
+        assert call.result(timeout=5).choices[0].message.content == "hello"
+        assert [model.id for model in client.models.list()] == ["trajproxy"]
 
 
 def test_trainer_extras_are_recorded_and_usage_is_passed_through(
     server: Any, trainer: TrainerClient, background: Any
 ) -> None:
     episode = trainer.create_episode()
-    call = background(
-        agent_for(episode).chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}]
-    )
-    turn = trainer.next_turns(wait_s=5)[0]
-    trainer.reply(
-        turn.id,
-        "abc",
-        finish_reason="length",
-        usage={"prompt_tokens": 11, "completion_tokens": 3},
-        prompt_token_ids=[1, 2, 3],
-        completion_token_ids=[7, 8, 9],
-        logprobs=[-0.5, -0.25, -0.125],
-        policy_version="step-42",
-    )
-    completion = call.result(timeout=5)
-    assert completion.choices[0].finish_reason == "length"
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
-        11,
-        3,
-        14,
-    )
-    reply = trainer.trajectory(episode.id).turns[0].reply
-    assert reply is not None
-    assert reply.completion_token_ids == [7, 8, 9]
-    assert reply.prompt_token_ids == [1, 2, 3]
-    assert reply.logprobs == [-0.5, -0.25, -0.125]
-    assert reply.policy_version == "step-42"
+    with agent_for(episode) as agent:
+        call = background(agent.chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}])
+        turn = trainer.next_turns(wait_s=5)[0]
+        trainer.reply(
+            turn.id,
+            "abc",
+            finish_reason="length",
+            usage={"prompt_tokens": 11, "completion_tokens": 3},
+            prompt_token_ids=[1, 2, 3],
+            completion_token_ids=[7, 8, 9],
+            logprobs=[-0.5, -0.25, -0.125],
+            policy_version="step-42",
+        )
+        completion = call.result(timeout=5)
+        assert completion.choices[0].finish_reason == "length"
+        assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
+            11,
+            3,
+            14,
+        )
+        reply = trainer.trajectory(episode.id).turns[0].reply
+        assert reply is not None
+        assert reply.completion_token_ids == [7, 8, 9]
+        assert reply.prompt_token_ids == [1, 2, 3]
+        assert reply.logprobs == [-0.5, -0.25, -0.125]
+        assert reply.policy_version == "step-42"
 
 
 def test_litellm_as_a_client_through_the_openai_provider(server: Any, trainer: TrainerClient, background: Any) -> None:

@@ -78,17 +78,21 @@ def test_compose_up_serves_trajproxy_on_postgres_and_the_demo_earns_a_reward(
     healthy(url, 120)
 
     assert httpx.get(f"{url}/api/episodes").status_code == 401  # the trainer token is in force
-    trainer = TrainerClient(url, token=TOKEN)
-    probe = trainer.create_episode(task="compose probe")
-    assert trainer.episode(probe.id).status == "pending"
+    with TrainerClient(url, token=TOKEN) as trainer:
+        probe = trainer.create_episode(task="compose probe")
+        assert trainer.episode(probe.id).status == "pending"
 
-    demo = subprocess.run(
-        [*command, "--profile", "demo", "run", "--rm", "demo"], env=env, capture_output=True, text=True, timeout=1200
-    )
-    output = demo.stdout + demo.stderr
-    assert demo.returncode == 0, output[-3000:]
-    assert "1 task(s) run, 0 rejected, mean reward 1.000" in output
-    finished = trainer.episodes(status="finished").episodes
-    assert len(finished) == 1
-    [reward] = trainer.trajectory(finished[0].id).rewards
-    assert (reward.value, reward.source) == (1.0, "grader")
+        demo = subprocess.run(
+            [*command, "--profile", "demo", "run", "--rm", "demo"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        output = demo.stdout + demo.stderr
+        assert demo.returncode == 0, output[-3000:]
+        assert "1 task(s) run, 0 rejected, mean reward 1.000" in output
+        finished = trainer.episodes(status="finished").episodes
+        assert len(finished) == 1
+        [reward] = trainer.trajectory(finished[0].id).rewards
+        assert (reward.value, reward.source) == (1.0, "grader")

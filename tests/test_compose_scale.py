@@ -66,10 +66,10 @@ def scale(engine: Any) -> Iterator[Scale]:
 
 
 def ask(episode_env: dict[str, str], text: str, answers: dict[str, str]) -> None:
-    client = openai.OpenAI(
+    with openai.OpenAI(
         base_url=episode_env["OPENAI_BASE_URL"], api_key=episode_env["OPENAI_API_KEY"], max_retries=0, timeout=120
-    )
-    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": text}])
+    ) as client:
+        reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": text}])
     answers[text] = reply.choices[0].message.content or ""
 
 
@@ -105,56 +105,68 @@ def test_three_replicas_behind_the_balancer_share_the_queue(scale: Scale) -> Non
     assert up.returncode == 0, up.stderr[-3000:]
     healthy(scale.url, 180)
     assert httpx.get(f"{scale.url}/api/episodes").status_code == 401  # the trainer token is in force
-    trainer = TrainerClient(scale.url, token=TOKEN)
+    with TrainerClient(scale.url, token=TOKEN) as trainer:
+        # Three calls parked at once: the balancer (least connections) puts one on each replica; the trainer, through
+        # the balancer too, pulls and answers all three, whichever replica holds each.
+        def each_replica_holds_one() -> None:
+            deadline = time.monotonic() + 60
+            while not all(int(server["scur"]) >= 1 for server in scale.servers().values()):
+                assert time.monotonic() < deadline, f"the calls were not spread: {scale.servers()}"
+                time.sleep(0.5)
 
-    # Three calls parked at once: the balancer (least connections) puts one on each replica; the trainer, through
-    # the balancer too, pulls and answers all three, whichever replica holds each.
-    def each_replica_holds_one() -> None:
+        texts = ["first", "second", "third"]
+        answers = agents_answered(trainer, texts, until_parked=each_replica_holds_one)
+        assert answers == {text: f"re: {text}" for text in texts}
+
+        # A replica gone: the balancer sees it down and the other two carry on.
+        stopped = scale.compose("stop", "trajproxy-3", timeout_s=120)
+        assert stopped.returncode == 0, stopped.stderr
         deadline = time.monotonic() + 60
-        while not all(int(server["scur"]) >= 1 for server in scale.servers().values()):
-            assert time.monotonic() < deadline, f"the calls were not spread: {scale.servers()}"
+        while scale.servers()["trajproxy-3"]["status"] != "DOWN":
+            assert time.monotonic() < deadline, "the balancer never saw trajproxy-3 go down"
             time.sleep(0.5)
+        texts = [f"after the stop {n}" for n in range(4)]
+        assert agents_answered(trainer, texts) == {text: f"re: {text}" for text in texts}
+        turns = [t for e in trainer.episodes(limit=100).episodes for t in trainer.trajectory(e.id).turns]
+        assert sorted(turn.status for turn in turns) == ["answered"] * 7  # one turn per call, none doubled
 
-    texts = ["first", "second", "third"]
-    answers = agents_answered(trainer, texts, until_parked=each_replica_holds_one)
-    assert answers == {text: f"re: {text}" for text in texts}
+        # The sandboxes' door: on the balancer's socket, agents' routes are served and the trainer API is not.
+        probe = (
+            "import http.client, socket, sys\n"
+            "class Unix(http.client.HTTPConnection):\n"
+            "    def connect(self):\n"
+            "        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect('/run/balancer/proxy.sock')\n"
+            "for path in ('/health', '/api/episodes'):\n"
+            "    c = Unix('localhost'); c.request('GET', path, headers={'authorization': 'Bearer ' + sys.argv[1]})\n"
+            "    print(path, c.getresponse().status)\n"
+        )
+        mount = f"{scale.sockets_volume}:/run/balancer"
+        door = subprocess.run(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "-v",
+                mount,
+                "python:3.11-slim",
+                "python3",
+                "-c",
+                probe,
+                TOKEN,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert door.returncode == 0, door.stderr
+        assert door.stdout.split("\n")[:2] == ["/health 200", "/api/episodes 403"]
 
-    # A replica gone: the balancer sees it down and the other two carry on.
-    stopped = scale.compose("stop", "trajproxy-3", timeout_s=120)
-    assert stopped.returncode == 0, stopped.stderr
-    deadline = time.monotonic() + 60
-    while scale.servers()["trajproxy-3"]["status"] != "DOWN":
-        assert time.monotonic() < deadline, "the balancer never saw trajproxy-3 go down"
-        time.sleep(0.5)
-    texts = [f"after the stop {n}" for n in range(4)]
-    assert agents_answered(trainer, texts) == {text: f"re: {text}" for text in texts}
-    turns = [t for e in trainer.episodes(limit=100).episodes for t in trainer.trajectory(e.id).turns]
-    assert sorted(turn.status for turn in turns) == ["answered"] * 7  # one turn per call, none doubled
-
-    # The sandboxes' door: on the balancer's socket, agents' routes are served and the trainer API is not.
-    probe = (
-        "import http.client, socket, sys\n"
-        "class Unix(http.client.HTTPConnection):\n"
-        "    def connect(self):\n"
-        "        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect('/run/balancer/proxy.sock')\n"
-        "for path in ('/health', '/api/episodes'):\n"
-        "    c = Unix('localhost'); c.request('GET', path, headers={'authorization': 'Bearer ' + sys.argv[1]})\n"
-        "    print(path, c.getresponse().status)\n"
-    )
-    mount = f"{scale.sockets_volume}:/run/balancer"
-    door = subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "-v", mount, "python:3.11-slim", "python3", "-c", probe, TOKEN],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert door.returncode == 0, door.stderr
-    assert door.stdout.split("\n")[:2] == ["/health 200", "/api/episodes 403"]
-
-    # `trajproxy run --proxy-url` through the balancer, its sandboxes through the balancer's socket: the demo's
-    # episode ends with its reward.
-    through = ["-e", "TRAJPROXY_URL=http://balancer:8080", "-e", f"TRAJPROXY_SOCKETS_VOLUME={scale.sockets_volume}"]
-    demo = scale.compose("--profile", "demo", "run", "--rm", *through, "demo", timeout_s=1200)
-    output = demo.stdout + demo.stderr
-    assert demo.returncode == 0, output[-3000:]
-    assert "1 task(s) run, 0 rejected, mean reward 1.000" in output
+        # `trajproxy run --proxy-url` through the balancer, its sandboxes through the balancer's socket: the demo's
+        # episode ends with its reward.
+        through = ["-e", "TRAJPROXY_URL=http://balancer:8080", "-e", f"TRAJPROXY_SOCKETS_VOLUME={scale.sockets_volume}"]
+        demo = scale.compose("--profile", "demo", "run", "--rm", *through, "demo", timeout_s=1200)
+        output = demo.stdout + demo.stderr
+        assert demo.returncode == 0, output[-3000:]
+        assert "1 task(s) run, 0 rejected, mean reward 1.000" in output

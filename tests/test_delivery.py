@@ -23,7 +23,8 @@ def agent_for(episode: Any) -> openai.OpenAI:
 
 
 def ask(episode: Any, text: str = "hello", **kwargs: Any) -> Any:
-    return agent_for(episode).chat.completions.create(model="m", messages=[{"role": "user", "content": text}], **kwargs)
+    with agent_for(episode) as agent:
+        return agent.chat.completions.create(model="m", messages=[{"role": "user", "content": text}], **kwargs)
 
 
 def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
@@ -146,9 +147,11 @@ def test_an_episode_can_set_its_own_turn_timeout(server: Any, trainer: TrainerCl
 @pytest.mark.settings(keepalive_s=0.1)
 def test_a_stream_already_under_way_reports_the_timeout_as_an_error_event(server: Any, trainer: TrainerClient) -> None:
     episode = trainer.create_episode(turn_timeout_s=0.5)
-    stream = ask(episode, stream=True)  # headers went out with the first keep-alive
-    with pytest.raises(openai.APIError) as timeout:
-        list(stream)
+    with agent_for(episode) as agent:
+        hello: Any = HELLO
+        stream = agent.chat.completions.create(**hello, stream=True)  # headers went out with the first keep-alive
+        with pytest.raises(openai.APIError) as timeout:
+            list(stream)
     assert "expired" in timeout.value.message
     assert trainer.trajectory(episode.id).turns[0].status == "expired"
 
@@ -271,15 +274,15 @@ def test_the_sdks_default_retries_do_not_multiply_timed_out_or_refused_calls(
     server: Any, trainer: TrainerClient
 ) -> None:
     episode = trainer.create_episode(turn_timeout_s=0.3)
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key)  # max_retries=2
-    with pytest.raises(openai.APIStatusError) as timeout:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    assert timeout.value.response.headers["x-should-retry"] == "false"
-    assert len(trainer.trajectory(episode.id).turns) == 1  # one call, one turn: no retry became a second
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key) as client:  # max_retries=2
+        with pytest.raises(openai.APIStatusError) as timeout:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert timeout.value.response.headers["x-should-retry"] == "false"
+        assert len(trainer.trajectory(episode.id).turns) == 1  # one call, one turn: no retry became a second
 
-    trainer.finish(episode.id)
-    with pytest.raises(openai.APIStatusError) as closed:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+        trainer.finish(episode.id)
+        with pytest.raises(openai.APIStatusError) as closed:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
     assert closed.value.status_code == 410
     assert len(trainer.trajectory(episode.id).turns) == 1
 
@@ -320,12 +323,14 @@ def test_the_sdks_own_retry_attaches_to_the_turn_already_parked(
     episode = trainer.create_episode()
     # Retries to spare: on a loaded machine the second attempt may time out too before the reply comes; each
     # attaches to the same turn all the same.
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, timeout=2.0, max_retries=4)
-    call = background(client.chat.completions.create, model="m", messages=[{"role": "user", "content": "slow"}])
-    turn = trainer.next_turns(wait_s=5)[0]
-    time.sleep(3.0)  # the first attempt times out at 2 s; the SDK retries the same body
-    trainer.reply(turn.id, "worth the wait", lease_id=turn.lease_id)
-    assert call.result(timeout=10).choices[0].message.content == "worth the wait"
+    with openai.OpenAI(
+        base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, timeout=2.0, max_retries=4
+    ) as client:
+        call = background(client.chat.completions.create, model="m", messages=[{"role": "user", "content": "slow"}])
+        turn = trainer.next_turns(wait_s=5)[0]
+        time.sleep(3.0)  # the first attempt times out at 2 s; the SDK retries the same body
+        trainer.reply(turn.id, "worth the wait", lease_id=turn.lease_id)
+        assert call.result(timeout=10).choices[0].message.content == "worth the wait"
     recorded = trainer.trajectory(episode.id).turns
     assert [(t.id, t.status) for t in recorded] == [(turn.id, "answered")]  # one call, one turn
 

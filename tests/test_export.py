@@ -47,10 +47,11 @@ def recorded(server: Any, trainer: TrainerClient, background: Any) -> dict[str, 
     """Three episodes: a rewarded one with token ids over two branches, a failed one, a cancelled one."""
 
     def turn(episode: Any, messages: list[Any], reply: dict[str, Any], **extras: Any) -> Any:
-        call = background(agent_for(episode).chat.completions.create, model="m", messages=messages, tools=TOOLS)
-        [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
-        trainer.reply(parked.id, message=reply, **extras)
-        return call.result(timeout=10).choices[0].message.model_dump(exclude_none=True)
+        with agent_for(episode) as agent:
+            call = background(agent.chat.completions.create, model="m", messages=messages, tools=TOOLS)
+            [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
+            trainer.reply(parked.id, message=reply, **extras)
+            return call.result(timeout=10).choices[0].message.model_dump(exclude_none=True)
 
     good = trainer.create_episode(task="fix calc", metadata={"split": "train", "n": 1})
     history: list[Any] = [SYSTEM, {"role": "user", "content": "fix calc.py"}]
@@ -228,10 +229,11 @@ def test_chat_shape_keeps_codex_roles_and_tools_unless_asked_for_template_shape(
     episode = trainer.create_episode(task="codex")
     developer = {"role": "developer", "content": [{"type": "input_text", "text": "be brief"}]}
     body = {"model": "m", "input": [developer, {"role": "user", "content": "hi"}], "tools": CODEX_TOOLS}
-    call = background(agent_for(episode).responses.create, **body)
-    [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
-    trainer.reply(parked.id, message={"content": "hello"})
-    call.result(timeout=10)
+    with agent_for(episode) as agent:
+        call = background(agent.responses.create, **body)
+        [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
+        trainer.reply(parked.id, message={"content": "hello"})
+        call.result(timeout=10)
     trainer.finish(episode.id)
     url = server.settings.database_url
 

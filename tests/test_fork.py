@@ -27,13 +27,15 @@ CALLS = 4
 
 def agent(episode: Any, task: str = "count to four", *, calls: int = CALLS) -> list[str]:
     """Ask `calls` times, each time telling the model what its last answer 'did'; returns what it was told."""
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30)
     messages: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": task}]
     answers = []
-    for _ in range(calls):
-        reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content or ""
-        answers.append(reply)
-        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"it did: {reply}"}]
+    with openai.OpenAI(
+        base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30
+    ) as client:
+        for _ in range(calls):
+            reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message.content or ""
+            answers.append(reply)
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"it did: {reply}"}]
     return answers
 
 
@@ -107,18 +109,18 @@ def test_where_a_call_differs_is_recorded_even_when_its_key_holds_u0000(
     """The path goes into the fork's metadata, which Postgres cannot hold with U+0000 in it (the forks' index reads
     metadata): the key is written escaped, and the agent's call still reaches the trainer."""
     [fork] = trainer.fork(parent.id, 1)
-    client = openai.OpenAI(base_url=fork.env["OPENAI_BASE_URL"], api_key=fork.key, max_retries=0, timeout=30)
-    messages: list[ChatCompletionMessageParam] = [
-        {"role": "system", "content": "You are a careful agent."},
-        {"role": "user", "content": "count to four"},
-    ]
-    running = background(
-        lambda: client.chat.completions.create(model="policy", messages=messages, extra_body={"odd\x00key": 1})
-    )
-    answer(trainer, fork.id, ["fresh"])
-    assert running.result(timeout=30).choices[0].message.content == "fresh"
-    diverged = trainer.episode(fork.id).metadata["fork"]["diverged"]
-    assert diverged["why"] == f"call 0 differs from episode {parent.id}'s: odd\\u0000key is new"
+    with openai.OpenAI(base_url=fork.env["OPENAI_BASE_URL"], api_key=fork.key, max_retries=0, timeout=30) as client:
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": "You are a careful agent."},
+            {"role": "user", "content": "count to four"},
+        ]
+        running = background(
+            lambda: client.chat.completions.create(model="policy", messages=messages, extra_body={"odd\x00key": 1})
+        )
+        answer(trainer, fork.id, ["fresh"])
+        assert running.result(timeout=30).choices[0].message.content == "fresh"
+        diverged = trainer.episode(fork.id).metadata["fork"]["diverged"]
+        assert diverged["why"] == f"call 0 differs from episode {parent.id}'s: odd\\u0000key is new"
 
 
 def test_named_volatile_fields_are_ignored_and_failing_on_divergence_fails_the_call(

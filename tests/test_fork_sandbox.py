@@ -51,7 +51,7 @@ def runner_for(trainer: AsyncTrainerClient, sandboxes: DockerSandboxes, name: st
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_forks_of_a_sandboxed_agent_replay_its_first_calls(
-    proxied: Any, sandboxes: DockerSandboxes, example_task: Task, name: str
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, example_task: Task, name: str
 ) -> None:
     async def main() -> tuple[Outcome, dict[int, list[Outcome]], Outcome]:
         async with AsyncTrainerClient(proxied.url, proxied.token) as trainer:
@@ -70,7 +70,7 @@ def test_forks_of_a_sandboxed_agent_replay_its_first_calls(
 
     parent, forks, perturbed = asyncio.run(main())
     assert (parent.status, parent.reward) == ("finished", 1.0), parent
-    trainer = TrainerClient(proxied.url, proxied.token)
+    trainer = proxied_trainer
     assert parent.episode_id is not None
     recorded = trainer.trajectory(parent.episode_id).turns
     for at, outcomes in forks.items():

@@ -69,15 +69,15 @@ def tasks_at(path: Path, **options: Any) -> list[Task]:
     return [task for task in parsed if isinstance(task, Task)]
 
 
-def recorded_rewards(proxied: Any, outcome: Outcome) -> dict[str, float]:
+def recorded_rewards(trainer: TrainerClient, outcome: Outcome) -> dict[str, float]:
     assert outcome.episode_id is not None
-    rewards = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id).rewards
+    rewards = trainer.trajectory(outcome.episode_id).rewards
     assert all(reward.source == "grader" for reward in rewards)
     return {reward.name: reward.value for reward in rewards}
 
 
 def test_the_oracle_solves_every_harbor_task_and_named_rewards_are_recorded(
-    proxied: Any, sandboxes: DockerSandboxes
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes
 ) -> None:
     tasks = tasks_at(HARBOR)
     assert [task.id for task in tasks] == ["fix-calc", "hello-world", "word-count"]
@@ -88,26 +88,26 @@ def test_the_oracle_solves_every_harbor_task_and_named_rewards_are_recorded(
         "hello-world": ("finished", 1.0),
         "word-count": ("finished", 1.0),
     }
-    assert recorded_rewards(proxied, by_id["hello-world"]) == {"reward": 1.0}
-    assert recorded_rewards(proxied, by_id["word-count"]) == {"count": 1.0, "format": 1.0}
+    assert recorded_rewards(proxied_trainer, by_id["hello-world"]) == {"reward": 1.0}
+    assert recorded_rewards(proxied_trainer, by_id["word-count"]) == {"count": 1.0, "format": 1.0}
     assert "reward.json" in by_id["word-count"].reason
     assert {"build_s", "agent_s", "grade_s", "total_s"} <= by_id["hello-world"].timings.keys()
     assert by_id["hello-world"].episode_id is not None
-    episode = TrainerClient(proxied.url, proxied.token).episode(by_id["hello-world"].episode_id)
+    episode = proxied_trainer.episode(by_id["hello-world"].episode_id)
     assert episode.metadata["task_id"] == "hello-world"
     assert episode.metadata["harbor"]["metadata"]["tags"] == ["trivial"]  # task.toml's own keys, kept
 
 
 def test_an_injected_agent_solves_a_harbor_task_and_never_sees_its_tests(
-    proxied: Any, sandboxes: DockerSandboxes, minimal: InjectedAgent
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, minimal: InjectedAgent
 ) -> None:
     [task] = tasks_at(HARBOR / "fix-calc")
     script = ScriptedPolicy(HARBOR / "fix-calc.script.jsonl")
     [solved] = run(proxied, sandboxes, [task], script, agent=minimal)
     assert (solved.status, solved.reward) == ("finished", 1.0), solved
-    assert recorded_rewards(proxied, solved) == {"reward": 1.0}
+    assert recorded_rewards(proxied_trainer, solved) == {"reward": 1.0}
     assert solved.episode_id is not None
-    turns = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns
+    turns = proxied_trainer.trajectory(solved.episode_id).turns
     seen = str(turns[1].request["messages"][-1]["content"])  # what `ls -a /app /tests` showed the agent
     assert "calc.py" in seen and "cannot access '/tests'" in seen
 
@@ -209,7 +209,7 @@ def test_a_harbor_task_takes_its_resources_and_budgets_from_task_toml() -> None:
 
 
 def test_swebench_instances_are_graded_by_the_swebench_harness(
-    proxied: Any, sandboxes: DockerSandboxes, minimal: InjectedAgent, swe_images: str
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, minimal: InjectedAgent, swe_images: str
 ) -> None:
     tasks = tasks_at(SWEBENCH / "instances.jsonl", image_template=swe_images)
     assert [(t.id, t.image, t.grading) for t in tasks] == [
@@ -222,7 +222,7 @@ def test_swebench_instances_are_graded_by_the_swebench_harness(
     assert "-    return a - b\n+    return a + b" in fixed.diff
     assert (unfixed.reward, unfixed.reason) == (0.0, "not resolved: 2 test(s) fail")
     assert unfixed.episode_id is not None
-    info = TrainerClient(proxied.url, proxied.token).trajectory(unfixed.episode_id).rewards[0].info
+    info = proxied_trainer.trajectory(unfixed.episode_id).rewards[0].info
     status = info["grader"]["tests_status"]
     assert status["FAIL_TO_PASS"]["failure"] == ["tests/test_calc.py::test_mul", "tests/test_calc.py::test_mul_one"]
     assert status["PASS_TO_PASS"]["success"] == ["tests/test_calc.py::test_add_zero"]
@@ -246,7 +246,12 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", path]))
 
 
 def test_slimes_swe_rows_are_graded_by_their_f2p_script(
-    proxied: Any, sandboxes: DockerSandboxes, swe_images: str, minimal: InjectedAgent, tmp_path: Path
+    proxied: Any,
+    proxied_trainer: TrainerClient,
+    sandboxes: DockerSandboxes,
+    swe_images: str,
+    minimal: InjectedAgent,
+    tmp_path: Path,
 ) -> None:
     """A row shaped like slime's SWE rows, taken as it is: no eval_cmd, no image or workdir in `metadata`, but
     `remote_env_info` with `image_url`, `workdir`, `instance_id` and `f2p_script`, which grades the agent's work,
@@ -278,10 +283,10 @@ def test_slimes_swe_rows_are_graded_by_their_f2p_script(
     assert (solved.status, solved.reward, solved.reason) == ("finished", 1.0, "tests pass"), solved.agent_output
     assert (wrong.status, wrong.reward) == ("finished", 0.0)
     assert solved.episode_id is not None
-    seen = TrainerClient(proxied.url, proxied.token).trajectory(solved.episode_id).turns[1].request["messages"][-1]
+    seen = proxied_trainer.trajectory(solved.episode_id).turns[1].request["messages"][-1]
     assert "def sub(a, b)" in str(seen["content"]) and "def sub" not in solved.diff  # `cat calc.py` after the setup
     assert wrong.episode_id is not None
-    said = TrainerClient(proxied.url, proxied.token).trajectory(wrong.episode_id).rewards[0].info
+    said = proxied_trainer.trajectory(wrong.episode_id).rewards[0].info
     assert "1 failed" in said["grader"]["output"]  # pytest's own summary: the script ran its test
 
 

@@ -12,14 +12,17 @@ from proxy.client import TrainerClient, TrajproxyAPIError
 from tests.conftest import FakeModel
 
 
-def ask(episode: Any, text: str) -> Any:
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    return client.chat.completions.create(
-        model="agent-asked-for-this",
-        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": text}],
-        tools=[{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
-        stream=True,
-    )
+def ask(episode: Any, text: str) -> list[Any]:
+    """A streamed call by the episode's agent: its chunks, read to the end on a client closed after it."""
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        return list(
+            client.chat.completions.create(
+                model="agent-asked-for-this",
+                messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": text}],
+                tools=[{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+                stream=True,
+            )
+        )
 
 
 def test_a_forwarded_turn_is_answered_by_the_model_and_recorded_as_such(
@@ -47,7 +50,7 @@ def test_forwarding_a_parked_turn_keeps_pollers_off_it(
     server: Any, trainer: TrainerClient, background: Any, fake_model: FakeModel
 ) -> None:
     episode = trainer.create_episode()
-    call = background(lambda: list(ask(episode, "hello")))
+    call = background(ask, episode, "hello")
     deadline = time.monotonic() + 5
     while not (pending := [t for t in trainer.trajectory(episode.id).turns if t.status == "parked"]):
         assert time.monotonic() < deadline, "the agent's call was never parked"
@@ -78,7 +81,7 @@ def test_a_failing_model_leaves_the_turn_for_the_trainer(
 
 def test_forwarding_an_answered_turn_is_refused(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    call = background(lambda: list(ask(episode, "hello")))
+    call = background(ask, episode, "hello")
     turn = trainer.next_turns(wait_s=5)[0]
     trainer.reply(turn.id, "done")
     call.result(timeout=5)

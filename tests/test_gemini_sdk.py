@@ -36,58 +36,58 @@ def test_a_function_calling_round_trip_with_a_system_instruction_and_a_thought_s
     server: Any, trainer: TrainerClient, background: Any
 ) -> None:
     episode = trainer.create_episode()
-    client = agent_for(episode)
-    history: list[Any] = [types.Content(role="user", parts=[types.Part(text="How many files?")])]
-    first = background(client.models.generate_content, model="policy", contents=history, config=CONFIG)
-    turn = trainer.next_turns(wait_s=5)[0]
-    assert turn.dialect == "gemini"
-    assert turn.request["model"] == "policy"  # from the path
-    assert turn.request["messages"] == [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "How many files?"},
-    ]
-    assert turn.request["tools"][0]["function"]["name"] == "run_shell_command"
-    assert turn.request["tools"][0]["function"]["parameters"] == SHELL.parameters_json_schema
-    assert (turn.request["temperature"], turn.request["max_tokens"]) == (0.5, 100)
-    assert turn.wire is not None and turn.wire["systemInstruction"]["parts"] == [{"text": "You are terse."}]
-    signed = {"id": "call_1", "function": {"name": "run_shell_command", "arguments": {"command": "ls"}}}
-    signed["extra_content"] = {"google": {"thought_signature": "c2lnLTE="}}
-    [result] = trainer.reply_many(
-        [{"turn_id": turn.id, "message": {"content": "Let me look.", "tool_calls": [signed]}}]
-    )
-    assert result.status == 200, result
+    with agent_for(episode) as client:
+        history: list[Any] = [types.Content(role="user", parts=[types.Part(text="How many files?")])]
+        first = background(client.models.generate_content, model="policy", contents=history, config=CONFIG)
+        turn = trainer.next_turns(wait_s=5)[0]
+        assert turn.dialect == "gemini"
+        assert turn.request["model"] == "policy"  # from the path
+        assert turn.request["messages"] == [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "How many files?"},
+        ]
+        assert turn.request["tools"][0]["function"]["name"] == "run_shell_command"
+        assert turn.request["tools"][0]["function"]["parameters"] == SHELL.parameters_json_schema
+        assert (turn.request["temperature"], turn.request["max_tokens"]) == (0.5, 100)
+        assert turn.wire is not None and turn.wire["systemInstruction"]["parts"] == [{"text": "You are terse."}]
+        signed = {"id": "call_1", "function": {"name": "run_shell_command", "arguments": {"command": "ls"}}}
+        signed["extra_content"] = {"google": {"thought_signature": "c2lnLTE="}}
+        [result] = trainer.reply_many(
+            [{"turn_id": turn.id, "message": {"content": "Let me look.", "tool_calls": [signed]}}]
+        )
+        assert result.status == 200, result
 
-    response = first.result(timeout=5)
-    assert response.text == "Let me look."
-    assert response.candidates[0].finish_reason == types.FinishReason.STOP
-    call_part = response.candidates[0].content.parts[1]
-    assert (call_part.function_call.id, call_part.function_call.name) == ("call_1", "run_shell_command")
-    assert call_part.function_call.args == {"command": "ls"}
-    assert call_part.thought_signature == b"sig-1"  # the SDK decodes the base64 it was given
-    assert response.usage_metadata.prompt_token_count > 0 and response.usage_metadata.total_token_count > 0
+        response = first.result(timeout=5)
+        assert response.text == "Let me look."
+        assert response.candidates[0].finish_reason == types.FinishReason.STOP
+        call_part = response.candidates[0].content.parts[1]
+        assert (call_part.function_call.id, call_part.function_call.name) == ("call_1", "run_shell_command")
+        assert call_part.function_call.args == {"command": "ls"}
+        assert call_part.thought_signature == b"sig-1"  # the SDK decodes the base64 it was given
+        assert response.usage_metadata.prompt_token_count > 0 and response.usage_metadata.total_token_count > 0
 
-    answer = types.FunctionResponse(id="call_1", name="run_shell_command", response={"output": "a b c"})
-    history += [
-        response.candidates[0].content,
-        types.Content(role="user", parts=[types.Part(function_response=answer)]),
-    ]
-    second = background(client.models.generate_content, model="policy", contents=history, config=CONFIG)
-    turn = trainer.next_turns(wait_s=5)[0]
-    assistant, tool = turn.request["messages"][-2:]
-    assert assistant["content"] == "Let me look."
-    assert assistant["tool_calls"][0]["id"] == "call_1"
-    assert assistant["tool_calls"][0]["extra_content"] == {"google": {"thought_signature": "c2lnLTE="}}  # verbatim
-    assert tool == {
-        "role": "tool",
-        "tool_call_id": "call_1",
-        "name": "run_shell_command",
-        "content": '{"output":"a b c"}',
-    }
-    trainer.reply(turn.id, "3 files.")
-    assert second.result(timeout=5).text == "3 files."
-    turns = trainer.trajectory(episode.id).turns
-    assert [(t.dialect, t.branch) for t in turns] == [("gemini", 0), ("gemini", 0)]
-    assert turns[1].parent_id == turns[0].id
+        answer = types.FunctionResponse(id="call_1", name="run_shell_command", response={"output": "a b c"})
+        history += [
+            response.candidates[0].content,
+            types.Content(role="user", parts=[types.Part(function_response=answer)]),
+        ]
+        second = background(client.models.generate_content, model="policy", contents=history, config=CONFIG)
+        turn = trainer.next_turns(wait_s=5)[0]
+        assistant, tool = turn.request["messages"][-2:]
+        assert assistant["content"] == "Let me look."
+        assert assistant["tool_calls"][0]["id"] == "call_1"
+        assert assistant["tool_calls"][0]["extra_content"] == {"google": {"thought_signature": "c2lnLTE="}}  # verbatim
+        assert tool == {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "name": "run_shell_command",
+            "content": '{"output":"a b c"}',
+        }
+        trainer.reply(turn.id, "3 files.")
+        assert second.result(timeout=5).text == "3 files."
+        turns = trainer.trajectory(episode.id).turns
+        assert [(t.dialect, t.branch) for t in turns] == [("gemini", 0), ("gemini", 0)]
+        assert turns[1].parent_id == turns[0].id
 
 
 @pytest.mark.settings(keepalive_s=0.1)
@@ -100,32 +100,32 @@ def test_streaming_over_sse_with_keepalives_while_parked(server: Any, trainer: T
         types.Content(role="user", parts=[types.Part(text="and now?")]),
     ]
 
-    client = agent_for(episode)  # held: a client that is collected closes its connections
+    with agent_for(episode) as client:  # held: a client that is collected closes its connections
 
-    def stream() -> list[Any]:
-        return list(client.models.generate_content_stream(model="policy", contents=history))
+        def stream() -> list[Any]:
+            return list(client.models.generate_content_stream(model="policy", contents=history))
 
-    chunks = background(stream)
-    turn = trainer.next_turns(wait_s=5)[0]
-    assert turn.request["messages"][1] == {
-        "role": "assistant",
-        "content": "hello",
-        "reasoning_content": "earlier thought",
-    }
-    time.sleep(0.5)  # parked across several keep-alive intervals
-    signed = {
-        "id": "call_7",
-        "function": {"name": "f", "arguments": "{}"},
-        "extra_content": {"google": {"thought_signature": "c2ln"}},
-    }
-    answer = {"content": "now this", "reasoning_content": "new thought", "tool_calls": [signed]}
-    trainer.reply(turn.id, message=answer, usage={"prompt_tokens": 12, "completion_tokens": 4})
-    [chunk] = chunks.result(timeout=5)
-    parts = chunk.candidates[0].content.parts
-    assert [(part.text, part.thought) for part in parts[:2]] == [("new thought", True), ("now this", None)]
-    assert (parts[2].function_call.id, parts[2].thought_signature) == ("call_7", b"sig")
-    usage = chunk.usage_metadata
-    assert (usage.prompt_token_count, usage.candidates_token_count, usage.total_token_count) == (12, 4, 16)
+        chunks = background(stream)
+        turn = trainer.next_turns(wait_s=5)[0]
+        assert turn.request["messages"][1] == {
+            "role": "assistant",
+            "content": "hello",
+            "reasoning_content": "earlier thought",
+        }
+        time.sleep(0.5)  # parked across several keep-alive intervals
+        signed = {
+            "id": "call_7",
+            "function": {"name": "f", "arguments": "{}"},
+            "extra_content": {"google": {"thought_signature": "c2ln"}},
+        }
+        answer = {"content": "now this", "reasoning_content": "new thought", "tool_calls": [signed]}
+        trainer.reply(turn.id, message=answer, usage={"prompt_tokens": 12, "completion_tokens": 4})
+        [chunk] = chunks.result(timeout=5)
+        parts = chunk.candidates[0].content.parts
+        assert [(part.text, part.thought) for part in parts[:2]] == [("new thought", True), ("now this", None)]
+        assert (parts[2].function_call.id, parts[2].thought_signature) == ("call_7", b"sig")
+        usage = chunk.usage_metadata
+        assert (usage.prompt_token_count, usage.candidates_token_count, usage.total_token_count) == (12, 4, 16)
 
 
 @pytest.mark.settings(keepalive_s=0.1)
@@ -159,14 +159,14 @@ def test_the_raw_streams_blank_lines_while_parked_then_one_event_or_without_sse_
 
 def test_count_tokens_matches_the_usage_replies_carry(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    client = agent_for(episode)
-    contents = [types.Content(role="user", parts=[types.Part(text="count me, please")])]
-    counted = client.models.count_tokens(model="policy", contents=contents)
-    assert counted.total_tokens is not None and counted.total_tokens > 0
-    call = background(client.models.generate_content, model="policy", contents=contents)
-    trainer.reply(trainer.next_turns(wait_s=5)[0].id, "ok")
-    assert call.result(timeout=5).usage_metadata.prompt_token_count == counted.total_tokens
-    assert len(trainer.trajectory(episode.id).turns) == 1  # counting parks nothing
+    with agent_for(episode) as client:
+        contents = [types.Content(role="user", parts=[types.Part(text="count me, please")])]
+        counted = client.models.count_tokens(model="policy", contents=contents)
+        assert counted.total_tokens is not None and counted.total_tokens > 0
+        call = background(client.models.generate_content, model="policy", contents=contents)
+        trainer.reply(trainer.next_turns(wait_s=5)[0].id, "ok")
+        assert call.result(timeout=5).usage_metadata.prompt_token_count == counted.total_tokens
+        assert len(trainer.trajectory(episode.id).turns) == 1  # counting parks nothing
 
 
 def test_the_key_is_read_from_each_place_googles_api_reads_it(server: Any, trainer: TrainerClient) -> None:
@@ -189,30 +189,29 @@ def test_the_key_is_read_from_each_place_googles_api_reads_it(server: Any, train
 @pytest.mark.settings(turn_timeout_s=0.5)
 def test_errors_come_in_googles_shape(server: Any, trainer: TrainerClient) -> None:
     episode = trainer.create_episode()
-    stranger = agent_for(episode, key="tpk-nope")
-    with pytest.raises(errors.ClientError) as bad_key:
+    with agent_for(episode, key="tpk-nope") as stranger, pytest.raises(errors.ClientError) as bad_key:
         stranger.models.generate_content(model="policy", contents="x")
     assert bad_key.value.code == 401 and bad_key.value.status == "UNAUTHENTICATED"
 
-    client = agent_for(episode)
-    with pytest.raises(errors.ClientError) as bad_role:
-        client.models.generate_content(model="policy", contents=[{"role": "robot", "parts": [{"text": "x"}]}])
-    assert (bad_role.value.code, bad_role.value.status) == (400, "INVALID_ARGUMENT")
-    assert bad_role.value.message == "contents.0.role: must be 'user' or 'model', not 'robot'"
+    with agent_for(episode) as client:
+        with pytest.raises(errors.ClientError) as bad_role:
+            client.models.generate_content(model="policy", contents=[{"role": "robot", "parts": [{"text": "x"}]}])
+        assert (bad_role.value.code, bad_role.value.status) == (400, "INVALID_ARGUMENT")
+        assert bad_role.value.message == "contents.0.role: must be 'user' or 'model', not 'robot'"
 
-    url = f"{server.url}/v1beta/models/policy:generateContent"
-    malformed = httpx.post(url, content=b"{not json", headers={"x-goog-api-key": episode.key}, timeout=5)
-    error = malformed.json()["error"]
-    assert (malformed.status_code, error["code"], error["status"]) == (400, 400, "INVALID_ARGUMENT")
-    assert error["message"].startswith("request body is not valid JSON") and "\n" not in error["message"]
-    unknown = httpx.post(url.replace("generateContent", "embedContent"), json={}, timeout=5)
-    assert unknown.status_code == 404 and "generateContent" in unknown.json()["error"]["message"]
+        url = f"{server.url}/v1beta/models/policy:generateContent"
+        malformed = httpx.post(url, content=b"{not json", headers={"x-goog-api-key": episode.key}, timeout=5)
+        error = malformed.json()["error"]
+        assert (malformed.status_code, error["code"], error["status"]) == (400, 400, "INVALID_ARGUMENT")
+        assert error["message"].startswith("request body is not valid JSON") and "\n" not in error["message"]
+        unknown = httpx.post(url.replace("generateContent", "embedContent"), json={}, timeout=5)
+        assert unknown.status_code == 404 and "generateContent" in unknown.json()["error"]["message"]
 
-    with pytest.raises(errors.ServerError) as timeout:
-        client.models.generate_content(model="policy", contents="x")
-    assert (timeout.value.code, timeout.value.status) == (504, "DEADLINE_EXCEEDED")
-    trainer.finish(episode.id)
-    with pytest.raises(errors.ClientError) as closed:
-        client.models.generate_content(model="policy", contents="x")
-    assert closed.value.code == 410 and "is finished" in str(closed.value.message)
-    assert len(trainer.trajectory(episode.id).turns) == 1  # errors park nothing
+        with pytest.raises(errors.ServerError) as timeout:
+            client.models.generate_content(model="policy", contents="x")
+        assert (timeout.value.code, timeout.value.status) == (504, "DEADLINE_EXCEEDED")
+        trainer.finish(episode.id)
+        with pytest.raises(errors.ClientError) as closed:
+            client.models.generate_content(model="policy", contents="x")
+        assert closed.value.code == 410 and "is finished" in str(closed.value.message)
+        assert len(trainer.trajectory(episode.id).turns) == 1  # errors park nothing

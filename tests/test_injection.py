@@ -184,7 +184,8 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     # The agent's change is the episode's diff: nothing committed out of it, none of the agent's own files in it.
     assert re.findall(r"^diff --git a/(\S+) ", outcome.diff, re.MULTILINE) == ["hello.txt"], outcome.diff[:2000]
     assert outcome.episode_id is not None
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
+    with TrainerClient(proxied.url, proxied.token) as trainer:
+        recorded = trainer.trajectory(outcome.episode_id)
     assert recorded.episode.metadata["agent"] == agent.record
     trained = [turn for turn in recorded.turns if turn.trainable]  # side calls a manifest routes away are not
     assert trained and {turn.dialect for turn in trained} == {dialect}
@@ -349,7 +350,8 @@ def test_a_failing_agent_says_why_and_its_output_is_kept_with_the_episode(
     said = r"the agent exited with 127: sh: \d+: /opt/trajproxy/agent/bin/pyhton3: not found"
     assert re.fullmatch(said, outcome.reason), outcome.reason
     assert outcome.episode_id is not None
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
+    with TrainerClient(proxied.url, proxied.token) as trainer:
+        recorded = trainer.trajectory(outcome.episode_id)
     assert "pyhton3: not found" in recorded.rewards[0].info["agent_output"]
     assert recorded.episode.reason == outcome.reason
 

@@ -46,13 +46,13 @@ def until(condition: Callable[[], Any], timeout_s: float = 10.0) -> Any:
 
 
 def chat(episode: Any, text: str) -> Any:
-    agent = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    return agent.chat.completions.create(model="policy", messages=[{"role": "user", "content": text}])
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as agent:
+        return agent.chat.completions.create(model="policy", messages=[{"role": "user", "content": text}])
 
 
 def claude(episode: Any, text: str) -> Any:
-    agent = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    return agent.messages.create(model="policy", max_tokens=50, messages=[{"role": "user", "content": text}])
+    with anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0) as agent:
+        return agent.messages.create(model="policy", max_tokens=50, messages=[{"role": "user", "content": text}])
 
 
 def pulled(trainer: TrainerClient, episode_id: str) -> Any:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from proxy.client import TrainerClient
-from tests.test_trainer_api import agent_for, ask
+from tests.test_trainer_api import ask_as
 
 
 def said(call: Future[Any]) -> str:
@@ -20,9 +20,9 @@ def said(call: Future[Any]) -> str:
 
 def test_a_batch_reply_leases_the_next_batch(trainer: TrainerClient, background: Callable[..., Future[Any]]) -> None:
     episodes = [trainer.create_episode() for _ in range(3)]
-    first = background(ask, agent_for(episodes[0]))
+    first = background(ask_as, episodes[0])
     [turn] = trainer.next_turns(max=8, wait_s=10)
-    later = [background(ask, agent_for(episode)) for episode in episodes[1:]]
+    later = [background(ask_as, episode) for episode in episodes[1:]]
 
     replies = [{"turn_id": turn.id, "message": {"content": "first"}, "lease_id": turn.lease_id}]
     outcome = trainer.reply_and_pull(replies, max=8, wait_s=10)

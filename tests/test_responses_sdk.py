@@ -34,67 +34,72 @@ def call_shell(trainer: TrainerClient, call_id: str = "call_9") -> Any:
 
 def test_function_calls_round_trip_with_instructions(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    client = agent_for(episode)
-    first = background(
-        client.responses.create, model="gpt-5", instructions="Be brief.", input="List files.", tools=TOOLS
-    )
-    turn = call_shell(trainer)
-    assert turn.dialect == "responses"
-    assert turn.request["messages"] == [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "List files."},
-    ]
-    assert turn.request["tools"][0] == {
-        "type": "function",
-        "function": {k: v for k, v in TOOLS[0].items() if k != "type"},
-    }
-    response = first.result(timeout=5)
-    [call] = response.output
-    assert (call.type, call.call_id, call.name, json.loads(call.arguments)) == (
-        "function_call",
-        "call_9",
-        "shell",
-        {"cmd": "ls"},
-    )
-    assert response.usage is not None and response.usage.input_tokens > 0
+    with agent_for(episode) as client:
+        first = background(
+            client.responses.create, model="gpt-5", instructions="Be brief.", input="List files.", tools=TOOLS
+        )
+        turn = call_shell(trainer)
+        assert turn.dialect == "responses"
+        assert turn.request["messages"] == [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "List files."},
+        ]
+        assert turn.request["tools"][0] == {
+            "type": "function",
+            "function": {k: v for k, v in TOOLS[0].items() if k != "type"},
+        }
+        response = first.result(timeout=5)
+        [call] = response.output
+        assert (call.type, call.call_id, call.name, json.loads(call.arguments)) == (
+            "function_call",
+            "call_9",
+            "shell",
+            {"cmd": "ls"},
+        )
+        assert response.usage is not None and response.usage.input_tokens > 0
 
-    # The agent sends the whole conversation back as items, as Codex does without storage.
-    items: list[Any] = [
-        {"role": "user", "content": [{"type": "input_text", "text": "List files."}]},
-        {"type": "function_call", "call_id": "call_9", "name": "shell", "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": "call_9", "output": "a.txt b.txt"},
-    ]
-    second = background(client.responses.create, model="gpt-5", instructions="Be brief.", input=items, tools=TOOLS)
-    turn = trainer.next_turns(wait_s=5)[0]
-    assistant, tool = turn.request["messages"][2:]
-    assert assistant["tool_calls"][0]["id"] == "call_9"
-    assert tool == {"role": "tool", "tool_call_id": "call_9", "content": "a.txt b.txt"}
-    assert turn.request["messages"][1] == {"role": "user", "content": [{"type": "text", "text": "List files."}]}
-    trainer.reply(turn.id, "Two files.")
-    assert second.result(timeout=5).output_text == "Two files."
+        # The agent sends the whole conversation back as items, as Codex does without storage.
+        items: list[Any] = [
+            {"role": "user", "content": [{"type": "input_text", "text": "List files."}]},
+            {"type": "function_call", "call_id": "call_9", "name": "shell", "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": "call_9", "output": "a.txt b.txt"},
+        ]
+        second = background(client.responses.create, model="gpt-5", instructions="Be brief.", input=items, tools=TOOLS)
+        turn = trainer.next_turns(wait_s=5)[0]
+        assistant, tool = turn.request["messages"][2:]
+        assert assistant["tool_calls"][0]["id"] == "call_9"
+        assert tool == {"role": "tool", "tool_call_id": "call_9", "content": "a.txt b.txt"}
+        assert turn.request["messages"][1] == {"role": "user", "content": [{"type": "text", "text": "List files."}]}
+        trainer.reply(turn.id, "Two files.")
+        assert second.result(timeout=5).output_text == "Two files."
 
 
 def test_previous_response_id_rebuilds_the_conversation(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    client = agent_for(episode)
-    first = background(client.responses.create, model="m", instructions="Old rules.", input="Run ls.", tools=TOOLS)
-    call_shell(trainer, "call_a")
-    response = first.result(timeout=5)
+    with agent_for(episode) as client:
+        first = background(client.responses.create, model="m", instructions="Old rules.", input="Run ls.", tools=TOOLS)
+        call_shell(trainer, "call_a")
+        response = first.result(timeout=5)
 
-    follow_up: list[Any] = [{"type": "function_call_output", "call_id": "call_a", "output": "x y"}]
-    second = background(
-        client.responses.create, model="m", instructions="New rules.", input=follow_up, previous_response_id=response.id
-    )
-    turn = trainer.next_turns(wait_s=5)[0]
-    assert [m["role"] for m in turn.request["messages"]] == ["system", "user", "assistant", "tool"]
-    assert turn.request["messages"][0]["content"] == "New rules."  # instructions do not carry over
-    assert turn.request["messages"][2]["tool_calls"][0]["id"] == "call_a"
-    trainer.reply(turn.id, "done")
-    assert second.result(timeout=5).output_text == "done"
+        follow_up: list[Any] = [{"type": "function_call_output", "call_id": "call_a", "output": "x y"}]
+        second = background(
+            client.responses.create,
+            model="m",
+            instructions="New rules.",
+            input=follow_up,
+            previous_response_id=response.id,
+        )
+        turn = trainer.next_turns(wait_s=5)[0]
+        assert [m["role"] for m in turn.request["messages"]] == ["system", "user", "assistant", "tool"]
+        assert turn.request["messages"][0]["content"] == "New rules."  # instructions do not carry over
+        assert turn.request["messages"][2]["tool_calls"][0]["id"] == "call_a"
+        trainer.reply(turn.id, "done")
+        assert second.result(timeout=5).output_text == "done"
 
-    other = trainer.create_episode()
-    with pytest.raises(openai.NotFoundError):  # another episode's responses are not yours to continue
-        agent_for(other).responses.create(model="m", input="hi", previous_response_id=response.id)
+        other = trainer.create_episode()
+        # another episode's responses are not yours to continue
+        with agent_for(other) as stranger, pytest.raises(openai.NotFoundError):
+            stranger.responses.create(model="m", input="hi", previous_response_id=response.id)
 
 
 def test_streaming_emits_the_event_sequence(server: Any, trainer: TrainerClient, background: Any) -> None:
@@ -102,7 +107,7 @@ def test_streaming_emits_the_event_sequence(server: Any, trainer: TrainerClient,
 
     def stream() -> tuple[list[str], Any]:
         kinds: list[str] = []
-        with agent_for(episode).responses.stream(model="m", input="hi", tools=TOOLS) as events:
+        with agent_for(episode) as agent, agent.responses.stream(model="m", input="hi", tools=TOOLS) as events:
             for event in events:
                 kinds.append(event.type)
             return kinds, events.get_final_response()
@@ -122,8 +127,8 @@ def test_streaming_emits_the_event_sequence(server: Any, trainer: TrainerClient,
 
 
 def test_bad_input_is_refused_in_openai_shape(server: Any, trainer: TrainerClient) -> None:
-    client = agent_for(trainer.create_episode())
-    with pytest.raises(openai.BadRequestError, match="input"):
-        client.responses.create(model="m", input=42)  # type: ignore[call-overload]  # the wrong type, on purpose
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        client.responses.create(model="m", input="x", previous_response_id="nope")
+    with agent_for(trainer.create_episode()) as client:
+        with pytest.raises(openai.BadRequestError, match="input"):
+            client.responses.create(model="m", input=42)  # type: ignore[call-overload]  # the wrong type, on purpose
+        with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+            client.responses.create(model="m", input="x", previous_response_id="nope")

@@ -80,26 +80,28 @@ def test_the_reply_comes_back_unchanged(
     episode = trainer.create_episode()
     if dialect == "anthropic":
         agent: Any = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-        first = background(echo_anthropic, agent, stream)
+        echo: Any = echo_anthropic
     else:
         agent = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-        first = background(echo_chat if dialect == "chat" else echo_responses, agent, stream)
-    turn = trainer.next_turns(wait_s=5)[0]
-    recorded = trainer.reply(turn.id, message=REPLY).reply
-    assert recorded is not None and recorded.message is not None
-    history = first.result(timeout=10)
+        echo = echo_chat if dialect == "chat" else echo_responses
+    with agent:
+        first = background(echo, agent, stream)
+        turn = trainer.next_turns(wait_s=5)[0]
+        recorded = trainer.reply(turn.id, message=REPLY).reply
+        assert recorded is not None and recorded.message is not None
+        history = first.result(timeout=10)
 
-    if dialect == "anthropic":
-        follow_up = background(agent.messages.create, model="m", max_tokens=50, messages=history)
-    elif dialect == "responses":
-        follow_up = background(agent.responses.create, model="m", input=history)
-    else:
-        follow_up = background(agent.chat.completions.create, model="m", messages=history)
-    again = trainer.next_turns(wait_s=5)[0]
-    messages = again.request["messages"]
-    assistant = next(m for m in messages if m["role"] == "assistant")
-    assert assistant["content"] == recorded.message["content"]
-    assert assistant["tool_calls"] == recorded.message["tool_calls"]
-    assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == ["call_a1", "call_b2"]
-    trainer.reply(again.id, "done")
-    follow_up.result(timeout=10)
+        if dialect == "anthropic":
+            follow_up = background(agent.messages.create, model="m", max_tokens=50, messages=history)
+        elif dialect == "responses":
+            follow_up = background(agent.responses.create, model="m", input=history)
+        else:
+            follow_up = background(agent.chat.completions.create, model="m", messages=history)
+        again = trainer.next_turns(wait_s=5)[0]
+        messages = again.request["messages"]
+        assistant = next(m for m in messages if m["role"] == "assistant")
+        assert assistant["content"] == recorded.message["content"]
+        assert assistant["tool_calls"] == recorded.message["tool_calls"]
+        assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == ["call_a1", "call_b2"]
+        trainer.reply(again.id, "done")
+        follow_up.result(timeout=10)

@@ -23,9 +23,11 @@ def upstream_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")  # credentials live in trajproxy's environment
 
 
-def chat(agent: openai.OpenAI, text: str, model: str = "policy", system: str = "you are an agent") -> str | None:
+def chat(episode: Any, text: str, model: str = "policy", system: str = "you are an agent") -> str | None:
+    """One call by the episode's agent, on a client closed after it."""
     messages: Any = [{"role": "system", "content": system}, {"role": "user", "content": text}]
-    return agent.chat.completions.create(model=model, messages=messages).choices[0].message.content
+    with agent_for(episode) as agent:
+        return agent.chat.completions.create(model=model, messages=messages).choices[0].message.content
 
 
 def test_an_episode_whose_policy_is_a_model_never_reaches_the_trainer(
@@ -34,7 +36,7 @@ def test_an_episode_whose_policy_is_a_model_never_reaches_the_trainer(
     episode = trainer.create_episode(policy=f"model:{TEACHER}", policy_options={"api_base": f"{fake_model.url}/v1"})
     assert episode.policy == f"model:{TEACHER}"
 
-    assert chat(agent_for(episode), "hi") == "upstream saw 2 messages"
+    assert chat(episode, "hi") == "upstream saw 2 messages"
     assert trainer.next_turns(wait_s=0.2) == []
     [turn] = trainer.trajectory(episode.id).turns
     assert turn.status == "answered" and turn.trainable
@@ -54,11 +56,9 @@ def test_side_calls_go_to_a_fixed_model_and_are_not_trainable(
             {"model": TEACHER, "when_system": "Generate a short title", "options": teacher},
         ]
     )
-    agent = agent_for(episode)
-
-    assert chat(agent, "name this chat", model="claude-3-5-haiku-20241022") == "upstream saw 2 messages"
-    assert chat(agent, "fix the bug", system="Generate a short title for: fix the bug") == "upstream saw 2 messages"
-    trained = background(chat, agent, "fix the bug")
+    assert chat(episode, "name this chat", model="claude-3-5-haiku-20241022") == "upstream saw 2 messages"
+    assert chat(episode, "fix the bug", system="Generate a short title for: fix the bug") == "upstream saw 2 messages"
+    trained = background(chat, episode, "fix the bug")
     [turn] = trainer.next_turns(wait_s=5)  # only the call the policy should answer reaches the trainer
     trainer.reply(turn.id, "on it")
     assert trained.result(timeout=10) == "on it"
@@ -78,13 +78,13 @@ def test_a_routed_call_through_the_anthropic_dialect(
     episode = trainer.create_episode(
         routes=[{"model": TEACHER, "when_model": "claude-*-haiku*", "options": {"api_base": f"{fake_model.url}/v1"}}]
     )
-    claude = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    message = claude.messages.create(
-        model="claude-3-5-haiku-latest", max_tokens=50, messages=[{"role": "user", "content": "a title please"}]
-    )
-    assert message.content[0].type == "text" and message.content[0].text == "upstream saw 1 messages"
-    [turn] = trainer.trajectory(episode.id).turns
-    assert turn.dialect == "anthropic" and not turn.trainable
+    with anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0) as claude:
+        message = claude.messages.create(
+            model="claude-3-5-haiku-latest", max_tokens=50, messages=[{"role": "user", "content": "a title please"}]
+        )
+        assert message.content[0].type == "text" and message.content[0].text == "upstream saw 1 messages"
+        [turn] = trainer.trajectory(episode.id).turns
+        assert turn.dialect == "anthropic" and not turn.trainable
 
 
 def test_a_failing_model_fails_the_turn_and_tells_the_agent(
@@ -92,7 +92,7 @@ def test_a_failing_model_fails_the_turn_and_tells_the_agent(
 ) -> None:
     episode = trainer.create_episode(policy=f"model:{TEACHER}", policy_options={"api_base": f"{fake_model.url}/v1"})
     with pytest.raises(openai.APIStatusError) as failed:
-        chat(agent_for(episode), "please fail")
+        chat(episode, "please fail")
     assert failed.value.status_code == 502
     assert "the model is down" in failed.value.message
     [turn] = trainer.trajectory(episode.id).turns
@@ -137,7 +137,7 @@ def test_an_unknown_model_has_no_cost_but_is_answered(
 ) -> None:
     options = {"api_base": f"{fake_model.url}/v1"}
     episode = trainer.create_episode(policy="model:openai/a-model-no-price-list-knows", policy_options=options)
-    assert chat(agent_for(episode), "hi") == "upstream saw 2 messages"
+    assert chat(episode, "hi") == "upstream saw 2 messages"
     [turn] = trainer.trajectory(episode.id).turns
     assert turn.reply is not None and turn.reply.cost_usd is None and turn.reply.usage is not None
     error_of(api(server, "GET", "/api/turns/tu_missing"), 404)

@@ -34,24 +34,30 @@ def database_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/trajproxy.db"
 
 
-def chat(episode: Any, stream: bool) -> Callable[[], Awaitable[Any]]:
-    client = openai.AsyncOpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    asked: Any = [{"role": "user", "content": "please fail"}]
-    return lambda: client.chat.completions.create(model="agent-model", messages=asked, stream=stream)
+async def chat(episode: Any, stream: bool) -> Any:
+    async with openai.AsyncOpenAI(
+        base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0
+    ) as client:
+        asked: Any = [{"role": "user", "content": "please fail"}]
+        return await client.chat.completions.create(model="agent-model", messages=asked, stream=stream)
 
 
-def responses(episode: Any) -> Callable[[], Awaitable[Any]]:
-    client = openai.AsyncOpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    return lambda: client.responses.create(model="agent-model", input="please fail")
+async def responses(episode: Any) -> Any:
+    async with openai.AsyncOpenAI(
+        base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0
+    ) as client:
+        return await client.responses.create(model="agent-model", input="please fail")
 
 
-def messages(episode: Any) -> Callable[[], Awaitable[Any]]:
-    client = anthropic.AsyncAnthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    asked: Any = [{"role": "user", "content": "please fail"}]
-    return lambda: client.messages.create(model="agent-model", max_tokens=64, messages=asked)
+async def messages(episode: Any) -> Any:
+    async with anthropic.AsyncAnthropic(
+        base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0
+    ) as client:
+        asked: Any = [{"role": "user", "content": "please fail"}]
+        return await client.messages.create(model="agent-model", max_tokens=64, messages=asked)
 
 
-CALLS = {
+CALLS: dict[str, Callable[[Any], Awaitable[Any]]] = {
     "chat": lambda episode: chat(episode, stream=False),
     "chat streamed": lambda episode: chat(episode, stream=True),
     "responses": responses,
@@ -73,7 +79,7 @@ def test_a_failed_model_call_reaches_its_agent_at_once_as_a_502_with_the_provide
             serving = asyncio.create_task(policy.serve(trainer, episode.id))
             began = time.monotonic()
             try:
-                await CALLS[dialect](episode)()
+                await CALLS[dialect](episode)
             except (openai.APIStatusError, anthropic.APIStatusError) as e:
                 return episode.id, e, time.monotonic() - began
             finally:

@@ -46,17 +46,18 @@ def run_tasks(
     return asyncio.run(main())
 
 
-def test_a_right_fix_earns_1_and_a_wrong_one_0(proxied: Any, sandboxes: DockerSandboxes, example_task: Task) -> None:
+def test_a_right_fix_earns_1_and_a_wrong_one_0(
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, example_task: Task
+) -> None:
     [solved] = run_tasks(proxied, sandboxes, [example_task], "solve.script.jsonl")
     [wrong] = run_tasks(proxied, sandboxes, [example_task], "wrong.script.jsonl")
     assert (solved.status, solved.reward) == ("finished", 1.0), solved.reason
     assert "return a + b" in solved.diff
     assert (wrong.status, wrong.reward) == ("finished", 0.0), wrong.reason
 
-    trainer = TrainerClient(proxied.url, proxied.token)
-    assert_fixed_and_graded(trainer, solved, example_task.prompt)
+    assert_fixed_and_graded(proxied_trainer, solved, example_task.prompt)
     assert wrong.episode_id is not None
-    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0
+    assert proxied_trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0
 
 
 def assert_fixed_and_graded(trainer: TrainerClient, outcome: Outcome, prompt: str) -> None:
@@ -72,16 +73,18 @@ def assert_fixed_and_graded(trainer: TrainerClient, outcome: Outcome, prompt: st
     assert reward.info["grader"]["verdict"] == "tests pass"
 
 
-def test_eight_tasks_at_concurrency_four(proxied: Any, sandboxes: DockerSandboxes, example_task: Task) -> None:
+def test_eight_tasks_at_concurrency_four(
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, example_task: Task
+) -> None:
     outcomes = run_tasks(proxied, sandboxes, [example_task] * 8, "solve.script.jsonl", concurrency=4)
     assert [(o.status, o.reward) for o in outcomes] == [("finished", 1.0)] * 8
     assert len({o.episode_id for o in outcomes}) == 8
-    episodes = TrainerClient(proxied.url, proxied.token).episodes(status="finished").episodes
+    episodes = proxied_trainer.episodes(status="finished").episodes
     assert len(episodes) == 8
 
 
 def test_failures_are_recorded_and_the_other_tasks_carry_on(
-    proxied: Any, sandboxes: DockerSandboxes, example_task: Task
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, example_task: Task
 ) -> None:
     missing = Task(**{**_fields(example_task), "image": "trajproxy-test/no-such-image:404"})
     crashing, hanging, slow_grader = (
@@ -89,8 +92,6 @@ def test_failures_are_recorded_and_the_other_tasks_carry_on(
         example_task,
         Task(**{**_fields(example_task), "grader": ExitCode("sleep 60")}),
     )
-    trainer = TrainerClient(proxied.url, proxied.token)
-
     [no_image] = run_tasks(proxied, sandboxes, [missing], "solve.script.jsonl")
     assert (no_image.status, no_image.reward) == ("failed", None)
     assert "not found" in no_image.reason
@@ -105,17 +106,17 @@ def test_failures_are_recorded_and_the_other_tasks_carry_on(
     [graded_slowly] = run_tasks(proxied, sandboxes, [slow_grader], "solve.script.jsonl", grade_timeout_s=2)
     assert graded_slowly.reward == 0.0
     assert graded_slowly.episode_id is not None
-    info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info
+    info = proxied_trainer.trajectory(graded_slowly.episode_id).rewards[0].info
     assert "ran past" in info["grader"]["verdict"]
 
     for outcome in (no_image, crashed, hung, graded_slowly):
         assert outcome.episode_id is not None
-        episode = trainer.episode(outcome.episode_id)
+        episode = proxied_trainer.episode(outcome.episode_id)
         assert (episode.status, episode.reason) == (outcome.status, outcome.reason)
 
 
 def test_an_episode_past_its_deadline_is_stopped_wherever_it_is_stuck(
-    proxied: Any, sandboxes: DockerSandboxes, example_task: Task
+    proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, example_task: Task
 ) -> None:
     """A grader that never ends, with all the grading time in the world: the episode's deadline (start to graded)
     stops it, removes its sandbox (the fixture checks none is left) and records the episode failed, with no reward."""
@@ -126,7 +127,7 @@ def test_an_episode_past_its_deadline_is_stopped_wherever_it_is_stuck(
     assert (outcome.status, outcome.reward) == ("failed", None)
     assert outcome.reason == "the episode ran past its deadline of 15 s (start to graded)"
     assert outcome.episode_id is not None
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id)
+    recorded = proxied_trainer.trajectory(outcome.episode_id)
     assert (recorded.episode.status, recorded.rewards) == ("failed", [])
     assert [turn.status for turn in recorded.turns] == ["answered"] * 3  # the agent's part ran, the grade never did
 

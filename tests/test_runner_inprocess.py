@@ -108,11 +108,11 @@ def test_episodes_turns_rewards_and_diffs_as_on_docker(
     assert "build_s" in solved[1].timings and "build_s" not in solved[0].timings
     assert sandboxes.images["calc-built"] == image
 
-    trainer = TrainerClient(proxy.url, proxy.token)
-    for outcome in solved:
-        assert_fixed_and_graded(trainer, outcome, task.prompt)
-        assert trainer.trajectory(str(outcome.episode_id)).rewards[0].info["grading"] == "fresh"
-    assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
+    with TrainerClient(proxy.url, proxy.token) as trainer:
+        for outcome in solved:
+            assert_fixed_and_graded(trainer, outcome, task.prompt)
+            assert trainer.trajectory(str(outcome.episode_id)).rewards[0].info["grading"] == "fresh"
+        assert trainer.trajectory(wrong.episode_id).rewards[0].value == 0.0  # type: ignore[arg-type]
 
     # each episode: its agent's sandbox, with the key to trajproxy, then a fresh one to grade in, with no network
     episodes = [str(o.episode_id) for o in (*solved, wrong)]
@@ -148,12 +148,12 @@ def test_each_failure_is_recorded_and_the_other_tasks_carry_on(
     assert (past_deadline.status, past_deadline.reward) == ("failed", None)
     assert past_deadline.reason == "the episode ran past its deadline of 1 s (start to graded)"
 
-    trainer = TrainerClient(proxy.url, proxy.token)
-    info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info  # type: ignore[arg-type]
-    assert info["grader"]["verdict"] == "the grader ran past 1 s"
-    for outcome in (no_image, crashed, hung, graded_slowly, past_deadline):
-        episode = trainer.episode(outcome.episode_id)  # type: ignore[arg-type]
-        assert (episode.status, episode.reason) == (outcome.status, outcome.reason)
+    with TrainerClient(proxy.url, proxy.token) as trainer:
+        info = trainer.trajectory(graded_slowly.episode_id).rewards[0].info  # type: ignore[arg-type]
+        assert info["grader"]["verdict"] == "the grader ran past 1 s"
+        for outcome in (no_image, crashed, hung, graded_slowly, past_deadline):
+            episode = trainer.episode(outcome.episode_id)  # type: ignore[arg-type]
+            assert (episode.status, episode.reason) == (outcome.status, outcome.reason)
 
 
 def test_agent_env_steps_the_agent_and_ends_with_its_reward(

@@ -61,9 +61,9 @@ async def call_from_a_box(sandboxes: DockerSandboxes, key: str, timeout_s: float
 
 
 def test_an_agent_in_a_sandbox_talks_to_trajproxy_through_the_gate(
-    proxied: Any, sandboxes: DockerSandboxes, background: Any
+    proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, background: Any
 ) -> None:
-    trainer = TrainerClient(proxied.url, proxied.token)
+    trainer = proxied_trainer
     episode = trainer.create_episode()
 
     answer = background(run, call_from_a_box(sandboxes, episode.key, timeout_s=60))
@@ -76,11 +76,11 @@ def test_an_agent_in_a_sandbox_talks_to_trajproxy_through_the_gate(
 
 @pytest.mark.timeout(300)
 def test_more_agents_run_at_once_than_asyncio_has_default_threads(
-    proxied: Any, sandboxes: DockerSandboxes, background: Any
+    proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, background: Any
 ) -> None:
     """A running agent's exec holds a thread for its whole run: every one of more agents than asyncio's default
     pool has threads must be running at once, each parked at trajproxy, before any of them is answered."""
-    trainer = TrainerClient(proxied.url, proxied.token)
+    trainer = proxied_trainer
     count = min(32, (os.cpu_count() or 1) + 4) + 2  # asyncio's default pool size, and then some
     episodes = [trainer.create_episode() for _ in range(count)]
 
@@ -425,9 +425,11 @@ def test_prune_removes_only_the_sandboxes_of_runs_that_are_gone(
             container.remove(force=True)
 
 
-def test_the_sandbox_socket_serves_agents_but_never_the_trainer_api(proxied: Any, socket_dir: str) -> None:
+def test_the_sandbox_socket_serves_agents_but_never_the_trainer_api(
+    proxied_trainer: TrainerClient, socket_dir: str
+) -> None:
     """No token is configured, yet a sandboxed agent cannot pull or answer turns through its gate."""
-    trainer = TrainerClient(proxied.url, proxied.token)
+    trainer = proxied_trainer
     episode = trainer.create_episode()
     with httpx.Client(transport=httpx.HTTPTransport(uds=f"{socket_dir}/proxy.sock"), base_url="http://box") as box:
         assert box.get("/health").json()["status"] == "ok"

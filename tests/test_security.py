@@ -156,9 +156,23 @@ def chat_agent(base_url: str, key: str, **kwargs: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, **kwargs)
 
 
-def ask(agent: openai.OpenAI, text: str = "hello") -> str | None:
-    reply = agent.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}])
+def ask(base_url: str, key: str, text: str = "hello", **options: Any) -> str | None:
+    """One chat call by the agent holding `key`, on a client closed after it, answered or not."""
+    with chat_agent(base_url, key, **options) as agent:
+        reply = agent.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}])
     return reply.choices[0].message.content
+
+
+def respond(base_url: str, key: str, text: str, **options: Any) -> Any:
+    """One Responses call by the agent holding `key`, on a client closed after it."""
+    with chat_agent(base_url, key) as agent:
+        return agent.responses.create(model=MODEL, input=text, **options)
+
+
+def ask_claude(base_url: str, key: str, text: str = "hello") -> anthropic.types.Message:
+    """One Messages call by the agent holding `key`, on a client closed after it."""
+    with anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0) as claude:
+        return claude.messages.create(model="claude", max_tokens=10, messages=[{"role": "user", "content": text}])
 
 
 def text_of(message: anthropic.types.Message) -> str:
@@ -202,13 +216,21 @@ def assert_every_route_is_listed(base: str, routes: list[tuple[str, str, Any]], 
 
 
 def two_parked_episodes(
-    trainer: TrainerClient, agent_base: str, background: Callable[..., Future[Any]], **agent_options: Any
+    trainer: TrainerClient,
+    agent_base: str,
+    background: Callable[..., Future[Any]],
+    agent_http: Callable[[], httpx.Client] | None = None,
 ) -> tuple[Any, Any, Future[Any], Future[Any], Any, Any]:
-    """Episodes A and B, each with one call parked (not pulled): (a, b, answer_a, answer_b, turn_a, turn_b)."""
+    """Episodes A and B, each with one call parked (not pulled): (a, b, answer_a, answer_b, turn_a, turn_b). Each
+    agent's SDK client is on an `agent_http()` of its own if given."""
     a = trainer.create_episode(task="A's task")
     b = trainer.create_episode(task="B's task")
-    answer_a = background(ask, chat_agent(agent_base, a.key, **agent_options), "A's private question")
-    answer_b = background(ask, chat_agent(agent_base, b.key, **agent_options), "B's private question")
+
+    def own_http() -> dict[str, Any]:
+        return {"http_client": agent_http()} if agent_http else {}
+
+    answer_a = background(ask, agent_base, a.key, "A's private question", **own_http())
+    answer_b = background(ask, agent_base, b.key, "B's private question", **own_http())
     [turn_a] = parked(trainer, a.id)
     [turn_b] = parked(trainer, b.id)
     return a, b, answer_a, answer_b, turn_a, turn_b
@@ -320,12 +342,10 @@ def test_the_database_holds_the_keys_hash_never_the_key(
     # The key used every way an agent can use it, in every dialect; then rewards, a refusal and a finish.
     base = server.url
     calls: list[Callable[[], Any]] = [
-        lambda: ask(chat_agent(f"{base}/v1", episode.key)),
-        lambda: ask(chat_agent(f"{base}/e/{episode.key}/v1", "not-the-key")),
-        lambda: chat_agent(f"{base}/v1", episode.key).responses.create(model=MODEL, input="hello"),
-        lambda: anthropic.Anthropic(base_url=base, api_key=episode.key, max_retries=0).messages.create(
-            model="claude", max_tokens=10, messages=[{"role": "user", "content": "hello"}]
-        ),
+        lambda: ask(f"{base}/v1", episode.key),
+        lambda: ask(f"{base}/e/{episode.key}/v1", "not-the-key"),
+        lambda: respond(f"{base}/v1", episode.key, "hello"),
+        lambda: ask_claude(base, episode.key),
     ]
     for call in calls:
         answer = background(call)
@@ -416,27 +436,27 @@ def test_an_episode_key_opens_no_trainer_route_over_the_sandbox_socket(
     """No trainer token at all: sandboxed agents, which reach trajproxy only through its socket, still cannot."""
     sock = f"{socket_dir}/proxy.sock"
     server = make_server(socket_path=sock, no_trainer_token=True)
-    trainer = TrainerClient(server.url, server.token)
 
     def sandbox_side() -> httpx.Client:
         return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandbox", timeout=10)
 
-    a, b, answer_a, answer_b, turn_a, turn_b = two_parked_episodes(
-        trainer, "http://sandbox/v1", background, http_client=sandbox_side()
-    )
-    before = {e.id: snapshot(server.url, e.id) for e in (a, b)}
+    with TrainerClient(server.url, server.token) as trainer:
+        a, b, answer_a, answer_b, turn_a, turn_b = two_parked_episodes(
+            trainer, "http://sandbox/v1", background, agent_http=sandbox_side
+        )
+        before = {e.id: snapshot(server.url, e.id) for e in (a, b)}
 
-    with sandbox_side() as http:
-        for target, turn in ((b, turn_b), (a, turn_a)):
-            for method, path, body in trainer_routes(target.id, turn.id):
-                for headers in ({}, bearer(a.key), {"x-api-key": a.key}):
-                    response = http.request(method, path, json=body, headers=headers)
-                    assert "sandbox socket" in message_of(response, 403), path
-                response = http.request(method, f"/e/{a.key}{path}", json=body)
-                message_of(response, 404)
-                assert target.task not in response.text
+        with sandbox_side() as http:
+            for target, turn in ((b, turn_b), (a, turn_a)):
+                for method, path, body in trainer_routes(target.id, turn.id):
+                    for headers in ({}, bearer(a.key), {"x-api-key": a.key}):
+                        response = http.request(method, path, json=body, headers=headers)
+                        assert "sandbox socket" in message_of(response, 403), path
+                    response = http.request(method, f"/e/{a.key}{path}", json=body)
+                    message_of(response, 404)
+                    assert target.task not in response.text
 
-    assert_untouched_then_served(trainer, server.url, before, [(a, turn_a, answer_a), (b, turn_b, answer_b)])
+        assert_untouched_then_served(trainer, server.url, before, [(a, turn_a, answer_a), (b, turn_b, answer_b)])
 
 
 @pytest.mark.settings(no_trainer_token=True)  # raw snapshots of the trainer API; its door is tested above
@@ -446,22 +466,19 @@ def test_calls_land_only_in_the_keys_episode_in_every_dialect(
     base = server.url
     a = trainer.create_episode(task="A")
     b = trainer.create_episode(task="B")
-    answer = background(ask, chat_agent(f"{base}/v1", b.key), "B's own call")
+    answer = background(ask, f"{base}/v1", b.key, "B's own call")
     trainer.reply(pull_one(trainer, b.id).id, "for B")
     assert answer.result(timeout=10) == "for B"
     b_before = snapshot(base, b.id)
 
     def chat(base_url: str, key: str) -> Callable[[str], Any]:
-        return lambda text: ask(chat_agent(base_url, key), text)
+        return lambda text: ask(base_url, key, text)
 
     def responses(base_url: str, key: str) -> Callable[[str], Any]:
-        return lambda text: chat_agent(base_url, key).responses.create(model=MODEL, input=text).output_text
+        return lambda text: respond(base_url, key, text).output_text
 
     def messages(base_url: str, key: str) -> Callable[[str], Any]:
-        client = anthropic.Anthropic(base_url=base_url, api_key=key, max_retries=0)
-        return lambda text: text_of(
-            client.messages.create(model="claude", max_tokens=10, messages=[{"role": "user", "content": text}])
-        )
+        return lambda text: text_of(ask_claude(base_url, key, text))
 
     path = f"{base}/e/{a.key}"
     agents = {
@@ -504,11 +521,11 @@ def test_a_key_cannot_continue_or_replay_another_episodes_turns(
     b = trainer.create_episode(task="B")
 
     # previous_response_id naming B's response: refused, and nothing is parked for A.
-    answer = background(chat_agent(f"{base}/v1", b.key).responses.create, model=MODEL, input="B's secret plan")
+    answer = background(respond, f"{base}/v1", b.key, "B's secret plan")
     trainer.reply(pull_one(trainer, b.id).id, "B's private answer")
     b_response = answer.result(timeout=10)
     with pytest.raises(openai.NotFoundError):
-        chat_agent(f"{base}/v1", a.key).responses.create(model=MODEL, input="go on", previous_response_id=b_response.id)
+        respond(f"{base}/v1", a.key, "go on", previous_response_id=b_response.id)
     assert trainer.trajectory(a.id).turns == []
 
     # A retry of B's answered call's exact bytes does not replay B's reply: it is a new call of A's.
@@ -666,7 +683,7 @@ def test_bodies_over_the_limit_are_413_on_every_route_however_framed(
 ) -> None:
     base = server.url
     episode = trainer.create_episode()
-    answer = background(ask, chat_agent(f"{base}/v1", episode.key))
+    answer = background(ask, f"{base}/v1", episode.key)
     [turn] = parked(trainer, episode.id)
     before = snapshot(base, episode.id)
     too_big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * LIMIT}]}).encode()
@@ -728,7 +745,7 @@ def test_deeply_nested_json_is_refused_clearly_on_trainer_routes(
 ) -> None:
     base = server.url
     episode = trainer.create_episode()
-    answer = background(ask, chat_agent(f"{base}/v1", episode.key))
+    answer = background(ask, f"{base}/v1", episode.key)
     [turn] = parked(trainer, episode.id)
     before = snapshot(base, episode.id)
 
@@ -804,22 +821,23 @@ def drive_every_path(
 
     # Served, in every dialect and with every key carrier, streamed or not.
     def stream(text: str) -> str:
-        chunks = chat_agent(f"{base}/v1", served.key).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": text}], stream=True
-        )
-        return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+        with chat_agent(f"{base}/v1", served.key) as agent:
+            chunks = agent.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": text}], stream=True
+            )
+            return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
 
-    claude = anthropic.Anthropic(base_url=f"{base}/e/{served.key}", api_key="ignored", max_retries=0)
-    for call in (
-        lambda: ask(chat_agent(f"{base}/v1", served.key)),
-        lambda: stream("streamed"),
-        lambda: chat_agent(f"{base}/e/{served.key}/v1", "ignored").responses.create(model=MODEL, input="x"),
-        lambda: claude.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}]),
-    ):
-        answer = background(call)
-        trainer.reply(pull_one(trainer, served.id).id, "ok")
-        answer.result(timeout=10)
-    assert claude.messages.count_tokens(model="c", messages=[{"role": "user", "content": "x"}]).input_tokens > 0
+    with anthropic.Anthropic(base_url=f"{base}/e/{served.key}", api_key="ignored", max_retries=0) as claude:
+        for call in (
+            lambda: ask(f"{base}/v1", served.key),
+            lambda: stream("streamed"),
+            lambda: respond(f"{base}/e/{served.key}/v1", "ignored", "x"),
+            lambda: claude.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}]),
+        ):
+            answer = background(call)
+            trainer.reply(pull_one(trainer, served.id).id, "ok")
+            answer.result(timeout=10)
+        assert claude.messages.count_tokens(model="c", messages=[{"role": "user", "content": "x"}]).input_tokens > 0
     trainer.add_reward(served.id, 1.0, info={"k": "v"})
 
     # Refused: bad, missing and misplaced keys and tokens, keys in paths that lead nowhere.
@@ -852,7 +870,7 @@ def drive_every_path(
         == 400
     )
     with pytest.raises(openai.NotFoundError):
-        chat_agent(f"{base}/v1", served.key).responses.create(model=MODEL, input="x", previous_response_id="resp_none")
+        respond(f"{base}/v1", served.key, "x", previous_response_id="resp_none")
 
     # Paused: new calls rejected with 429.
     trainer.pause("reject", retry_after_s=1)
@@ -876,10 +894,10 @@ def drive_every_path(
         httpx.post(f"{base}/e/{late.key}/v1/chat/completions", json=agent_call, timeout=0.5)
 
     # Forwarded to a model, which answers once and fails once.
-    answer = background(ask, chat_agent(f"{base}/v1", forwarded.key), "hello")
+    answer = background(ask, f"{base}/v1", forwarded.key, "hello")
     trainer.forward(pull_one(trainer, forwarded.id).id, "openai/upstream", options=upstream)
     assert str(answer.result(timeout=20)).startswith("upstream saw")
-    answer = background(ask, chat_agent(f"{base}/v1", forwarded.key), "please fail")
+    answer = background(ask, f"{base}/v1", forwarded.key, "please fail")
     turn = pull_one(trainer, forwarded.id)
     with pytest.raises(TrajproxyAPIError):
         trainer.forward(turn.id, "openai/upstream", options=upstream)

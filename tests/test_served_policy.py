@@ -56,56 +56,56 @@ def forcing_the_tool(vllm: Any) -> dict[str, Any]:
 
 
 def chat(episode: Any, stream: bool) -> dict[str, Any]:
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    messages: list[ChatCompletionMessageParam] = [
-        {"role": "system", "content": "You list files."},
-        {"role": "user", "content": "what is here?"},
-    ]
-    if not stream:
-        call = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
-        tool_calls = call.choices[0].message.tool_calls
-        assert tool_calls is not None
-        tool = tool_calls[0]
-        assert tool.type == "function"
-        return {"name": tool.function.name, "arguments": json.loads(tool.function.arguments)}
-    name, arguments = "", ""
-    for chunk in client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True):
-        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-            name += delta.function.name or "" if delta.function else ""
-            arguments += delta.function.arguments or "" if delta.function else ""
-    return {"name": name, "arguments": json.loads(arguments)}
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        messages: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": "You list files."},
+            {"role": "user", "content": "what is here?"},
+        ]
+        if not stream:
+            call = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+            tool_calls = call.choices[0].message.tool_calls
+            assert tool_calls is not None
+            tool = tool_calls[0]
+            assert tool.type == "function"
+            return {"name": tool.function.name, "arguments": json.loads(tool.function.arguments)}
+        name, arguments = "", ""
+        for chunk in client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, stream=True):
+            for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                name += delta.function.name or "" if delta.function else ""
+                arguments += delta.function.arguments or "" if delta.function else ""
+        return {"name": name, "arguments": json.loads(arguments)}
 
 
 def responses(episode: Any, stream: bool) -> dict[str, Any]:
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    tools = [{"type": "function", "name": "bash", "description": "run a command", "parameters": BASH_PARAMETERS}]
-    asked = {"model": "policy", "instructions": "You list files.", "input": "what is here?", "tools": tools}
-    if stream:
-        done = [e for e in client.responses.create(**asked, stream=True) if e.type == "response.completed"]  # type: ignore[call-overload]
-        output = done[0].response.output
-    else:
-        output = client.responses.create(**asked).output  # type: ignore[call-overload]
-    call = next(item for item in output if item.type == "function_call")
-    return {"name": call.name, "arguments": json.loads(call.arguments)}
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        tools = [{"type": "function", "name": "bash", "description": "run a command", "parameters": BASH_PARAMETERS}]
+        asked = {"model": "policy", "instructions": "You list files.", "input": "what is here?", "tools": tools}
+        if stream:
+            done = [e for e in client.responses.create(**asked, stream=True) if e.type == "response.completed"]  # type: ignore[call-overload]
+            output = done[0].response.output
+        else:
+            output = client.responses.create(**asked).output  # type: ignore[call-overload]
+        call = next(item for item in output if item.type == "function_call")
+        return {"name": call.name, "arguments": json.loads(call.arguments)}
 
 
 def messages(episode: Any, stream: bool) -> dict[str, Any]:
-    client = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    tools = [{"name": "bash", "description": "run a command", "input_schema": BASH_PARAMETERS}]
-    asked = {
-        "model": "policy",
-        "max_tokens": 256,
-        "system": "You list files.",
-        "messages": [{"role": "user", "content": "what is here?"}],
-        "tools": tools,
-    }
-    if stream:
-        with client.messages.stream(**asked) as events:  # type: ignore[arg-type]
-            message = events.get_final_message()
-    else:
-        message = client.messages.create(**asked)  # type: ignore[call-overload]
-    use = next(block for block in message.content if block.type == "tool_use")
-    return {"name": use.name, "arguments": use.input}
+    with anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        tools = [{"name": "bash", "description": "run a command", "input_schema": BASH_PARAMETERS}]
+        asked = {
+            "model": "policy",
+            "max_tokens": 256,
+            "system": "You list files.",
+            "messages": [{"role": "user", "content": "what is here?"}],
+            "tools": tools,
+        }
+        if stream:
+            with client.messages.stream(**asked) as events:  # type: ignore[arg-type]
+                message = events.get_final_message()
+        else:
+            message = client.messages.create(**asked)  # type: ignore[call-overload]
+        use = next(block for block in message.content if block.type == "tool_use")
+        return {"name": use.name, "arguments": use.input}
 
 
 AGENTS: dict[str, Callable[[Any, bool], dict[str, Any]]] = {"chat": chat, "responses": responses, "messages": messages}
@@ -119,7 +119,11 @@ def sampled(reply: ReplyOut | None) -> tuple[list[int], list[int]]:
 
 def exported(server: LiveServer, shape: str = "tokens") -> list[dict[str, Any]]:
     out = io.BytesIO()
-    export(source(server.settings.database_url), out, shape, Filters())  # type: ignore[arg-type]
+    engine = source(server.settings.database_url)
+    try:
+        export(engine, out, shape, Filters())  # type: ignore[arg-type]
+    finally:
+        engine.dispose()  # its pooled Postgres connections with it
     return [orjson.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -167,37 +171,37 @@ def test_a_plain_reply_decodes_to_its_ids_and_the_export_trains_on_sampled_ids_a
     vllm: Any, server: LiveServer, trainer: TrainerClient
 ) -> None:
     episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": COLOURS}))
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    history: list[Any] = [{"role": "user", "content": "name a colour"}]
-    for question in ("another", "one more"):
-        answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
-        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
-    client.chat.completions.create(model="policy", messages=history)
-    trainer.finish(episode.id)
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        history: list[Any] = [{"role": "user", "content": "name a colour"}]
+        for question in ("another", "one more"):
+            answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
+            history += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+        client.chat.completions.create(model="policy", messages=history)
+        trainer.finish(episode.id)
 
-    turns = trainer.trajectory(episode.id).turns
-    for turn, before in zip(turns, [None, *turns], strict=False):
-        reply = turn.reply
-        prompt, completion = sampled(reply)
-        assert reply is not None and reply.message is not None
-        assert ask(vllm.python, vllm.model_dir, decode=completion)["text"] == reply.message["content"]
-        assert prompt == template_ids(vllm, turn.request)
-        if before is None:
-            assert reply.extends_parent is None
-            continue
-        before_prompt, before_completion = sampled(before.reply)
-        earlier = before_prompt + before_completion
-        extends = prompt[: len(earlier)] == earlier
-        assert reply.extends_parent is extends
-        if not extends:
-            assert reply.drift_at is not None
-            assert prompt[: reply.drift_at] == earlier[: reply.drift_at]
-            assert prompt[reply.drift_at] != earlier[reply.drift_at]
-    lines = exported(server)
-    assert [turn_id for line in lines for turn_id in line["turn_ids"]] == [turn.id for turn in turns]
-    for line in lines:
-        assert len(line["loss_mask"]) == len(line["completion_ids"]) == len(line["logprobs"])
-        assert_loss_only_on_proven_samples(line, [turn for turn in turns if turn.id in line["turn_ids"]])
+        turns = trainer.trajectory(episode.id).turns
+        for turn, before in zip(turns, [None, *turns], strict=False):
+            reply = turn.reply
+            prompt, completion = sampled(reply)
+            assert reply is not None and reply.message is not None
+            assert ask(vllm.python, vllm.model_dir, decode=completion)["text"] == reply.message["content"]
+            assert prompt == template_ids(vllm, turn.request)
+            if before is None:
+                assert reply.extends_parent is None
+                continue
+            before_prompt, before_completion = sampled(before.reply)
+            earlier = before_prompt + before_completion
+            extends = prompt[: len(earlier)] == earlier
+            assert reply.extends_parent is extends
+            if not extends:
+                assert reply.drift_at is not None
+                assert prompt[: reply.drift_at] == earlier[: reply.drift_at]
+                assert prompt[reply.drift_at] != earlier[reply.drift_at]
+        lines = exported(server)
+        assert [turn_id for line in lines for turn_id in line["turn_ids"]] == [turn.id for turn in turns]
+        for line in lines:
+            assert len(line["loss_mask"]) == len(line["completion_ids"]) == len(line["logprobs"])
+            assert_loss_only_on_proven_samples(line, [turn for turn in turns if turn.id in line["turn_ids"]])
 
 
 def assert_loss_only_on_proven_samples(line: dict[str, Any], turns: list[Any]) -> None:
@@ -230,30 +234,33 @@ def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_lo
     vllm: Any, server: LiveServer, trainer: TrainerClient
 ) -> None:
     episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": COLOURS}))
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    history: list[Any] = [{"role": "user", "content": "name a colour"}]
-    answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
-    assert answer
-    edited = "purple " + answer  # the agent rewrites what the model said before sending it back
-    history += [{"role": "assistant", "content": edited}, {"role": "user", "content": "again"}]
-    client.chat.completions.create(model="policy", messages=history)
-    trainer.finish(episode.id)
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        history: list[Any] = [{"role": "user", "content": "name a colour"}]
+        answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
+        assert answer
+        edited = "purple " + answer  # the agent rewrites what the model said before sending it back
+        history += [{"role": "assistant", "content": edited}, {"role": "user", "content": "again"}]
+        client.chat.completions.create(model="policy", messages=history)
+        trainer.finish(episode.id)
 
-    first, second = trainer.trajectory(episode.id).turns
-    (first_prompt, first_completion), (second_prompt, second_completion) = sampled(first.reply), sampled(second.reply)
-    assert second.reply is not None
-    cut = len(first_prompt)  # the edit starts where the sampled output did
-    assert second.reply.extends_parent is False
-    assert second.reply.drift_at == cut
-    (line,) = exported(server)
-    assert line["drifts"] == [
-        {"turn_id": second.id, "at": cut, "masked": len(first_completion)},
-    ]
-    assert line["prompt_ids"] == first_prompt
-    assert line["prompt_ids"] + line["completion_ids"] == second_prompt + second_completion
-    trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
-    assert trained == second_completion  # the first output was edited away: no loss on it
-    assert line["logprobs"][-len(trained) :] == second.reply.logprobs
+        first, second = trainer.trajectory(episode.id).turns
+        (first_prompt, first_completion), (second_prompt, second_completion) = (
+            sampled(first.reply),
+            sampled(second.reply),
+        )
+        assert second.reply is not None
+        cut = len(first_prompt)  # the edit starts where the sampled output did
+        assert second.reply.extends_parent is False
+        assert second.reply.drift_at == cut
+        (line,) = exported(server)
+        assert line["drifts"] == [
+            {"turn_id": second.id, "at": cut, "masked": len(first_completion)},
+        ]
+        assert line["prompt_ids"] == first_prompt
+        assert line["prompt_ids"] + line["completion_ids"] == second_prompt + second_completion
+        trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
+        assert trained == second_completion  # the first output was edited away: no loss on it
+        assert line["logprobs"][-len(trained) :] == second.reply.logprobs
 
 
 @ON_SQLITE
@@ -263,23 +270,26 @@ def test_a_template_that_drops_earlier_reasoning_drifts_and_that_output_gets_no_
 ) -> None:
     thinking = r"<think>[a-z]{1,8}( [a-z]{1,8}){0,2}</think>(red|green|blue)"
     episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": thinking}))
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    history: list[Any] = [{"role": "user", "content": "think, then name a colour"}]
-    answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
-    assert answer is not None and answer.startswith("<think>")
-    history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "again"}]  # sent back as it was
-    client.chat.completions.create(model="policy", messages=history)
-    trainer.finish(episode.id)
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        history: list[Any] = [{"role": "user", "content": "think, then name a colour"}]
+        answer = client.chat.completions.create(model="policy", messages=history).choices[0].message.content
+        assert answer is not None and answer.startswith("<think>")
+        history += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "again"},
+        ]  # sent back as it was
+        client.chat.completions.create(model="policy", messages=history)
+        trainer.finish(episode.id)
 
-    first, second = trainer.trajectory(episode.id).turns
-    (first_prompt, first_completion), (_, second_completion) = sampled(first.reply), sampled(second.reply)
-    assert second.reply is not None
-    cut = len(first_prompt)  # the template left the reasoning out: the output differs from its start
-    assert (second.reply.extends_parent, second.reply.drift_at) == (False, cut)
-    (line,) = exported(server)
-    assert line["drifts"] == [{"turn_id": second.id, "at": cut, "masked": len(first_completion)}]
-    trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
-    assert trained == second_completion
+        first, second = trainer.trajectory(episode.id).turns
+        (first_prompt, first_completion), (_, second_completion) = sampled(first.reply), sampled(second.reply)
+        assert second.reply is not None
+        cut = len(first_prompt)  # the template left the reasoning out: the output differs from its start
+        assert (second.reply.extends_parent, second.reply.drift_at) == (False, cut)
+        (line,) = exported(server)
+        assert line["drifts"] == [{"turn_id": second.id, "at": cut, "masked": len(first_completion)}]
+        trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
+        assert trained == second_completion
 
 
 @ON_SQLITE
@@ -288,39 +298,39 @@ def test_weights_change_between_steps_and_every_turn_carries_the_version_it_was_
     vllm: Any, trainer: TrainerClient, background: Any, tmp_path: Any
 ) -> None:
     episode = trainer.create_episode(**policy(vllm, max_tokens=6))
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
 
-    def call() -> Any:
-        return client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hello"}])
+        def call() -> Any:
+            return client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hello"}])
 
-    call()
-    paused = trainer.pause("hold", drain_s=30)
-    assert (paused.paused, paused.in_flight) == ("hold", 0)
-    held = background(call)
-    time.sleep(1.0)
-    assert not held.done()  # held by the pause: not sent to the server on the old weights
-    before = copy_model(vllm.model_dir, tmp_path / "before")
-    try:
-        ask(vllm.python, vllm.model_dir, perturb=1)
-        reload_weights(vllm)
-        resumed = trainer.resume(policy_version="step-1")
-        assert (resumed.paused, resumed.released, resumed.policy_version) == (None, 1, "step-1")
-        held.result(timeout=60)
         call()
-        first, second, third = trainer.trajectory(episode.id).turns
-        replies = [first.reply, second.reply, third.reply]
-        assert [reply.policy_version if reply else "none" for reply in replies] == [None, "step-1", "step-1"]
-        for reply, weights in zip(replies, (before, vllm.model_dir, vllm.model_dir), strict=True):
-            ids = sampled(reply)
-            assert reply is not None and reply.logprobs is not None
-            assert ask(vllm.python, weights, score=ids)["logprobs"] == pytest.approx(reply.logprobs, abs=1e-3)
-        old = ask(vllm.python, before, score=sampled(second.reply))["logprobs"]
-        assert second.reply is not None
-        # the answer came from the new weights, not the old
-        assert old != pytest.approx(second.reply.logprobs, abs=1e-3)
-    finally:
-        copy_model(before, vllm.model_dir)
-        reload_weights(vllm)
+        paused = trainer.pause("hold", drain_s=30)
+        assert (paused.paused, paused.in_flight) == ("hold", 0)
+        held = background(call)
+        time.sleep(1.0)
+        assert not held.done()  # held by the pause: not sent to the server on the old weights
+        before = copy_model(vllm.model_dir, tmp_path / "before")
+        try:
+            ask(vllm.python, vllm.model_dir, perturb=1)
+            reload_weights(vllm)
+            resumed = trainer.resume(policy_version="step-1")
+            assert (resumed.paused, resumed.released, resumed.policy_version) == (None, 1, "step-1")
+            held.result(timeout=60)
+            call()
+            first, second, third = trainer.trajectory(episode.id).turns
+            replies = [first.reply, second.reply, third.reply]
+            assert [reply.policy_version if reply else "none" for reply in replies] == [None, "step-1", "step-1"]
+            for reply, weights in zip(replies, (before, vllm.model_dir, vllm.model_dir), strict=True):
+                ids = sampled(reply)
+                assert reply is not None and reply.logprobs is not None
+                assert ask(vllm.python, weights, score=ids)["logprobs"] == pytest.approx(reply.logprobs, abs=1e-3)
+            old = ask(vllm.python, before, score=sampled(second.reply))["logprobs"]
+            assert second.reply is not None
+            # the answer came from the new weights, not the old
+            assert old != pytest.approx(second.reply.logprobs, abs=1e-3)
+        finally:
+            copy_model(before, vllm.model_dir)
+            reload_weights(vllm)
 
 
 @ON_SQLITE
@@ -331,13 +341,13 @@ def test_a_server_that_is_down_reaches_the_agent_at_once_as_a_502_in_its_dialect
         port = closed.getsockname()[1]
     options = {"api_base": f"http://127.0.0.1:{port}/v1", "max_tokens": 8}
     episode = trainer.create_episode(policy="vllm:tiny", policy_options=options)
-    client = anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0)
-    with pytest.raises(anthropic.APIStatusError) as refused:
-        client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
-    assert refused.value.status_code == 502
-    assert "could not be reached" in refused.value.message
-    (turn,) = trainer.trajectory(episode.id).turns
-    assert turn.status == "failed" and "could not be reached" in (turn.reason or "")
+    with anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            client.messages.create(model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        assert refused.value.status_code == 502
+        assert "could not be reached" in refused.value.message
+        (turn,) = trainer.trajectory(episode.id).turns
+        assert turn.status == "failed" and "could not be reached" in (turn.reason or "")
 
 
 @ON_SQLITE
@@ -347,11 +357,11 @@ def test_a_server_that_gives_no_token_ids_is_refused_at_the_first_call_saying_wh
 ) -> None:
     options = {"api_base": fake_model.options()["api_base"]}
     episode = trainer.create_episode(policy="vllm:fake", policy_options=options)
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    with pytest.raises(openai.APIStatusError) as refused:
-        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
-    assert refused.value.status_code == 502
-    assert "without the token ids" in refused.value.message and "return_token_ids" in refused.value.message
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+        assert refused.value.status_code == 502
+        assert "without the token ids" in refused.value.message and "return_token_ids" in refused.value.message
 
 
 @ON_SQLITE
@@ -368,21 +378,21 @@ def test_a_served_policy_without_its_server_is_refused_when_the_episode_is_made(
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 def test_a_trainer_forwards_a_turn_to_the_served_policy(vllm: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode()
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    call = background(
-        lambda: client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "colour?"}])
-    )
-    (turn,) = trainer.next_turns(wait_s=10)
-    options = policy(vllm, structured_outputs={"regex": COLOURS})["policy_options"]
-    answered = trainer.forward(turn.id, f"vllm:{vllm.served_name}", options, lease_id=turn.lease_id)
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        call = background(
+            lambda: client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "colour?"}])
+        )
+        (turn,) = trainer.next_turns(wait_s=10)
+        options = policy(vllm, structured_outputs={"regex": COLOURS})["policy_options"]
+        answered = trainer.forward(turn.id, f"vllm:{vllm.served_name}", options, lease_id=turn.lease_id)
 
-    assert answered.reply is not None and answered.reply.answered_by == f"vllm:{vllm.served_name}"
-    assert answered.reply.message is not None
-    assert call.result(timeout=60).choices[0].message.content == answered.reply.message["content"]
-    assert answered.reply.prompt_token_ids == template_ids(vllm, turn.request)
-    assert answered.reply.completion_token_ids and len(answered.reply.logprobs or ()) == len(
-        answered.reply.completion_token_ids
-    )
+        assert answered.reply is not None and answered.reply.answered_by == f"vllm:{vllm.served_name}"
+        assert answered.reply.message is not None
+        assert call.result(timeout=60).choices[0].message.content == answered.reply.message["content"]
+        assert answered.reply.prompt_token_ids == template_ids(vllm, turn.request)
+        assert answered.reply.completion_token_ids and len(answered.reply.logprobs or ()) == len(
+            answered.reply.completion_token_ids
+        )
 
 
 @ON_SQLITE
@@ -409,11 +419,11 @@ def test_sglang_is_asked_for_its_ids_and_read_as_its_documented_shapes_say(train
     try:
         options = {"api_base": f"{running.live.url}/v1", "temperature": 0.6, "max_tokens": 9}
         episode = trainer.create_episode(policy="sglang:policy-7b", policy_options=options)
-        client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-        answer = client.chat.completions.create(
-            model="agent", messages=[{"role": "user", "content": "hi"}], stream=True
-        )
-        assert "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices) == "hello"
+        with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+            answer = client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            assert "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices) == "hello"
     finally:
         running.stop()
     (turn,) = trainer.trajectory(episode.id).turns

@@ -15,9 +15,10 @@ from tests.test_cli import clean_env, free_port, trajproxy_script
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_a_second_process_on_a_served_sqlite_file_is_refused(make_server: Any, database_url: str) -> None:
-    first = make_server()
-    episode = TrainerClient(first.url, first.token).create_episode(task="kept")
+def test_a_second_process_on_a_served_sqlite_file_is_refused(
+    server: Any, trainer: TrainerClient, database_url: str
+) -> None:
+    episode = trainer.create_episode(task="kept")
     tries = {
         "serve": [trajproxy_script(), "serve", "--port", str(free_port()), "--database-url", database_url],
         "run": [
@@ -30,5 +31,5 @@ def test_a_second_process_on_a_served_sqlite_file_is_refused(make_server: Any, d
         assert done.returncode != 0
         assert "another trajproxy process is serving the SQLite database" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
-    assert httpx.get(f"{first.url}/health", timeout=5).status_code == 200  # the first never noticed
-    assert TrainerClient(first.url, first.token).episode(episode.id).task == "kept"
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200  # the first never noticed
+    assert trainer.episode(episode.id).task == "kept"

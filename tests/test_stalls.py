@@ -28,10 +28,10 @@ def stalled(url: str, path: str, headers: str = "") -> bytes:
 
 @pytest.mark.settings(body_read_timeout_s=0.5)
 @pytest.mark.parametrize("path", ROUTES)
-def test_a_body_that_stops_arriving_is_answered_408_and_closed(server: Any, path: str) -> None:
+def test_a_body_that_stops_arriving_is_answered_408_and_closed(server: Any, trainer: TrainerClient, path: str) -> None:
     credentials = ""
     if path.startswith("/v1"):
-        credentials = f"authorization: Bearer {TrainerClient(server.url, server.token).create_episode().key}\r\n"
+        credentials = f"authorization: Bearer {trainer.create_episode().key}\r\n"
     elif path.startswith("/api"):
         credentials = f"authorization: Bearer {server.token}\r\n"
     answer = stalled(server.url, path, credentials)

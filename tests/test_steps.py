@@ -22,26 +22,28 @@ BASH: ChatCompletionFunctionToolParam = {
 RUN_LS = {"tool_calls": [{"id": "c1", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]}
 
 
-def toy_agent(agent: openai.OpenAI, task: str = "list the files") -> int:
-    """A tool-using agent: runs every tool call it is given (pretending) until the model stops asking."""
+def toy_agent(episode: Any, task: str = "list the files") -> int:
+    """A tool-using agent of the episode: runs every tool call it is given (pretending) until the model stops
+    asking."""
     messages: list[Any] = [{"role": "system", "content": "you are an agent"}, {"role": "user", "content": task}]
     calls = 0
-    while True:
-        calls += 1
-        choice = agent.chat.completions.create(model="policy", messages=messages, tools=[BASH]).choices[0]
-        messages.append(choice.message.model_dump(exclude_none=True))
-        if not choice.message.tool_calls:
-            return calls
-        for call in choice.message.tool_calls:
-            assert call.type == "function"
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": f"ran {call.function.name}"})
+    with agent_for(episode) as agent:
+        while True:
+            calls += 1
+            choice = agent.chat.completions.create(model="policy", messages=messages, tools=[BASH]).choices[0]
+            messages.append(choice.message.model_dump(exclude_none=True))
+            if not choice.message.tool_calls:
+                return calls
+            for call in choice.message.tool_calls:
+                assert call.type == "function"
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": f"ran {call.function.name}"})
 
 
 def run_episode(trainer: TrainerClient, episode: Any, background: Callable[..., Future[Any]]) -> Future[int]:
     """The agent plays the episode; when it ends, a grader rewards it and finishes the episode."""
 
     def play() -> int:
-        calls = toy_agent(agent_for(episode))
+        calls = toy_agent(episode)
         trainer.add_reward(episode.id, 0.75, source="grader")
         trainer.finish(episode.id)
         return calls
@@ -82,12 +84,12 @@ def test_a_step_sent_twice_answers_once_and_goes_on(server: Any, trainer: Traine
     episode = trainer.create_episode()
 
     def slow_agent() -> None:  # thinks for a while between its calls, so the trainer's step has to wait
-        agent = agent_for(episode)
-        messages: list[Any] = [{"role": "user", "content": "go"}]
-        reply = agent.chat.completions.create(model="policy", messages=messages).choices[0].message
-        time.sleep(1.5)
-        messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "c1", "content": "a b"}]
-        agent.chat.completions.create(model="policy", messages=messages)
+        with agent_for(episode) as agent:
+            messages: list[Any] = [{"role": "user", "content": "go"}]
+            reply = agent.chat.completions.create(model="policy", messages=messages).choices[0].message
+            time.sleep(1.5)
+            messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": "c1", "content": "a b"}]
+            agent.chat.completions.create(model="policy", messages=messages)
 
     background(slow_agent)
     first = trainer.reset(episode.id, wait_s=10)
@@ -147,7 +149,7 @@ def test_an_agent_that_ends_without_calling_gives_last_at_reset(server: Any, tra
 
 def test_a_budget_cut_is_a_truncation(server: Any, trainer: TrainerClient, background: Any) -> None:
     episode = trainer.create_episode(max_turns=1, on_budget="finish")
-    agent = background(toy_agent, agent_for(episode))
+    agent = background(toy_agent, episode)
     trainer.reset(episode.id, wait_s=10)
     last = trainer.step(episode.id, message=RUN_LS, wait_s=10)  # the agent's second call is over budget
     assert last.last() and last.discount == 1.0 and last.reward == 0.0

@@ -115,13 +115,13 @@ def test_an_openai_sdk_agent_is_answered_over_the_stream_until_its_episode_ends(
     server: Any, trainer: TrainerClient
 ) -> None:
     episode = trainer.create_episode()
-    agent = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
     heard: list[str] = []
 
     def run_agent() -> None:
-        for text in ("one", "two", "three"):
-            reply = agent.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
-            heard.append(str(reply.choices[0].message.content))
+        with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as agent:
+            for text in ("one", "two", "three"):
+                reply = agent.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+                heard.append(str(reply.choices[0].message.content))
         trainer.finish(episode.id)
 
     thread = threading.Thread(target=run_agent)
@@ -139,15 +139,17 @@ def test_the_async_client_streams_too(server: Any, trainer: TrainerClient) -> No
     episode = trainer.create_episode()
 
     async def both() -> str:
-        agent = openai.AsyncOpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-        call = asyncio.ensure_future(
-            agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        )
-        async with AsyncTrainerClient(server.url, token=server.token) as client, client.stream(max=8) as stream:
-            async for turn in stream:
-                await stream.reply(turn.id, "hello", lease_id=turn.lease_id)
-                break
-        return str((await call).choices[0].message.content)
+        async with openai.AsyncOpenAI(
+            base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0
+        ) as agent:
+            call = asyncio.ensure_future(
+                agent.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            )
+            async with AsyncTrainerClient(server.url, token=server.token) as client, client.stream(max=8) as stream:
+                async for turn in stream:
+                    await stream.reply(turn.id, "hello", lease_id=turn.lease_id)
+                    break
+            return str((await call).choices[0].message.content)
 
     assert asyncio.run(both()) == "hello"
 

@@ -129,7 +129,8 @@ def _run(proxied: Any, sandboxes: DockerSandboxes, task: Task, policy: ScriptedP
 
 def _rewards(proxied: Any, outcome: Outcome) -> dict[str, float]:
     assert outcome.episode_id is not None
-    recorded = TrainerClient(proxied.url, proxied.token).trajectory(outcome.episode_id).rewards
+    with TrainerClient(proxied.url, proxied.token) as trainer:
+        recorded = trainer.trajectory(outcome.episode_id).rewards
     return {reward.name: reward.value for reward in recorded}
 
 

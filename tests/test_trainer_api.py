@@ -40,6 +40,12 @@ def ask(agent: openai.OpenAI, messages: list[dict[str, Any]] = HELLO, **kwargs: 
     return agent.chat.completions.create(model=MODEL, messages=messages, **kwargs)  # type: ignore[arg-type]
 
 
+def ask_as(episode: Any, messages: list[dict[str, Any]] = HELLO, **kwargs: Any) -> Any:
+    """One call by the episode's agent, on a client of its own that is closed after it, answered or not."""
+    with agent_for(episode) as agent:
+        return ask(agent, messages, **kwargs)
+
+
 AS_TRAINER = "<the server's trainer token>"
 
 
@@ -143,7 +149,7 @@ def test_get_episode_and_no_read_ever_returns_the_key(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode(task="t", metadata={"a": 1}, turn_timeout_s=60)
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     turn = pull_one(trainer, episode.id)
     trainer.reply(turn.id, "ok")
     assert answer.result(timeout=10).choices[0].message.content == "ok"
@@ -257,25 +263,27 @@ def test_finishing_an_episode_ends_its_parked_call_and_retires_its_key(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    agent = agent_for(episode)
-    parked = background(ask, agent)
-    wait_parked(trainer, episode.id)
-    trainer.finish(episode.id, "cancelled", reason="out of time")
+    with agent_for(episode) as agent:
+        parked = background(ask, agent)
+        wait_parked(trainer, episode.id)
+        trainer.finish(episode.id, "cancelled", reason="out of time")
 
-    with pytest.raises(openai.APIStatusError) as closed:
-        parked.result(timeout=10)
-    assert closed.value.status_code == 410
-    assert "out of time" in str(closed.value)
+        with pytest.raises(openai.APIStatusError) as closed:
+            parked.result(timeout=10)
+        assert closed.value.status_code == 410
+        assert "out of time" in str(closed.value)
 
-    before = snapshot(server, episode.id)
-    assert [t["status"] for t in before["turns"]] == ["failed"]
-    with pytest.raises(openai.APIStatusError) as again:
-        ask(agent)
-    assert again.value.status_code == 410
-    error_of(
-        api(server, "POST", f"/e/{episode.key}/v1/chat/completions", json={"messages": HELLO}), 410, "episode_closed"
-    )
-    assert snapshot(server, episode.id) == before
+        before = snapshot(server, episode.id)
+        assert [t["status"] for t in before["turns"]] == ["failed"]
+        with pytest.raises(openai.APIStatusError) as again:
+            ask(agent)
+        assert again.value.status_code == 410
+        error_of(
+            api(server, "POST", f"/e/{episode.key}/v1/chat/completions", json={"messages": HELLO}),
+            410,
+            "episode_closed",
+        )
+        assert snapshot(server, episode.id) == before
 
 
 def test_unknown_episode_or_turn_is_404(server: Any, trainer: TrainerClient) -> None:
@@ -300,10 +308,9 @@ def test_episode_and_turn_rewards_show_up_in_the_trajectory(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    agent = agent_for(episode)
     turn_ids = []
     for text in ("first", "second"):
-        answer = background(ask, agent)
+        answer = background(ask_as, episode)
         turn = pull_one(trainer, episode.id)
         trainer.reply(turn.id, text)
         answer.result(timeout=10)
@@ -342,7 +349,7 @@ def test_non_finite_reward_values_are_refused_and_nothing_is_recorded(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     turn = pull_one(trainer, episode.id)
     trainer.reply(turn.id, "ok")
     answer.result(timeout=10)
@@ -370,7 +377,7 @@ def test_reward_for_another_episodes_turn_or_an_unknown_episode_is_404(
 ) -> None:
     mine = trainer.create_episode()
     theirs = trainer.create_episode()
-    answer = background(ask, agent_for(theirs))
+    answer = background(ask_as, theirs)
     their_turn = pull_one(trainer, theirs.id)
     trainer.reply(their_turn.id, "ok")
     answer.result(timeout=10)
@@ -401,7 +408,6 @@ def test_trajectory_has_ordered_turns_with_request_reply_usage_and_timings(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode(task="count files")
-    agent = agent_for(episode)
     conversations = [
         [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hello there"}],
         [{"role": "user", "content": "second question"}],
@@ -410,7 +416,7 @@ def test_trajectory_has_ordered_turns_with_request_reply_usage_and_timings(
     pulled = []
 
     # seq 0: no usage from the trainer, so the proxy counts tokens with tiktoken
-    answer = background(ask, agent, conversations[0])
+    answer = background(ask_as, episode, conversations[0])
     turn = pull_one(trainer, episode.id)
     pulled.append(turn)
     assert turn.status == "leased"
@@ -424,7 +430,7 @@ def test_trajectory_has_ordered_turns_with_request_reply_usage_and_timings(
     assert counted.total_tokens == counted.prompt_tokens + counted.completion_tokens
 
     # seq 1: the trainer's own usage is what everyone sees
-    answer = background(ask, agent, conversations[1])
+    answer = background(ask_as, episode, conversations[1])
     turn = pull_one(trainer, episode.id)
     pulled.append(turn)
     trainer.reply(turn.id, "two", usage={"prompt_tokens": 123, "completion_tokens": 45}, finish_reason="length")
@@ -434,7 +440,7 @@ def test_trajectory_has_ordered_turns_with_request_reply_usage_and_timings(
     assert completion.usage.total_tokens == 168
 
     # seq 2: a tool call
-    answer = background(ask, agent, conversations[2])
+    answer = background(ask_as, episode, conversations[2])
     turn = pull_one(trainer, episode.id)
     pulled.append(turn)
     trainer.reply(turn.id, tool_calls=[{"function": {"name": "bash", "arguments": {"cmd": "ls"}}}])
@@ -497,7 +503,7 @@ def test_counted_prompt_tokens_follow_openais_accounting(
         {"role": "user", "content": "What is two plus two?"},
     ]
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode), messages)
+    answer = background(ask_as, episode, messages)
     trainer.reply(pull_one(trainer, episode.id).id, "four")
     usage = answer.result(timeout=10).usage
 
@@ -530,7 +536,7 @@ def test_malformed_agent_requests_are_400_and_record_nothing(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     trainer.reply(pull_one(trainer, episode.id).id, "fine")
     answer.result(timeout=10)
     before = snapshot(server, episode.id)
@@ -542,14 +548,14 @@ def test_malformed_agent_requests_are_400_and_record_nothing(
         assert hint in error["message"], (body, error)
 
     with pytest.raises(openai.BadRequestError) as refused:
-        ask(agent_for(episode), n=2)
+        ask_as(episode, n=2)
     assert "n=1" in str(refused.value)
 
     assert snapshot(server, episode.id) == before
     assert trainer.next_turns(wait_s=0) == []
 
     # and the episode still works
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     trainer.reply(pull_one(trainer, episode.id).id, "still here")
     assert answer.result(timeout=10).choices[0].message.content == "still here"
     assert [t.seq for t in trainer.trajectory(episode.id).turns] == [0, 1]
@@ -559,7 +565,7 @@ def test_malformed_trainer_requests_are_refused_and_record_nothing(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     turn = pull_one(trainer, episode.id)
     before = snapshot(server, episode.id)
     json_headers = {"content-type": "application/json"}
@@ -612,8 +618,11 @@ def test_agent_keys_that_are_missing_unknown_or_finished_are_refused(server: Any
         response = api(server, "POST", "/v1/chat/completions", json={"messages": HELLO}, headers=headers)
         error_of(response, 401, "authentication_error")
     error_of(api(server, "POST", "/e/tpk-unknown/v1/chat/completions", json={"messages": HELLO}), 401)
-    with pytest.raises(openai.AuthenticationError):
-        ask(openai.OpenAI(base_url=base, api_key="tpk-" + "0" * 43, max_retries=0))
+    with (
+        openai.OpenAI(base_url=base, api_key="tpk-" + "0" * 43, max_retries=0) as stranger,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        ask(stranger)
     # a bad key is refused before the body is even looked at
     error_of(api(server, "POST", "/v1/chat/completions", content=b"{", token="tpk-unknown"), 401)
 
@@ -622,7 +631,7 @@ def test_agent_keys_that_are_missing_unknown_or_finished_are_refused(server: Any
     trainer.finish(episode.id, "finished", reason="graded")
     finished = snapshot(server, episode.id)
     with pytest.raises(openai.APIStatusError) as gone:
-        ask(agent_for(episode))
+        ask_as(episode)
     assert gone.value.status_code == 410
     response = api(server, "POST", "/v1/chat/completions", json={"messages": HELLO}, token=episode.key)
     error = error_of(response, 410, "episode_closed")
@@ -635,13 +644,13 @@ def test_bodies_over_the_limit_are_413_on_agent_and_trainer_routes(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     turn = pull_one(trainer, episode.id)
     before = snapshot(server, episode.id)
     big = "x" * 3000
 
     with pytest.raises(openai.APIStatusError) as too_big:
-        ask(agent_for(episode), [{"role": "user", "content": big}])
+        ask_as(episode, [{"role": "user", "content": big}])
     assert too_big.value.status_code == 413
     agent_body = json.dumps({"messages": [{"role": "user", "content": big}]}).encode()
     error = error_of(
@@ -701,7 +710,7 @@ def test_a_reply_needs_exactly_one_of_message_or_error(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     turn = pull_one(trainer, episode.id)
     before = snapshot(server, episode.id)
 
@@ -724,7 +733,7 @@ def test_replies_are_idempotent_and_cannot_be_changed(
     server: Any, trainer: TrainerClient, lane: Lane, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     [turn] = lane.pull(episode.id, wait_s=5)
     first = lane.reply(turn.id, "once", lease_id=turn.lease_id)
     assert answer.result(timeout=10).choices[0].message.content == "once"
@@ -746,7 +755,7 @@ def test_reply_to_an_expired_turn_is_409(
 ) -> None:
     episode = trainer.create_episode()
     with pytest.raises(openai.APIStatusError) as timed_out:
-        ask(agent_for(episode))
+        ask_as(episode)
     assert timed_out.value.status_code == 504
     assert error_body(timed_out.value.body)["type"] == "timeout_error"
 
@@ -783,22 +792,24 @@ def test_the_key_in_the_path_works_and_is_never_echoed(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    agent = openai.OpenAI(base_url=f"{server.url}/e/{episode.key}/v1", api_key="ignored-by-the-proxy", max_retries=0)
-    assert [m.id for m in agent.models.list()] == ["trajproxy"]
-    answer = background(ask, agent)
-    turn = pull_one(trainer, episode.id)
-    trainer.reply(turn.id, "via the path")
-    assert answer.result(timeout=10).choices[0].message.content == "via the path"
-    assert [t.id for t in trainer.trajectory(episode.id).turns] == [turn.id]
+    with openai.OpenAI(
+        base_url=f"{server.url}/e/{episode.key}/v1", api_key="ignored-by-the-proxy", max_retries=0
+    ) as agent:
+        assert [m.id for m in agent.models.list()] == ["trajproxy"]
+        answer = background(ask, agent)
+        turn = pull_one(trainer, episode.id)
+        trainer.reply(turn.id, "via the path")
+        assert answer.result(timeout=10).choices[0].message.content == "via the path"
+        assert [t.id for t in trainer.trajectory(episode.id).turns] == [turn.id]
 
-    for method, path in [("GET", f"/e/{episode.key}/nope"), ("POST", f"/e/{episode.key}/v1/nothing-here")]:
-        response = api(server, method, path)
-        error = error_of(response, 404, "not_found_error")
+        for method, path in [("GET", f"/e/{episode.key}/nope"), ("POST", f"/e/{episode.key}/v1/nothing-here")]:
+            response = api(server, method, path)
+            error = error_of(response, 404, "not_found_error")
+            assert episode.key not in response.text
+            assert "/e/<key>/" in error["message"]
+        response = api(server, "GET", f"/e/{episode.key}/v1/chat/completions")
+        assert response.status_code == 405
         assert episode.key not in response.text
-        assert "/e/<key>/" in error["message"]
-    response = api(server, "GET", f"/e/{episode.key}/v1/chat/completions")
-    assert response.status_code == 405
-    assert episode.key not in response.text
 
 
 # 5. Trainer token
@@ -832,7 +843,7 @@ def test_the_trainer_token_guards_every_api_route(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))  # the agent still gets in with its episode key
+    answer = background(ask_as, episode)  # the agent still gets in with its episode key
     [parked] = wait_parked(trainer, episode.id)
     before = snapshot(server, episode.id, TOKEN)
     routes = every_api_route(episode.id, parked.id)
@@ -899,16 +910,18 @@ def test_with_a_token_agents_still_use_their_episode_key(
 ) -> None:
     episode = trainer.create_episode()
     assert api(server, "GET", "/api/episodes", TOKEN).status_code == 200
-    for agent in (
-        agent_for(episode),
-        openai.OpenAI(base_url=f"{server.url}/e/{episode.key}/v1", api_key="x", max_retries=0),
+    with (
+        agent_for(episode) as by_bearer,
+        openai.OpenAI(base_url=f"{server.url}/e/{episode.key}/v1", api_key="x", max_retries=0) as by_path,
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0) as with_the_token,
     ):
-        answer = background(ask, agent)
-        trainer.reply(pull_one(trainer, episode.id).id, "served")
-        assert answer.result(timeout=10).choices[0].message.content == "served"
-    # the trainer token is not an episode key
-    with pytest.raises(openai.AuthenticationError):
-        ask(openai.OpenAI(base_url=f"{server.url}/v1", api_key=TOKEN, max_retries=0))
+        for agent in (by_bearer, by_path):
+            answer = background(ask, agent)
+            trainer.reply(pull_one(trainer, episode.id).id, "served")
+            assert answer.result(timeout=10).choices[0].message.content == "served"
+        # the trainer token is not an episode key
+        with pytest.raises(openai.AuthenticationError):
+            ask(with_the_token)
     assert len(trainer.trajectory(episode.id).turns) == 2
 
 
@@ -921,8 +934,8 @@ def test_an_episode_key_cannot_drive_the_trainer_api(
 ) -> None:
     a = trainer.create_episode(task="A")
     b = trainer.create_episode(task="B")
-    answer_a = background(ask, agent_for(a))
-    answer_b = background(ask, agent_for(b))
+    answer_a = background(ask_as, a)
+    answer_b = background(ask_as, b)
     turn_a = pull_one(trainer, a.id)
     turn_b = pull_one(trainer, b.id)
     before = {e: snapshot(server, e, TOKEN) for e in (a.id, b.id)}
@@ -962,24 +975,25 @@ def test_calls_land_only_in_their_own_episode(
 ) -> None:
     a = trainer.create_episode(task="A")
     b = trainer.create_episode(task="B")
-    agent_a = agent_for(a)
-    by_path_a = openai.OpenAI(base_url=f"{server.url}/e/{a.key}/v1", api_key=b.key, max_retries=0)
-    agent_b = agent_for(b)
-
-    calls = [
-        (agent_a, a, "from A, bearer"),
-        (by_path_a, a, "from A, path key wins over a header"),
-        (agent_b, b, "from B"),
-        (agent_a, a, "from A again"),
-    ]
-    for agent, episode, text in calls:
-        answer = background(ask, agent, [{"role": "user", "content": text}])
-        assert trainer.next_turns(episode=(b if episode is a else a).id, wait_s=0) == []
-        turn = pull_one(trainer, episode.id)
-        assert turn.episode_id == episode.id
-        assert turn.request["messages"][0]["content"] == text
-        trainer.reply(turn.id, f"answer to {text}")
-        assert answer.result(timeout=10).choices[0].message.content == f"answer to {text}"
+    with (
+        agent_for(a) as agent_a,
+        openai.OpenAI(base_url=f"{server.url}/e/{a.key}/v1", api_key=b.key, max_retries=0) as by_path_a,
+        agent_for(b) as agent_b,
+    ):
+        calls = [
+            (agent_a, a, "from A, bearer"),
+            (by_path_a, a, "from A, path key wins over a header"),
+            (agent_b, b, "from B"),
+            (agent_a, a, "from A again"),
+        ]
+        for agent, episode, text in calls:
+            answer = background(ask, agent, [{"role": "user", "content": text}])
+            assert trainer.next_turns(episode=(b if episode is a else a).id, wait_s=0) == []
+            turn = pull_one(trainer, episode.id)
+            assert turn.episode_id == episode.id
+            assert turn.request["messages"][0]["content"] == text
+            trainer.reply(turn.id, f"answer to {text}")
+            assert answer.result(timeout=10).choices[0].message.content == f"answer to {text}"
 
     trainer.add_reward(a.id, 1.0, "a_only")
     trajectory_a = trainer.trajectory(a.id)
@@ -1005,7 +1019,7 @@ def test_an_error_reply_reaches_the_sdk_as_its_own_exception(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
     episode = trainer.create_episode()
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     turn = pull_one(trainer, episode.id)
     replied = trainer.reply(turn.id, error={"status": 429, "message": "slow down", "type": "rate_limit_error"})
     assert replied.status == "answered"
@@ -1025,6 +1039,6 @@ def test_an_error_reply_reaches_the_sdk_as_its_own_exception(
     assert recorded.reply.usage is None
 
     # the episode carries on after the error
-    answer = background(ask, agent_for(episode))
+    answer = background(ask_as, episode)
     trainer.reply(pull_one(trainer, episode.id).id, "better now")
     assert answer.result(timeout=10).choices[0].message.content == "better now"

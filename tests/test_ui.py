@@ -108,23 +108,23 @@ def log_in(driver: WebDriver, server: Any, path: str = "/ui/") -> None:
 def coding_agent(episode: Any) -> list[Any]:
     """A small coding agent on the real SDK: a tool loop until the model stops, then a compaction (a new
     conversation, so a second branch)."""
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
-    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
-    while True:
-        message = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            break
-        for call in message.tool_calls:
-            assert call.type == "function"
-            output = OUTPUTS[json.loads(call.function.arguments)["cmd"]]
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    summary: list[ChatCompletionMessageParam] = [
-        {"role": "system", "content": "Summarise the work in one line."},
-        {"role": "user", "content": "Go."},
-    ]
-    client.chat.completions.create(model="policy", messages=summary)
-    return messages
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        while True:
+            message = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                assert call.type == "function"
+                output = OUTPUTS[json.loads(call.function.arguments)["cmd"]]
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+        summary: list[ChatCompletionMessageParam] = [
+            {"role": "system", "content": "Summarise the work in one line."},
+            {"role": "user", "content": "Go."},
+        ]
+        client.chat.completions.create(model="policy", messages=summary)
+        return messages
 
 
 def answer(trainer: TrainerClient, episode_id: str, **reply: Any) -> None:
@@ -210,9 +210,15 @@ def test_answer_a_parked_turn_by_hand_while_an_sdk_agent_waits(
     episode = trainer.create_episode(task=TASK, metadata={"agent": {"name": "by hand"}})
     log_in(browser, server, "/ui/queue")
     assert "Nothing is waiting" in browser.find_element(By.ID, "queue").text
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=60)
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
-    waiting = background(client.chat.completions.create, model="policy", messages=messages, tools=TOOLS)
+
+    def agent() -> Any:
+        with openai.OpenAI(
+            base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=60
+        ) as client:
+            messages: Any = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+            return client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+
+    waiting = background(agent)
 
     # The queue shows the call without a reload
     turn_id = wait(browser).until(lambda d: d.find_element(By.CSS_SELECTOR, "#rows a.turn").text)

@@ -29,9 +29,15 @@ def page(server: Any) -> Iterator[httpx.Client]:
 def parked_call(trainer: TrainerClient, background: Callable[..., Future[Any]], **create: Any) -> tuple[Any, Any, str]:
     """An episode whose openai SDK agent waits on a call offering the bash tool: (episode, its future, turn id)."""
     episode = trainer.create_episode(task="by hand", **create)
-    client = openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30)
-    messages = [{"role": "user", "content": "list the files"}]
-    waiting = background(client.chat.completions.create, model="policy", messages=messages, tools=TOOLS)
+
+    def agent() -> Any:
+        with openai.OpenAI(
+            base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30
+        ) as client:
+            messages: Any = [{"role": "user", "content": "list the files"}]
+            return client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+
+    waiting = background(agent)
     deadline = time.monotonic() + 10
     while not (turns := trainer.trajectory(episode.id).turns):
         assert time.monotonic() < deadline, "the agent's call was not parked"

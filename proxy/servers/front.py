@@ -24,7 +24,8 @@ class Front(Protocol):
         """Serve until SIGINT or SIGTERM, then shut down (parked calls given `graceful_s`)."""
 
     async def serve(self) -> None:
-        """Serve on the running event loop until `stop()`; no signal handlers (they belong to the program)."""
+        """Serve on the running event loop until `stop()`, then close the sockets; no signal handlers (they belong
+        to the program)."""
 
     def stop(self) -> None:
         """Begin shutting down; safe from any thread."""

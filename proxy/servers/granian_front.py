@@ -82,6 +82,8 @@ class GranianFront:
         finally:
             for signal_ in signals:
                 signal_.set()  # no new connections; requests in flight go on
+            for sock in self.sockets:
+                sock.close()  # granian listens on duplicates: the sockets given are closed here, as uvicorn does
             await self._end_in_flight()
             await lifespan.shutdown()
             _log.info("Application shutdown complete.")
