@@ -89,12 +89,16 @@ class DatabaseLock:
             _sessions[url] = (session, holders + 1)
             self._locked = url
             return
+        where = make_url(url).render_as_string()
         try:
             session = psycopg.connect(driver_url(url), autocommit=True)
         except psycopg.Error as e:
-            where = make_url(url).render_as_string()
             raise StorageError(f"cannot open the database at {where!r}: {one_line(e)}") from e
-        taken = session.execute(_LOCK.format("_shared" if self._shared else ""), (_LOCK_SPACE,)).fetchone()
+        try:
+            taken = session.execute(_LOCK.format("_shared" if self._shared else ""), (_LOCK_SPACE,)).fetchone()
+        except psycopg.Error as e:  # the session goes, not left open behind the error
+            session.close()
+            raise StorageError(f"cannot take trajproxy's lock on the database at {where!r}: {one_line(e)}") from e
         if not (taken and taken[0]):
             session.close()
             if self._shared:
