@@ -305,11 +305,14 @@ SANDBOX_IMAGE = "python:3.11-slim"
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[Any]:
+    client = None
     try:
         client = docker.from_env()
         client.ping()
         client.images.get(SANDBOX_IMAGE)
     except docker.errors.DockerException as e:
+        if client is not None:
+            client.close()
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the Docker tests, but the engine is not ready: {e}")
         pytest.skip(f"no Docker engine with {SANDBOX_IMAGE} ({e}); run ../shared/tools/docker-up or bash .ci/run")

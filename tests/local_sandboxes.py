@@ -41,6 +41,10 @@ class LocalSandbox:
     def __init__(self, root: Path, env: Mapping[str, str]) -> None:
         self._root = root
         self._env = dict(env)
+        for name in HOST_IN_TMP:  # where the host's folders are bound back in
+            (root / name).mkdir(exist_ok=True)
+        binds = [f"mount --bind {shlex.quote('/tmp/' + name)} {shlex.quote(str(root / name))}" for name in HOST_IN_TMP]
+        self._enter = " && ".join([*binds, f"mount --rbind {shlex.quote(str(root))} /tmp", f"cd /tmp/{WORK}"])
 
     @property
     def id(self) -> str:
@@ -49,14 +53,7 @@ class LocalSandbox:
     async def exec(
         self, command: str, *, timeout_s: float, env: Mapping[str, str] | None = None, user: str = ""
     ) -> ExecResult:
-        keep = []
-        for name in HOST_IN_TMP:
-            (self._root / name).mkdir(exist_ok=True)
-            keep.append(f"mount --bind {shlex.quote('/tmp/' + name)} {shlex.quote(str(self._root / name))} && ")
-        inside = (
-            f"{''.join(keep)}mount --rbind {shlex.quote(str(self._root))} /tmp && cd /tmp/{WORK} && "
-            f"exec sh -c {shlex.quote(command)}"
-        )
+        inside = f"{self._enter} && exec sh -c {shlex.quote(command)}"
         process = await asyncio.create_subprocess_exec(
             "unshare",
             "--map-root-user",

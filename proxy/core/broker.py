@@ -276,17 +276,16 @@ class Attendance:
     once per turn, where a generator's would cost several calls more."""
 
     __slots__ = ("_deadlines", "_episode", "_expiry", "_queue", "_slot")
+    _expiry: asyncio.TimerHandle  # the turn timeout, from entering
 
     def __init__(self, slot: Slot, episode: Episode, deadlines: Deadlines, queue: TurnQueue) -> None:
         self._slot, self._episode, self._deadlines, self._queue = slot, episode, deadlines, queue
-        self._expiry: asyncio.TimerHandle | None = None
 
     def __enter__(self) -> asyncio.Future[Turn]:
         self._expiry = self._deadlines.expire_later(self._slot, self._episode)
         return self._slot.answer
 
     def __exit__(self, *_exc: object) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        self._expiry.cancel()
         self._deadlines.leave(self._slot)
         self._queue.away(self._slot)

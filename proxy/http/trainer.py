@@ -217,8 +217,7 @@ class TrainerApi:
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:
         """A new episode as its creator sees it: with its key, and the environment its agent needs."""
         base = (self._settings.public_url or str(request.base_url)).rstrip("/")
-        env = agent_env(base, key)
-        return {**episode_view(episode), "key": key, "env": env}
+        return {**episode_view(episode), "key": key, "env": agent_env(base, key)}
 
 
 def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
