@@ -5,14 +5,9 @@ Three shapes:
   episode's reward and rewards, task, status and metadata: ready for SFT, DPO or GRPO loaders and
   `datasets.load_dataset("json", ...)`. `tools` and `metadata` are JSON strings, so that any mix of tool
   schemas and metadata loads into one Arrow schema.
-- `tokens`: for turns whose reply carried token ids, the branch as one token sequence: `prompt_ids`, then
-  `completion_ids` holding the policy's tokens (loss mask 1) and the tokens the environment added between
-  calls (loss mask 0), with `logprobs` aligned to them. Loss falls only on ids the policy is proven to have
-  sampled in exactly that context: where a call's prompt drifts from the sequence so far (a chat template that
-  drops earlier reasoning, an agent that edits its history) inside what came after the first prompt, the
-  sequence is cut there and goes on with the call's prompt (loss mask 0), so an earlier output is masked from
-  the cut on, and `drifts` says where and how many sampled ids lost their loss; where it drifts inside the
-  first prompt, a new line starts.
+- `tokens`: the sample format (`proxy/storage/samples.py`): for turns whose reply carried token ids, the branch
+  as one token sequence with its loss mask, rollout logprobs, turn boundaries, stop reason, reward whole and split,
+  and whether the episode's infrastructure failed; versioned, with a JSON Schema.
 - `atif`: the branch as an Agent Trajectory Interchange Format (v1.7) trajectory (`proxy/storage/atif.py`).
 
 Every line carries the episode's `rollout_id`, a stable integer (slime's `Sample.rollout_id`), so that a loss
@@ -43,13 +38,13 @@ import orjson
 from sqlalchemy import Connection, Engine, and_, create_engine, func, inspect, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.core.answers import first_difference
 from proxy.core.errors import NotFound, StorageError
 from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject, text_of
 from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
 from proxy.storage.database_lock import database_url, one_line
+from proxy.storage.samples import sample_lines, turn_failure
 from proxy.storage.sql import engine_url, episodes, rewards, turns
 
 Shape = Literal["chat", "tokens", "atif"]
@@ -115,13 +110,17 @@ def export(
     trainable lines (chat and tokens shapes)."""
     counts = Counts()
     chat: Lines = partial(_chat_lines, for_templates=for_templates)
-    lines: Lines = {"chat": chat, "tokens": _token_lines, "atif": atif_lines}[shape]
+    lines: Lines | None = {"chat": chat, "atif": atif_lines}.get(shape)  # None: the tokens shape's samples
     try:
         with engine.connect() as conn:
-            for episode, ending, answered in _episodes(conn, filters, on_progress):
+            for episode, ending, answered, failed_turn in _episodes(conn, filters, on_progress):
                 reward = sum(ending.values()) if ending else None
                 written = 0
-                episode_lines = lines(episode, reward, ending, answered)
+                if lines is None:  # samples weigh an episode's lines together, and its failed turns
+                    common = _common(episode, reward, ending)
+                    episode_lines = iter(sample_lines(episode, reward, common, answered, failed_turn))
+                else:
+                    episode_lines = lines(episode, reward, ending, answered)
                 for line in _split(list(episode_lines), reward) if split_reward else episode_lines:
                     out.write(orjson.dumps(line) + b"\n")
                     written += 1
@@ -174,8 +173,9 @@ def _where(filters: Filters) -> list[Any]:
 
 def _episodes(
     conn: Connection, filters: Filters, on_progress: Callable[[int], object]
-) -> Iterator[tuple[Any, dict[str, float], list[Any]]]:
-    """Each matching episode with its episode-level rewards and its answered turns, in creation order."""
+) -> Iterator[tuple[Any, dict[str, float], list[Any], str | None]]:
+    """Each matching episode with its episode-level rewards, its answered turns and why its first failed turn
+    failed (`samples.turn_failure`), in creation order."""
     after: tuple[float, str] | None = None
     while True:
         query = select(episodes).where(*_where(filters))
@@ -202,9 +202,10 @@ def _episodes(
             if filters.keeps(row.metadata, sum(endings[row.id].values()) if row.id in endings else None)
         }
         on_progress(len(page) - len(kept))  # filtered out
+        failed = _failed_turns(conn, list(kept))
         for episode_id, answered in _answered_turns(conn, list(kept), filters.side_calls):
             on_progress(1)
-            yield kept[episode_id], endings.get(episode_id, {}), answered
+            yield kept[episode_id], endings.get(episode_id, {}), answered, failed.get(episode_id)
 
 
 def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Iterator[tuple[str, list[Any]]]:
@@ -223,6 +224,21 @@ def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Itera
         seen.add(episode_id)
         yield episode_id, list(answered)
     yield from ((episode_id, []) for episode_id in ids if episode_id not in seen)
+
+
+def _failed_turns(conn: Connection, ids: list[str]) -> dict[str, str]:
+    """Why the first failed turn of each of these episodes failed, for those with one that failed of itself (a
+    routed call counts too: its model's failure reached the agent)."""
+    if not ids:
+        return {}
+    query = select(turns.c.episode_id, turns.c.id, turns.c.reason).where(
+        turns.c.episode_id.in_(ids), turns.c.status == "failed"
+    )
+    failed: dict[str, str] = {}
+    for turn in conn.execute(query.order_by(turns.c.episode_id, turns.c.seq)):
+        if turn.episode_id not in failed and (why := turn_failure(turn.id, turn.reason)) is not None:
+            failed[turn.episode_id] = why
+    return failed
 
 
 # Shapes
@@ -315,76 +331,3 @@ def _message(message: JsonObject, for_templates: bool = False) -> JsonObject:
     if for_templates and shaped.get("role") == "developer":  # OpenAI's newer name for the system prompt
         shaped["role"] = "system"
     return shaped
-
-
-@dataclass(slots=True)
-class _Sequence:
-    prompt_ids: list[int]
-    turn_ids: list[str] = field(default_factory=list)
-    completion_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = field(default_factory=list)
-    policy_versions: list[str | None] = field(default_factory=list)
-    drifts: list[JsonObject] = field(default_factory=list)
-
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.completion_ids
-
-    def cut(self, at: int, turn_id: str) -> None:
-        """A later prompt differs from the sequence from `at` on: keep what comes before, drop the rest (what was
-        sampled there is not what that prompt holds, so it can have no loss)."""
-        keep = at - len(self.prompt_ids)
-        self.drifts.append({"turn_id": turn_id, "at": at, "masked": sum(self.loss_mask[keep:])})
-        del self.completion_ids[keep:], self.loss_mask[keep:]
-        if self.logprobs is not None:
-            del self.logprobs[keep:]
-
-    def add(self, turn: Any, between: list[int]) -> None:
-        """The turn's reply after `between`, the tokens the environment added since the last; a reply a fork
-        replayed from its parent is masked out like them."""
-        reply, policy_version = turn.reply, turn.policy_version
-        completion = reply["completion_token_ids"]
-        self.turn_ids.append(turn.id)
-        self.completion_ids += between + completion
-        self.loss_mask += [0] * len(between) + [int(turn.answered_by != REPLAYED)] * len(completion)
-        logprobs = reply.get("logprobs")
-        if self.logprobs is not None and logprobs is not None and len(logprobs) == len(completion):
-            self.logprobs += [0.0] * len(between) + logprobs
-        else:
-            self.logprobs = None  # some call came without logprobs for every token
-        self.policy_versions.append(policy_version)
-
-
-def _token_lines(episode: Any, reward: float | None, ending: dict[str, float], answered: list[Any]) -> Iterator[Any]:
-    open_: dict[int, _Sequence] = {}
-    finished: list[tuple[int, _Sequence]] = []
-    for turn in answered:
-        reply = turn.reply
-        prompt, completion = reply.get("prompt_token_ids"), reply.get("completion_token_ids")
-        if prompt is None or completion is None:
-            continue
-        sequence = open_.get(turn.branch)
-        if sequence is not None:
-            so_far = sequence.tokens()
-            at = first_difference(so_far, prompt)
-            if at is None or at >= len(sequence.prompt_ids):
-                if at is not None:
-                    sequence.cut(at, turn.id)
-                sequence.add(turn, prompt[len(sequence.tokens()) :])
-                continue
-            finished.append((turn.branch, sequence))
-        sequence = open_[turn.branch] = _Sequence(prompt)
-        sequence.add(turn, [])
-    finished += open_.items()
-    for branch, sequence in sorted(finished, key=lambda item: item[0]):  # stable: a branch's lines in order
-        yield {
-            "prompt_ids": sequence.prompt_ids,
-            "completion_ids": sequence.completion_ids,
-            "loss_mask": sequence.loss_mask,
-            "logprobs": sequence.logprobs,
-            "branch": branch,
-            "turn_ids": sequence.turn_ids,
-            "policy_versions": sequence.policy_versions,
-            "drifts": sequence.drifts,
-            **_common(episode, reward, ending),
-        }
