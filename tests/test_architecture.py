@@ -29,6 +29,7 @@ CORE_MAY_NOT_IMPORT = {
     "granian",
     "pydantic",
     "pydantic_settings",
+    "transformers",
 }
 
 # library -> the modules (a folder ends in "/") allowed to import it
@@ -38,6 +39,7 @@ HOMES = {
     "sqlmodel": ("proxy/storage/",),
     "sqlalchemy": ("proxy/storage/",),
     "tiktoken": ("proxy/adapters/tiktoken_counter.py",),
+    "transformers": ("proxy/adapters/chat_templates.py",),
     "uvicorn": ("proxy/servers/uvicorn_front.py",),  # each HTTP server in one adapter, behind servers.front.Front
     "granian": ("proxy/servers/granian_front.py",),
     "docker": (),  # containers are the sandbox's business, never the proxy's

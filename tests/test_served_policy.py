@@ -230,7 +230,7 @@ def assert_loss_only_on_proven_samples(line: dict[str, Any], turns: list[Any]) -
 
 @ON_SQLITE
 @pytest.mark.timeout(400)  # the first test using vllm waits for it to start
-def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_loss(
+def test_an_agent_that_edits_its_history_opens_a_branch_and_each_output_keeps_its_loss(
     vllm: Any, server: LiveServer, trainer: TrainerClient
 ) -> None:
     episode = trainer.create_episode(**policy(vllm, structured_outputs={"regex": COLOURS}))
@@ -244,23 +244,15 @@ def test_an_agent_that_edits_its_history_drifts_and_the_edited_output_gets_no_lo
         trainer.finish(episode.id)
 
         first, second = trainer.trajectory(episode.id).turns
-        (first_prompt, first_completion), (second_prompt, second_completion) = (
-            sampled(first.reply),
-            sampled(second.reply),
-        )
-        assert second.reply is not None
-        cut = len(first_prompt)  # the edit starts where the sampled output did
-        assert second.reply.extends_parent is False
-        assert second.reply.drift_at == cut
-        (line,) = exported(server)
-        assert line["drifts"] == [
-            {"turn_id": second.id, "at": cut, "masked": len(first_completion)},
-        ]
-        assert line["prompt_ids"] == first_prompt
-        assert line["prompt_ids"] + line["completion_ids"] == second_prompt + second_completion
-        trained = [token for token, mask in zip(line["completion_ids"], line["loss_mask"], strict=True) if mask]
-        assert trained == second_completion  # the first output was edited away: no loss on it
-        assert line["logprobs"][-len(trained) :] == second.reply.logprobs
+        # The history no longer says what was sampled: the call is a conversation of its own, not a continuation.
+        assert (first.branch, second.branch, second.parent_id) == (0, 1, None)
+        assert second.reply is not None and second.reply.extends_parent is None
+        lines = exported(server)
+        assert [line["branch"] for line in lines] == [0, 1]
+        for line, turn in zip(lines, (first, second), strict=True):
+            prompt, completion = sampled(turn.reply)
+            assert (line["prompt_ids"], line["completion_ids"]) == (prompt, completion)
+            assert line["loss_mask"] == [1] * len(completion) and line["drifts"] == []
 
 
 @ON_SQLITE

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from proxy.core.errors import UpstreamError
-from proxy.core.values import Answerer, JsonObject, Reply, Usage
+from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
 
 # Request fields that describe the agent's HTTP exchange with trajproxy, not the model call.
 _EXCHANGE_FIELDS = frozenset({"model", "stream", "stream_options", "n"})
@@ -22,7 +22,7 @@ class LitellmUpstream:
         self._litellm: Any = None
         self._importing = asyncio.Lock()
 
-    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
+    async def complete(self, answerer: Answerer, request: JsonObject, parent: Turn | None = None) -> Reply:
         litellm = await self._load()
         model, options = answerer.model, answerer.options
         params = {k: v for k, v in request.items() if k not in _EXCHANGE_FIELDS}

@@ -1,9 +1,11 @@
 """ServedUpstream: answers turns from the policy being trained, on its inference server; the one module that speaks
 to vLLM and SGLang.
 
-String in, tokens out: each turn's chat request goes to the server's OpenAI-compatible chat endpoint, which
-renders the prompt with the model's own chat template and samples; the turn records the prompt ids the server
-rendered, the ids it sampled and their logprobs exactly as it returned them, never a re-tokenisation of text.
+Two modes (`policy_options.mode`). `"tokens"` (token in, token out: `proxy/adapters/served_tokens.py`) builds
+each turn's prompt ids itself, continuing the ids its parent turn was prompted with and sampled. `"chat"` (string
+in, tokens out) sends each turn's chat request to the server's OpenAI-compatible chat endpoint, which renders the
+prompt with the model's own chat template and samples. Either way the turn records the prompt ids the server read,
+the ids it sampled and their logprobs exactly as it returned them, never a re-tokenisation of text.
 The episode's `policy_options` are the sampling parameters (`temperature`, `top_p`, `max_tokens`, `seed`,
 `stop`, or anything else the server takes), sent as they are; `api_base` says where the server is and
 `timeout_s` how long one call may take. The agent's own sampling fields are recorded with its call but not
@@ -18,10 +20,13 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions
 from proxy.core.errors import UpstreamError
-from proxy.core.values import Answerer, JsonObject, Reply, Usage
+from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
 
-_OWN_OPTIONS = frozenset({"api_base", "timeout_s"})  # trajproxy's, not the server's
+# trajproxy's, not the server's (a chat endpoint renders the template itself: its template options are the server's)
+_OWN_OPTIONS = frozenset({"api_base", "timeout_s"}) | TOKEN_OPTIONS - {"chat_template", "chat_template_kwargs"}
+MODES = ("tokens", "chat")
 _REQUEST_FIELDS = ("messages", "tools", "tool_choice")  # what the policy sees of the agent's call
 _MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content")
 
@@ -80,22 +85,45 @@ class ServedUpstream:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
         self._timeout_s = timeout_s
+        self._tokens = TokenPolicy(self._post, self._model_root)
+        self._roots: dict[str, str] = {}
 
-    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
+    async def complete(self, answerer: Answerer, request: JsonObject, parent: Turn | None = None) -> Reply:
+        api_base = _api_base(answerer)
+        timeout_s = float(answerer.options.get("timeout_s") or self._timeout_s)
+        if mode_of(answerer) == "tokens":
+            return await self._tokens.complete(answerer, request, parent, api_base, timeout_s)
         server = SERVERS[answerer.kind]
-        url = _chat_url(answerer)
+        url = api_base + "/chat/completions"
         sampling = {k: v for k, v in answerer.options.items() if k not in _OWN_OPTIONS}
         asked = {k: request[k] for k in _REQUEST_FIELDS if request.get(k) is not None}
-        if tools := _functions(asked.pop("tools", None)):
+        if tools := functions(asked.pop("tools", None)):
             asked["tools"] = tools
         else:
             asked.pop("tool_choice", None)
         body = server.ask({**asked, **sampling, "model": answerer.model, "stream": False})
-        response = await self._post(url, body, float(answerer.options.get("timeout_s") or self._timeout_s))
+        response = await self._post(url, body, timeout_s)
         return _reply(server, url, response, sampling)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def _model_root(self, api_base: str) -> str:
+        """Where the server's model lies (vLLM's `/v1/models` says, as `root`): its tokenizer, for token in, token out
+        where `policy_options.tokenizer` does not say."""
+        if (root := self._roots.get(api_base)) is not None:
+            return root
+        try:
+            answer = await self._client.get(api_base + "/models", timeout=30.0)
+            models = orjson.loads(answer.content)["data"]
+            root = str(next(m["root"] for m in models if isinstance(m.get("root"), str)))
+        except (httpx.HTTPError, orjson.JSONDecodeError, KeyError, TypeError, StopIteration) as e:
+            raise UpstreamError(
+                "the policy's server did not say where its model lies: give policy_options.tokenizer, the model's "
+                "folder or name, for token in, token out"
+            ) from e
+        self._roots[api_base] = root
+        return root
 
     async def _post(self, url: str, body: JsonObject, timeout_s: float) -> JsonObject:
         try:
@@ -115,25 +143,18 @@ class ServedUpstream:
         return response
 
 
-def _functions(tools: Any) -> list[JsonObject]:
-    """The function tools, in OpenAI's field order (the server renders them as JSON into the prompt, so the order
-    is part of the prompt); tools a served model cannot call (an API's own, like web search) are left out."""
-    kept = []
-    for tool in tools if isinstance(tools, list) else ():
-        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            fields = ("name", "description", "parameters", "strict")
-            kept.append({"type": "function", "function": {k: function[k] for k in fields if k in function}})
-    return kept
+def mode_of(answerer: Answerer) -> str:
+    mode = answerer.options.get("mode", "chat")
+    return mode if isinstance(mode, str) else "chat"
 
 
-def _chat_url(answerer: Answerer) -> str:
+def _api_base(answerer: Answerer) -> str:
     base = answerer.options.get("api_base")
     if not isinstance(base, str) or not base.startswith(("http://", "https://")):
         raise UpstreamError(
             f"policy {answerer.spec} needs policy_options.api_base, the server's URL (e.g. http://127.0.0.1:8000/v1)"
         )
-    return base.rstrip("/") + "/chat/completions"
+    return base.rstrip("/")
 
 
 def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: JsonObject) -> Reply:
@@ -161,7 +182,7 @@ def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: Json
         prompt_token_ids=tuple(prompt),
         completion_token_ids=tuple(completion),
         logprobs=tuple(logprobs) if logprobs is not None else None,
-        served={"server": server.name, "sampling": sampling, "response": _kept(response)},
+        served={"server": server.name, "mode": "chat", "sampling": sampling, "response": _kept(response)},
     )
 
 

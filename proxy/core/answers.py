@@ -94,7 +94,7 @@ class Answers:
         """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
         turn, lease_id, give_back = await self._book.forwarding(turn_id, lease_id)
         try:
-            reply = await self._context.upstream.complete(answerer, turn.request)
+            reply = await self._context.upstream.complete(answerer, turn.request, await self._parent(turn))
         except BaseException:  # the model failed: the turn is the trainer's again, under a running lease
             give_back(lease_s or self._context.lease_s)
             raise
@@ -109,7 +109,7 @@ class Answers:
     async def _from_model(self, slot: Slot, answerer: Answerer) -> None:
         """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
         try:
-            reply = await self._context.upstream.complete(answerer, slot.turn.request)
+            reply = await self._context.upstream.complete(answerer, slot.turn.request, await self._parent(slot.turn))
             await self.reply(slot.turn.id, replace(reply, answered_by=answerer.spec), slot.turn.lease_id)
         except UpstreamError as e:
             if (failed := self._context.ledger.close(slot, TurnStatus.FAILED, e.message)) is not None:
@@ -129,13 +129,20 @@ class Answers:
         ]
         return [await self._chained(turn, reply) for (turn, _), reply in zip(replies, stamped, strict=True)]
 
+    async def _parent(self, turn: Turn) -> Turn | None:
+        """The turn whose conversation this one continues, if it is still known."""
+        if turn.parent_id is None:
+            return None
+        try:
+            return await self._context.ledger.turn(turn.parent_id)
+        except NotFound:
+            return None
+
     async def _chained(self, turn: Turn, reply: Reply) -> Reply:
         if reply.prompt_token_ids is None or turn.parent_id is None:
             return reply
-        try:
-            parent = (await self._context.ledger.turn(turn.parent_id)).reply
-        except NotFound:
-            return reply
+        found = await self._parent(turn)
+        parent = found.reply if found is not None else None
         if parent is None or parent.prompt_token_ids is None or parent.completion_token_ids is None:
             return reply
         drift_at = first_difference(parent.prompt_token_ids + parent.completion_token_ids, reply.prompt_token_ids)

@@ -53,6 +53,7 @@ class LiveEpisode:
         """What an answered turn adds: tokens used, the retry replay, the tool-call arguments sent."""
         self.tokens += reply.usage.total_tokens if reply.usage else 0
         self.last_answered = turn
+        self.branches.answered(turn.id, reply)
         for call in (reply.message or {}).get("tool_calls") or ():
             self.arguments[call["id"]] = call["function"]["arguments"]
 

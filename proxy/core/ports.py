@@ -74,8 +74,9 @@ class TokenCounter(Protocol):
 class Upstream(Protocol):
     """A model that can answer a turn in the trainer's place (evaluation, teachers, side calls)."""
 
-    async def complete(self, answerer: Answerer, request: JsonObject) -> Reply:
-        """Answer the chat request with the answerer's model; raise UpstreamError if the model fails."""
+    async def complete(self, answerer: Answerer, request: JsonObject, parent: Turn | None = None) -> Reply:
+        """Answer the chat request with the answerer's model; raise UpstreamError if the model fails. `parent`: the
+        answered turn whose conversation the call continues, if any (a served policy continues its token ids)."""
         ...
 
 

@@ -1,0 +1,236 @@
+"""Token in, token out: a served policy's turns prompted with ids trajproxy builds, so that every id a turn samples
+stays trainable (`policy_options.mode: "tokens"`).
+
+A call that continues its parent turn (the same conversation, with the parent's reply handed back as it was given)
+is prompted with the parent's prompt ids, the ids the parent sampled, and the chat template's ids for the new
+messages only: the model goes on from exactly what it saw and sampled, whatever the template or the agent would
+make of the history in text (reasoning dropped, tool arguments re-serialised). Any other call is rendered in full
+by the model's own chat template. The ids go to the server's token endpoint (vLLM's completions with a token-id
+prompt, SGLang's `/generate` with `input_ids`); the text sampled becomes the agent's reply, its tool calls read
+by the model family's parser (`policy_options.tool_parser`). Where the text does not parse, the agent gets it as
+text and the turn records why (`served.parse_error`).
+
+Each continued turn also renders its whole conversation with the template, as a chat endpoint would, and records
+where that text first differs from the ids sent (`served.template_differs`): what chat mode would have lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates
+from proxy.adapters.tool_parsers import parser
+from proxy.core.branches import same_message
+from proxy.core.errors import UpstreamError
+from proxy.core.keys import new_id
+from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, text_of
+
+# trajproxy's own options in tokens mode, never sent to the server
+TOKEN_OPTIONS = frozenset(
+    {"mode", "tokenizer", "tool_parser", "chat_template", "chat_template_kwargs", "check_template"}
+)
+Post = Callable[[str, JsonObject, float], Awaitable[JsonObject]]
+Sampled = tuple[list[int] | None, list[int] | None, list[float] | None, str, str | None]
+
+
+class TokenEndpoint(Protocol):
+    """One inference server's endpoint that takes a prompt as token ids."""
+
+    name: str
+
+    def url(self, api_base: str) -> str: ...
+
+    def ask(self, model: str, ids: list[int], sampling: JsonObject) -> JsonObject: ...
+
+    def sampled(self, response: JsonObject) -> Sampled:
+        """The prompt ids it read, the ids it sampled, their logprobs, the text, and why it stopped."""
+        ...
+
+
+class VllmCompletions:
+    """vLLM's `/v1/completions` with a token-id prompt: `return_token_ids` gives the ids on the choice, `logprobs: 0`
+    the sampled token's logprob alone; special tokens stay in the text, where tool-call markers may be special."""
+
+    name = "vllm"
+
+    def url(self, api_base: str) -> str:
+        return api_base.rstrip("/") + "/completions"
+
+    def ask(self, model: str, ids: list[int], sampling: JsonObject) -> JsonObject:
+        return {
+            "skip_special_tokens": False,
+            **sampling,
+            "model": model,
+            "prompt": ids,
+            "return_token_ids": True,
+            "logprobs": 0,
+            "stream": False,
+        }
+
+    def sampled(self, response: JsonObject) -> Sampled:
+        choice = response["choices"][0]
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+        return (
+            choice.get("prompt_token_ids"),
+            choice.get("token_ids"),
+            logprobs,
+            choice.get("text") or "",
+            _finish(choice),
+        )
+
+
+class SglangGenerate:
+    """SGLang's native `/generate` with `input_ids` (its documented shapes; no SGLang runs here, so untested live):
+    sampling parameters go in `sampling_params`, `max_tokens` as `max_new_tokens`."""
+
+    name = "sglang"
+
+    def url(self, api_base: str) -> str:
+        return api_base.rstrip("/").removesuffix("/v1") + "/generate"
+
+    def ask(self, model: str, ids: list[int], sampling: JsonObject) -> JsonObject:
+        params = {"skip_special_tokens": False, **sampling}
+        if "max_tokens" in params:
+            params["max_new_tokens"] = params.pop("max_tokens")
+        return {"input_ids": ids, "sampling_params": params, "return_logprob": True, "stream": False}
+
+    def sampled(self, response: JsonObject) -> Sampled:
+        meta = response.get("meta_info") or {}
+        entries = meta.get("output_token_logprobs") or []
+        logprobs = [entry[0] for entry in entries if isinstance(entry, list) and entry]
+        finish = meta.get("finish_reason")
+        why = finish.get("type") if isinstance(finish, dict) else finish
+        return None, response.get("output_ids"), logprobs, response.get("text") or "", why
+
+
+ENDPOINTS: Mapping[str, TokenEndpoint] = {"vllm": VllmCompletions(), "sglang": SglangGenerate()}
+
+
+class TokenPolicy:
+    def __init__(self, post: Post, model_root: Callable[[str], Awaitable[str]]) -> None:
+        self._post = post
+        self._model_root = model_root  # where a server's model lies, for its tokenizer
+        self._templates = ChatTemplates()
+
+    async def complete(
+        self, answerer: Answerer, request: JsonObject, parent: Turn | None, api_base: str, timeout_s: float
+    ) -> Reply:
+        options = answerer.options
+        endpoint = ENDPOINTS[answerer.kind]
+        tools = functions(request.get("tools"))
+        template = await self._template(answerer, api_base)
+        messages = [_message(m) for m in request.get("messages") or () if isinstance(m, dict)]
+        ids, continued = _prompt(template, messages, tools, parent)
+        differs = (
+            template.difference(ids, messages, tools) if continued and options.get("check_template", True) else None
+        )
+        sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
+        url = endpoint.url(api_base)
+        response = await self._post(url, endpoint.ask(answerer.model, ids, sampling), timeout_s)
+        read, completion, logprobs, text, why = endpoint.sampled(response)
+        if read is not None and list(read) != ids:
+            raise UpstreamError("the policy's server read other prompt ids than it was sent")
+        if not isinstance(completion, list) or not all(isinstance(i, int) for i in completion):
+            raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
+        if logprobs is not None and (len(logprobs) != len(completion) or not all(_number(v) for v in logprobs)):
+            logprobs = None  # not one per sampled token: not to be trusted for a loss
+        message, parse_error = _reply_message(text, tools, str(options.get("tool_parser") or "hermes"))
+        served: JsonObject = {
+            "server": endpoint.name,
+            "mode": "tokens",
+            "sampling": sampling,
+            "continued": continued,
+            "response": {k: v for k, v in response.items() if k != "prompt_token_ids"},
+        }
+        if differs is not None:
+            served["template_differs"] = {"at": differs.at, "rendered": differs.rendered, "sent": differs.sent}
+        if parse_error is not None:
+            served["parse_error"] = parse_error
+        finish = "tool_calls" if message.get("tool_calls") else "length" if why == "length" else "stop"
+        return Reply(
+            message=message,
+            finish_reason=finish,
+            usage=Usage(len(ids), len(completion)),
+            prompt_token_ids=tuple(ids),
+            completion_token_ids=tuple(completion),
+            logprobs=tuple(float(v) for v in logprobs) if logprobs is not None else None,
+            served=served,
+        )
+
+    async def _template(self, answerer: Answerer, api_base: str) -> ChatTemplate:
+        options = answerer.options
+        where = options.get("tokenizer")
+        if not isinstance(where, str):
+            where = await self._model_root(api_base)
+        kwargs = options.get("chat_template_kwargs")
+        chat_template = options.get("chat_template")
+        return await asyncio.to_thread(
+            self._templates.get,
+            where,
+            chat_template if isinstance(chat_template, str) else None,
+            kwargs if isinstance(kwargs, dict) else None,
+        )
+
+
+def _prompt(
+    template: ChatTemplate, messages: list[JsonObject], tools: list[JsonObject], parent: Turn | None
+) -> tuple[list[int], str | None]:
+    """The call's prompt ids, and the id of the turn they continue (None: rendered in full)."""
+    reply = parent.reply if parent is not None else None
+    if parent is not None and reply is not None and reply.message is not None:
+        prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
+        n = len(parent.request.get("messages") or ())
+        if prompt and sampled is not None and n < len(messages) and same_message(reply.message, messages[n]):
+            ended = bool(sampled) and sampled[-1] == template.end_of_turn
+            delta = template.delta(messages[n + 1 :], tools, ended)
+            if delta is not None:
+                return [*prompt, *sampled, *delta], parent.id
+    return template.prompt(messages, tools), None
+
+
+def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> tuple[JsonObject, str | None]:
+    try:
+        parsed = parser(parser_name).parse(text, tools)
+    except ValueError as e:
+        raise UpstreamError(f"policy_options.tool_parser: {e}") from e
+    message: JsonObject = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning is not None:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {"id": new_id("call"), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in parsed.tool_calls
+        ]
+    return message, parsed.error
+
+
+def _message(message: JsonObject) -> JsonObject:
+    """A message as chat templates take it: text content, and the fields templates read."""
+    fields = ("role", "tool_calls", "tool_call_id", "name", "reasoning_content")
+    shaped: JsonObject = {k: message[k] for k in fields if k in message}
+    content = message.get("content")
+    shaped["content"] = content if content is None or isinstance(content, str) else text_of(content)
+    return shaped
+
+
+def functions(tools: Any) -> list[JsonObject]:
+    """The function tools, in OpenAI's field order (the template renders them as JSON into the prompt, so the order
+    is part of the prompt); tools a served model cannot call (an API's own, like web search) are left out."""
+    kept = []
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            fields = ("name", "description", "parameters", "strict")
+            kept.append({"type": "function", "function": {k: function[k] for k in fields if k in function}})
+    return kept
+
+
+def _finish(choice: JsonObject) -> str | None:
+    why = choice.get("finish_reason")
+    return why if isinstance(why, str) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
