@@ -1,0 +1,434 @@
+"""Token in, token out against a real vLLM (on the CPU, with the tiny model): agents in every dialect, streamed and
+not, run multi-turn tool-calling episodes; every turn's prompt ids are its parent's prompt and sampled ids and the
+template's ids for the new messages, the agent gets the tool calls the model sampled, and the tokens export trains
+on every sampled id. The same episodes in chat mode, whose agents drop their reasoning, drift."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+from fastapi import FastAPI, Request, Response
+from google import genai
+from google.genai import types
+
+from proxy.client import TrainerClient
+from proxy.schema.responses import ReplyOut
+from proxy.storage.export import Filters, export, source
+from tests.conftest import EXAMPLE, LiveServer, serve_app
+from tests.served_checks import ask
+from tests.test_launch import RUN, into
+from tests.test_served_policy import BASH_PARAMETERS, exported, sampled
+
+ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+
+# The tiny model is random: the server is made to sample reasoning and then one call of the tool (its ids are still
+# sampled). The command differs from call to call, so the agent can be seen to get what was sampled.
+THINK_THEN_CALL = (
+    r'<think>[a-z]{1,6}( [a-z]{1,6}){0,2}</think>\n<tool_call>\n\{"name": "bash", "arguments": '
+    r'\{"command": "(ls|pwd|date|whoami)"\}\}\n</tool_call>'
+)
+SYSTEM, TASK = "You run commands.", "look around"
+CALLS = 3
+
+
+def tokens_policy(vllm: Any, mode: str = "tokens", **options: Any) -> dict[str, Any]:
+    sampling = {"temperature": 1.0, "seed": 11, "max_tokens": 128, "structured_outputs": {"regex": THINK_THEN_CALL}}
+    return {
+        "policy": f"vllm:{vllm.served_name}",
+        "policy_options": {"api_base": vllm.base_url, "mode": mode, **sampling, **options},
+    }
+
+
+def result_of(command: str) -> str:
+    return f"ran {command}: ok"
+
+
+# Agents: each makes CALLS calls, runs the tool it is asked to, hands back the reply without its reasoning (as most
+# agents do) and returns the tool calls it received, as (name, arguments).
+
+
+def chat_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
+    tools = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": BASH_PARAMETERS}}]
+    history: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    got: list[tuple[str | None, Any]] = []
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        for _ in range(CALLS):
+            if stream:
+                calls: dict[int, dict[str, str]] = {}
+                chunks: Any = client.chat.completions.create(model="p", messages=history, tools=tools, stream=True)  # type: ignore[arg-type]
+                for chunk in chunks:
+                    for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                        call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                        call["id"] += delta.id or ""
+                        call["name"] += (delta.function.name or "") if delta.function else ""
+                        call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+                (call,) = calls.values()
+                content = None
+            else:
+                message = client.chat.completions.create(model="p", messages=history, tools=tools).choices[0].message  # type: ignore[arg-type]
+                (tool,) = message.tool_calls or []
+                assert tool.type == "function"
+                call = {"id": tool.id, "name": tool.function.name, "arguments": tool.function.arguments}
+                content = message.content
+            got.append((call["name"], json.loads(call["arguments"])))
+            function = {"name": call["name"], "arguments": call["arguments"]}
+            history.append(
+                {
+                    "role": "assistant",
+                    "content": content,
+                    "tool_calls": [{"id": call["id"], "type": "function", "function": function}],
+                }
+            )
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result_of(got[-1][1]["command"])})
+    return got
+
+
+def responses_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
+    tools = [{"type": "function", "name": "bash", "description": "run", "parameters": BASH_PARAMETERS}]
+    items: list[Any] = [{"role": "user", "content": TASK}]
+    got: list[tuple[str | None, Any]] = []
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        for _ in range(CALLS):
+            asked = {"model": "p", "instructions": SYSTEM, "input": items, "tools": tools}
+            if stream:
+                events = client.responses.create(**asked, stream=True)  # type: ignore[call-overload]
+                output = next(e for e in events if e.type == "response.completed").response.output
+            else:
+                output = client.responses.create(**asked).output  # type: ignore[call-overload]
+            (call,) = [item for item in output if item.type == "function_call"]
+            got.append((call.name, json.loads(call.arguments)))
+            # the reasoning items are dropped; the call is handed back as it came
+            items.append(
+                {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+            )
+            items.append(
+                {"type": "function_call_output", "call_id": call.call_id, "output": result_of(got[-1][1]["command"])}
+            )
+    return got
+
+
+def messages_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
+    tools = [{"name": "bash", "description": "run", "input_schema": BASH_PARAMETERS}]
+    history: list[Any] = [{"role": "user", "content": TASK}]
+    got: list[tuple[str | None, Any]] = []
+    with anthropic.Anthropic(base_url=episode.env["ANTHROPIC_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        for _ in range(CALLS):
+            asked = {"model": "p", "max_tokens": 256, "system": SYSTEM, "messages": history, "tools": tools}
+            if stream:
+                with client.messages.stream(**asked) as events:  # type: ignore[arg-type]
+                    message = events.get_final_message()
+            else:
+                message = client.messages.create(**asked)  # type: ignore[call-overload]
+            (use,) = [block for block in message.content if block.type == "tool_use"]
+            got.append((use.name, use.input))
+            kept = [block.model_dump() for block in message.content if block.type != "thinking"]
+            history.append({"role": "assistant", "content": kept})
+            result = {"type": "tool_result", "tool_use_id": use.id, "content": result_of(str(use.input["command"]))}
+            history.append({"role": "user", "content": [result]})
+    return got
+
+
+def gemini_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
+    options = types.HttpOptions(base_url=episode.env["GOOGLE_GEMINI_BASE_URL"], retry_options=None)
+    client = genai.Client(api_key=episode.env["GEMINI_API_KEY"], http_options=options)
+    declaration = types.FunctionDeclaration(name="bash", description="run", parameters_json_schema=BASH_PARAMETERS)
+    config = types.GenerateContentConfig(
+        system_instruction=SYSTEM,
+        tools=[types.Tool(function_declarations=[declaration])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    contents: list[Any] = [types.Content(role="user", parts=[types.Part(text=TASK)])]
+    got: list[tuple[str | None, Any]] = []
+    try:
+        for _ in range(CALLS):
+            if stream:
+                parts = [
+                    part
+                    for chunk in client.models.generate_content_stream(model="p", contents=contents, config=config)
+                    for part in (
+                        chunk.candidates[0].content.parts or []
+                        if chunk.candidates and chunk.candidates[0].content
+                        else []
+                    )
+                ]
+            else:
+                answer = client.models.generate_content(model="p", contents=contents, config=config)
+                assert answer.candidates and answer.candidates[0].content
+                parts = answer.candidates[0].content.parts or []
+            (call,) = [part.function_call for part in parts if part.function_call]
+            got.append((call.name, dict(call.args or {})))
+            contents.append(types.Content(role="model", parts=[part for part in parts if not part.thought]))
+            response = types.FunctionResponse(name="bash", response={"output": result_of(got[-1][1]["command"])})
+            contents.append(types.Content(role="user", parts=[types.Part(function_response=response)]))
+    finally:
+        client.close()
+    return got
+
+
+AGENTS: dict[str, Callable[[Any, bool], list[tuple[str | None, Any]]]] = {
+    "chat": chat_agent,
+    "responses": responses_agent,
+    "messages": messages_agent,
+    "gemini": gemini_agent,
+}
+
+
+def sampled_call(text: str) -> tuple[str, Any]:
+    """The tool call in a sampled text, read with a regular expression (not trajproxy's parser)."""
+    found = re.search(r"<tool_call>\n(.*)\n</tool_call>", text, re.S)
+    assert found, text
+    call = json.loads(found.group(1))
+    return call["name"], call["arguments"]
+
+
+def delta_text(turn: Any) -> str:
+    """What the template writes after an assistant turn for the tool result the turn's call adds (a user turn of one
+    <tool_response> block) and the generation prompt."""
+    result = turn.request["messages"][-1]
+    assert result["role"] == "tool"
+    content = result["content"] if isinstance(result["content"], str) else "".join(p["text"] for p in result["content"])
+    return f"\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def checks(vllm: Any, turns: list[Any]) -> list[dict[str, Any]]:
+    """For each turn, from the model's own tokenizer (one start of it): the text of its sampled ids, then the ids of
+    the first prompt in full, or the ids of the text its prompt should add to its parent's, and the text it adds."""
+    questions: list[dict[str, Any]] = []
+    for turn, parent in zip(turns, [None, *turns], strict=False):
+        prompt, completion = sampled(turn.reply)
+        questions.append({"decode_all": completion})
+        if parent is None:
+            questions.append({"messages": turn.request["messages"], "tools": turn.request["tools"]})
+        else:
+            added = prompt[sum(map(len, sampled(parent.reply))) :]
+            questions += [{"encode": delta_text(turn)}, {"decode_all": added}]
+    answers: list[dict[str, Any]] = ask(vllm.python, vllm.model_dir, batch=questions)["batch"]
+    return answers
+
+
+@ON_SQLITE
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("dialect", sorted(AGENTS))
+def test_every_dialect_continues_its_ids_and_every_sampled_id_is_trained(
+    vllm: Any, server: LiveServer, trainer: TrainerClient, dialect: str, stream: bool
+) -> None:
+    episode = trainer.create_episode(**tokens_policy(vllm))
+    got = AGENTS[dialect](episode, stream)
+    trainer.finish(episode.id)
+
+    turns = trainer.trajectory(episode.id).turns
+    assert len(turns) == CALLS and {turn.branch for turn in turns} == {0}
+    answers = iter(checks(vllm, turns))
+    for turn, parent in zip(turns, [None, *turns], strict=False):
+        reply: ReplyOut | None = turn.reply
+        assert reply is not None and reply.served is not None and reply.served["mode"] == "tokens"
+        prompt, _ = sampled(reply)
+        text = next(answers)["text"]
+        assert text.startswith("<think>")  # reasoning was sampled, and its agent dropped it from its history
+        assert got[turn.seq] == sampled_call(text)  # the agent got the call the model sampled
+        if parent is None:
+            assert reply.extends_parent is None
+            assert prompt == next(answers)["ids"]  # the chat template's, in full
+            continue
+        # The prompt is the parent's prompt and sampled ids, then the template's ids for the tool result alone.
+        assert turn.parent_id == parent.id and reply.extends_parent is True and reply.drift_at is None
+        assert reply.served["continued"] == parent.id
+        assert "template_differs" in reply.served  # the template would have dropped the reasoning
+        before = sampled(parent.reply)[0] + sampled(parent.reply)[1]
+        assert prompt[: len(before)] == before
+        assert prompt[len(before) :] == next(answers)["ids"]
+        assert next(answers)["text"] == delta_text(turn)
+    (line,) = exported(server)
+    assert line["turn_ids"] == [turn.id for turn in turns]
+    assert sum(line["loss_mask"]) == sum(len(sampled(turn.reply)[1]) for turn in turns)  # every sampled id trained
+    assert line["drifts"] == []
+
+
+@ON_SQLITE
+@pytest.mark.parametrize("dialect", ["chat", "messages"])
+def test_in_chat_mode_the_same_episodes_drift_and_lose_their_loss(
+    vllm: Any, server: LiveServer, trainer: TrainerClient, dialect: str
+) -> None:
+    episode = trainer.create_episode(**tokens_policy(vllm, mode="chat"))
+    AGENTS[dialect](episode, False)
+    trainer.finish(episode.id)
+
+    turns = trainer.trajectory(episode.id).turns
+    assert len(turns) == CALLS
+    assert [turn.reply.extends_parent for turn in turns if turn.reply] == [None] + [False] * (CALLS - 1)
+    (line,) = exported(server)
+    sampled_ids = sum(len(sampled(turn.reply)[1]) for turn in turns)
+    assert sum(line["loss_mask"]) < sampled_ids  # the drift cost loss: what token in, token out keeps
+    assert len(line["drifts"]) == CALLS - 1
+
+
+def ask_chat(client: openai.OpenAI, history: list[Any]) -> Any:
+    """One call of a plain chat agent; the reply goes into its history without its reasoning."""
+    message = client.chat.completions.create(model="p", messages=history).choices[0].message
+    calls = [call.model_dump() for call in message.tool_calls or []]
+    history.append({"role": "assistant", "content": message.content, **({"tool_calls": calls} if calls else {})})
+    return message
+
+
+@ON_SQLITE
+def test_a_rewritten_history_opens_a_branch_rendered_in_full_and_each_sample_is_trained_once(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    episode = trainer.create_episode(**tokens_policy(vllm, structured_outputs={"regex": r"(red|green|blue)"}))
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        history: list[Any] = [{"role": "user", "content": "a colour"}]
+        ask_chat(client, history)
+        history.append({"role": "user", "content": "another"})
+        ask_chat(client, history)
+        history[3]["content"] = "purple"  # the agent rewrites what the model said (as Terminus-2 does every turn)
+        history.append({"role": "user", "content": "one more"})
+        ask_chat(client, history)
+    trainer.finish(episode.id)
+
+    first, second, third = trainer.trajectory(episode.id).turns
+    assert (first.branch, second.branch, third.branch) == (0, 0, 1)
+    assert (second.parent_id, third.parent_id) == (first.id, None)
+    assert second.reply and second.reply.served and second.reply.served["continued"] == first.id
+    assert third.reply and third.reply.served and third.reply.served["continued"] is None
+    (third_prompt, _) = sampled(third.reply)
+    assert third_prompt == ask(vllm.python, vllm.model_dir, messages=third.request["messages"])["ids"]
+    lines = exported(server)
+    assert [line["turn_ids"] for line in lines] == [[first.id, second.id], [third.id]]
+    trained = sum(sum(line["loss_mask"]) for line in lines)
+    assert trained == sum(len(sampled(turn.reply)[1]) for turn in (first, second, third))  # each sample once
+
+
+@ON_SQLITE
+def test_a_reply_cut_by_max_tokens_is_closed_by_the_template_with_no_loss_on_what_was_not_sampled(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    episode = trainer.create_episode(**tokens_policy(vllm, max_tokens=4, structured_outputs={"regex": "[a-z ]{20}"}))
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        history: list[Any] = [{"role": "user", "content": "say something"}]
+        first_message = client.chat.completions.create(model="p", messages=history).choices[0]
+        assert first_message.finish_reason == "length"
+        history.append({"role": "assistant", "content": first_message.message.content})
+        history.append({"role": "user", "content": "go on"})
+        client.chat.completions.create(model="p", messages=history)
+    trainer.finish(episode.id)
+
+    first, second = trainer.trajectory(episode.id).turns
+    prompt, completion = sampled(first.reply)
+    assert len(completion) == 4
+    end_of_turn = ask(vllm.python, vllm.model_dir, encode="<|im_end|>")["ids"]
+    second_prompt, second_completion = sampled(second.reply)
+    assert second_prompt[: len(prompt) + 5] == prompt + completion + end_of_turn  # what the template would close with
+    (line,) = exported(server)
+    assert line["loss_mask"] == [1] * 4 + [0] * (len(second_prompt) - len(prompt) - 4) + [1] * len(second_completion)
+
+
+@ON_SQLITE
+def test_output_that_does_not_parse_reaches_the_agent_as_text_and_the_turn_says_why(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    broken = r'<tool_call>\n\{"name": bash\}\n</tool_call>'  # not JSON
+    episode = trainer.create_episode(**tokens_policy(vllm, structured_outputs={"regex": broken}))
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        message = ask_chat(client, [{"role": "user", "content": "call it"}])
+    assert message.tool_calls is None
+    assert message.content == '<tool_call>\n{"name": bash}\n</tool_call>'
+    (turn,) = trainer.trajectory(episode.id).turns
+    assert turn.reply and turn.reply.served and turn.reply.served["parse_error"].startswith("hermes:")
+    assert sampled(turn.reply)[1]  # nothing lost: the ids are recorded, trainable as sampled
+
+
+# Real agents in sandboxes: each command is sampled from a few, so the agent looks around for some turns and then
+# says it is done (the seed makes the number of turns the same on every run).
+SANDBOXED = {
+    "minimal": r"<think>[a-z]{1,6}</think>\n```bash\n(ls|pwd|cat calc.py|echo TASK_COMPLETE)\n```",
+    "mini-swe-agent": (
+        r'<think>[a-z]{1,6}</think>\n<tool_call>\n\{"name": "bash", "arguments": \{"command": '
+        r'"(ls|pwd|cat calc.py|echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT)"\}\}\n</tool_call>'
+    ),
+}
+
+
+@pytest.mark.parametrize("agent", sorted(SANDBOXED))
+def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_id(
+    vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str, agent: str
+) -> None:
+    database, results = tmp_path / "run.db", tmp_path / "results.jsonl"
+    options = [f"api_base={vllm.base_url}", "mode=tokens", "temperature=1.0", "seed=5", "max_tokens=96"]
+    options.append("structured_outputs=" + json.dumps({"regex": SANDBOXED[agent]}))
+    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", agent, "--policy", f"vllm:{vllm.served_name}"]
+    for option in options:
+        command += ["--policy-option", option]
+    done = subprocess.run(
+        [*command, "--label", label, "--results", str(results), *into(database)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    [result] = [json.loads(text) for text in results.read_text().splitlines()]
+    assert result["reward"] == 0.0  # graded (the task is undone: the agent only looked around), not failed
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT branch, parent_id, reply FROM turn ORDER BY seq").fetchall()
+    replies = [json.loads(reply) for _, _, reply in rows]
+    assert len(rows) >= 3 and {branch for branch, _, _ in rows} == {0}
+    assert all(reply["served"]["mode"] == "tokens" for reply in replies)
+    assert [reply["extends_parent"] for reply in replies] == [None] + [True] * (len(rows) - 1)
+    out = io.BytesIO()
+    engine_ = source(f"sqlite:///{database}")
+    try:
+        export(engine_, out, "tokens", Filters())
+    finally:
+        engine_.dispose()
+    (line,) = [orjson.loads(text) for text in out.getvalue().splitlines()]
+    assert sum(line["loss_mask"]) == sum(len(reply["completion_token_ids"]) for reply in replies)
+    assert not engine.containers.list(all=True, filters={"label": label})
+
+
+@ON_SQLITE
+def test_a_server_lost_mid_episode_flags_the_episodes_samples_as_an_infrastructure_failure(
+    vllm: Any, server: LiveServer, trainer: TrainerClient
+) -> None:
+    app = FastAPI()  # the policy's server as the episode reaches it: vLLM, until it goes down
+
+    @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request) -> Response:
+        async with httpx.AsyncClient() as client:
+            answer = await client.request(
+                request.method, f"{vllm.base_url}/{path}", content=await request.body(), timeout=120
+            )
+        return Response(answer.content, status_code=answer.status_code, media_type="application/json")
+
+    running = serve_app(app)
+    options = tokens_policy(vllm, structured_outputs={"regex": "(red|green|blue)"})
+    options["policy_options"]["api_base"] = f"{running.live.url}/v1"
+    episode = trainer.create_episode(**options)
+    with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
+        history: list[Any] = [{"role": "user", "content": "a colour"}]
+        try:
+            ask_chat(client, history)
+            history.append({"role": "user", "content": "another"})
+            ask_chat(client, history)
+        finally:
+            running.stop()  # the server goes down mid-episode
+        history.append({"role": "user", "content": "one more"})
+        with pytest.raises(openai.InternalServerError):
+            ask_chat(client, history)
+    trainer.finish(episode.id)
+
+    (line,) = exported(server)
+    assert len(line["turn_ids"]) == 2 and sum(line["loss_mask"]) > 0
+    assert line["infrastructure_failure"] is True
+    assert "could not be reached" in line["failure_reason"]
