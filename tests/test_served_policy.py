@@ -47,7 +47,8 @@ COLOURS = "(red|green|blue)( (red|green|blue)){0,3}"
 
 
 def policy(vllm: Any, **sampling: Any) -> dict[str, Any]:
-    options = {"api_base": vllm.base_url, "temperature": 1.0, "seed": 7, "max_tokens": 48, **sampling}
+    """A served policy in chat mode (string in, tokens out): tests/test_tokens_mode.py drives the default, tokens."""
+    options = {"api_base": vllm.base_url, "mode": "chat", "temperature": 1.0, "seed": 7, "max_tokens": 48, **sampling}
     return {"policy": f"vllm:{vllm.served_name}", "policy_options": options}
 
 
@@ -409,7 +410,7 @@ def test_sglang_is_asked_for_its_ids_and_read_as_its_documented_shapes_say(train
 
     running = serve_app(app)
     try:
-        options = {"api_base": f"{running.live.url}/v1", "temperature": 0.6, "max_tokens": 9}
+        options = {"api_base": f"{running.live.url}/v1", "mode": "chat", "temperature": 0.6, "max_tokens": 9}
         episode = trainer.create_episode(policy="sglang:policy-7b", policy_options=options)
         with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
             answer = client.chat.completions.create(

@@ -42,7 +42,7 @@ def _check_served(policy: str | None, options: dict[str, object]) -> None:
         base = options.get("api_base")
         if not isinstance(base, str) or not base.startswith(("http://", "https://")):
             raise ValueError(f"policy {policy} needs policy_options.api_base, its server's URL (http://HOST:PORT/v1)")
-        if options.get("mode", "chat") not in ("tokens", "chat"):
+        if options.get("mode", "tokens") not in ("tokens", "chat"):
             raise ValueError(
                 f"policy_options.mode is 'tokens' (token in, token out) or 'chat', not {options['mode']!r}"
             )
