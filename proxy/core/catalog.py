@@ -17,8 +17,8 @@ Cursor = tuple[float, str]  # an episode's (created_at, id): a page starts after
 class EpisodeQuery:
     statuses: tuple[EpisodeStatus, ...] = ()  # empty: any
     metadata: dict[str, Any] = field(default_factory=dict)  # fields that must equal these (JSON scalars)
-    min_reward: float | None = None  # on the episode's return, the sum of its episode-level rewards; an episode
-    max_reward: float | None = None  # with no reward is left out when either bound is set (as `export` does)
+    min_reward: float | None = None  # on the episode's return (`values.episode_return`); an episode with no
+    max_reward: float | None = None  # reward is left out when either bound is set (as `export` does)
     since: float | None = None  # created at or after (unix time)
     until: float | None = None  # created before
     after: Cursor | None = None  # the last episode of the page before this one
@@ -29,7 +29,7 @@ class EpisodeQuery:
 class EpisodeSummary:
     episode: Episode
     turns: int
-    reward: float | None  # the sum of its episode-level rewards; None if it has none
+    reward: float | None  # its return (`values.episode_return`); None if it has no episode-level reward
 
     @property
     def cursor(self) -> Cursor:

@@ -2,7 +2,8 @@
 and leases the next, until the agent has finished and been graded.
 
 Observations are the agent's LLM requests in chat shape; actions are replies. Rewards arrive at the end:
-the LAST step carries the episode's return, the sum of its episode-level rewards (the grader's, usually).
+the LAST step carries the episode's return: its episode-level reward named `reward` (the grader's, usually),
+else the sum of its episode-level rewards, 0 with none (`values.episode_return`).
 Its discount is 0 when the episode ended on its own and 1 when a budget cut it short (a truncation,
 as dm_env has it).
 """
@@ -14,7 +15,7 @@ from enum import IntEnum
 
 from proxy.core.broker import Broker
 from proxy.core.errors import Conflict
-from proxy.core.values import Episode, Reply, Reward, Turn
+from proxy.core.values import Episode, Reply, Reward, Turn, episode_return, episode_rewards
 
 
 class StepType(IntEnum):
@@ -91,4 +92,5 @@ class Steps:
         episode = await self._broker.episode(episode_id)
         ending = tuple(reward for reward in await self._broker.rewards.of(episode_id) if reward.turn_id is None)
         discount = 1.0 if episode.over_budget else 0.0
-        return TimeStep(StepType.LAST, None, sum(r.value for r in ending), discount, episode, ending)
+        returned = episode_return(episode_rewards(ending))
+        return TimeStep(StepType.LAST, None, 0.0 if returned is None else returned, discount, episode, ending)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -221,6 +222,27 @@ class Reward:
     created_at: float
     turn_id: str | None = None
     info: JsonObject = field(default_factory=dict)
+
+
+MAIN_REWARD = "reward"  # the name of an episode's main reward: its return; other names are its components
+
+
+def episode_return(named: Mapping[str, float]) -> float | None:
+    """An episode's return, from its episode-level rewards by name (a name given twice counts its sum): the one
+    named `reward`; with none so named, the sum of them all, so one reward is the return whatever its name; None
+    with none."""
+    if not named:
+        return None
+    return named[MAIN_REWARD] if MAIN_REWARD in named else sum(named.values())
+
+
+def episode_rewards(rewards: Iterable[Reward]) -> dict[str, float]:
+    """The episode-level rewards (not a turn's) by name, each name's values summed, in the order first recorded."""
+    named: dict[str, float] = {}
+    for reward in rewards:
+        if reward.turn_id is None:
+            named[reward.name] = named.get(reward.name, 0.0) + reward.value
+    return named
 
 
 @dataclass(frozen=True, slots=True)

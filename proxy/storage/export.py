@@ -2,7 +2,8 @@
 
 Three shapes:
 - `chat`: the branch's whole conversation in OpenAI chat fine-tuning shape (`messages`, `tools`), with the
-  episode's reward and rewards, task, status and metadata: ready for SFT, DPO or GRPO loaders and
+  episode's reward (its return: the reward named `reward`, `values.episode_return`) and rewards (each by name), task,
+  status and metadata: ready for SFT, DPO or GRPO loaders and
   `datasets.load_dataset("json", ...)`. `tools` and `metadata` are JSON strings, so that any mix of tool
   schemas and metadata loads into one Arrow schema.
 - `tokens`: the sample format (`proxy/storage/samples.py`): for turns whose reply carried token ids, the branch
@@ -40,7 +41,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.core.errors import NotFound, StorageError
 from proxy.core.fork_plan import REPLAYED
-from proxy.core.values import JsonObject, text_of
+from proxy.core.values import JsonObject, episode_return, text_of
 from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
 from proxy.storage.database_lock import database_url, one_line
@@ -56,7 +57,7 @@ _MESSAGE_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name", "rea
 @dataclass(frozen=True, slots=True)
 class Filters:
     statuses: tuple[str, ...] = ()  # episode statuses; empty: all
-    min_reward: float | None = None  # on the episode's return, the sum of its episode-level rewards
+    min_reward: float | None = None  # on the episode's return (its reward named `reward`: `episode_return`)
     max_reward: float | None = None
     since: float | None = None  # episode created at or after (unix time)
     until: float | None = None  # episode created before
@@ -114,7 +115,7 @@ def export(
     try:
         with engine.connect() as conn:
             for episode, ending, answered, failed_turn in _episodes(conn, filters, on_progress):
-                reward = sum(ending.values()) if ending else None
+                reward = episode_return(ending)
                 written = 0
                 if lines is None:  # samples weigh an episode's lines together, and its failed turns
                     common = _common(episode, reward, ending)
@@ -196,11 +197,7 @@ def _episodes(
         ):
             ending = endings.setdefault(reward.episode_id, {})
             ending[reward.name] = ending.get(reward.name, 0.0) + reward.value
-        kept = {
-            row.id: row
-            for row in page
-            if filters.keeps(row.metadata, sum(endings[row.id].values()) if row.id in endings else None)
-        }
+        kept = {row.id: row for row in page if filters.keeps(row.metadata, episode_return(endings.get(row.id, {})))}
         on_progress(len(page) - len(kept))  # filtered out
         failed = _failed_turns(conn, list(kept))
         for episode_id, answered in _answered_turns(conn, list(kept), filters.side_calls):

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     create_engine,
     event,
@@ -39,7 +40,7 @@ from sqlmodel import SQLModel
 
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
 from proxy.core.errors import StorageError
-from proxy.core.values import Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
+from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
 from proxy.storage.database_lock import DatabaseLock
 from proxy.storage.tables import (
     TURN_SETTLED,
@@ -107,6 +108,14 @@ def engine_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def _episode_return() -> Any:
+    """`values.episode_return` over a group of one episode's episode-level reward rows: the sum of those named
+    `reward` where there is one, else the sum of them all."""
+    main = rewards.c.name == MAIN_REWARD
+    named = func.count(case((main, 1)))
+    return case((named > 0, func.sum(case((main, rewards.c.value)))), else_=func.sum(rewards.c.value))
 
 
 class SqlStore:
@@ -267,12 +276,12 @@ class SqlStore:
         found = [episode_from(row) for row in conn.execute(stmt)]
         ids = [episode.id for episode in found]
         counted = select(turns.c.episode_id, func.count()).where(turns.c.episode_id.in_(ids))
-        summed = select(rewards.c.episode_id, func.sum(rewards.c.value)).where(
+        returned = select(rewards.c.episode_id, _episode_return()).where(
             rewards.c.episode_id.in_(ids), rewards.c.turn_id.is_(None)
         )
         counts: dict[str, int] = dict(conn.execute(counted.group_by(turns.c.episode_id)).all())
-        sums: dict[str, float] = dict(conn.execute(summed.group_by(rewards.c.episode_id)).all())
-        return [EpisodeSummary(e, int(counts.get(e.id, 0)), sums.get(e.id)) for e in found]
+        returns: dict[str, float] = dict(conn.execute(returned.group_by(rewards.c.episode_id)).all())
+        return [EpisodeSummary(e, int(counts.get(e.id, 0)), returns.get(e.id)) for e in found]
 
     async def episode_counts(self) -> dict[EpisodeStatus, int]:
         stmt = select(episodes.c.status, func.count()).group_by(episodes.c.status)
@@ -290,7 +299,7 @@ class SqlStore:
             clauses.append(self._metadata_field(key) == dumps(value) if '"' not in key else false())
         if query.min_reward is not None or query.max_reward is not None:
             episode_return = (
-                select(func.sum(rewards.c.value))
+                select(_episode_return())
                 .where(rewards.c.episode_id == episodes.c.id, rewards.c.turn_id.is_(None))
                 .scalar_subquery()
             )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from proxy.core.values import episode_return
 from sandbox.backends.interface import ExecResult, Limits, Sandbox
 
 GradingMode = Literal["fresh", "in-place"]
@@ -34,10 +35,10 @@ class Grade:
 
     @property
     def reward(self) -> float:
-        """The main reward: "reward" when named so, else the mean of the named ones."""
-        if "reward" in self.rewards:
-            return self.rewards["reward"]
-        return sum(self.rewards.values()) / len(self.rewards) if self.rewards else 0.0
+        """The episode's return, as the store takes it (`episode_return`): "reward" when named so, else the sum of
+        the named ones; 0 with none."""
+        returned = episode_return(self.rewards)
+        return 0.0 if returned is None else returned
 
 
 class Grader(Protocol):

@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 
 import proxy.http.ui.display as display
 from proxy.core.errors import NotFound
-from proxy.core.values import Turn
+from proxy.core.values import Turn, episode_return, episode_rewards
 from proxy.http.trainer import json_response
 from proxy.http.trainer_json import turn_view
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
@@ -72,6 +72,7 @@ def page_routes(pages: Pages) -> APIRouter:
             branches_by_number={branch.number: branch for branch in tree},
             turns=turns,
             rewards=[(reward, display.pretty(reward.info) if reward.info else "") for reward in rewards],
+            returned=episode_return(episode_rewards(rewards)),
             output=output,
             diff=diff,
             refused=refused,
