@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from proxy.core.errors import NotFound, StorageError
 from proxy.storage.export import Filters, count_episodes, export, parse_time, parse_where, source
+from proxy.storage.staleness import UNBOUNDED, Staleness
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -33,6 +34,11 @@ def export_command(args: argparse.Namespace) -> int:
     if args.for_templates and args.shape != "chat":
         console.print(f"[red]trajproxy export: --for-templates shapes the chat shape only, not --shape {args.shape}")
         return 2
+    staleness = Staleness(args.max_staleness, args.max_versions)
+    if staleness != UNBOUNDED and args.shape != "tokens":
+        said = f"trajproxy export: --max-staleness and --max-versions bound the tokens shape, not {args.shape}"
+        console.print(said, style="red", markup=False, soft_wrap=True)
+        return 2
     if args.split_reward and args.shape == "atif":
         console.print("[red]trajproxy export: --split-reward splits the chat and tokens shapes' reward, not atif's")
         return 2
@@ -50,6 +56,7 @@ def export_command(args: argparse.Namespace) -> int:
                     lambda done: progress.advance(task, done),
                     for_templates=args.for_templates,
                     split_reward=args.split_reward,
+                    staleness=staleness,
                 )
         finally:
             engine.dispose()
@@ -61,6 +68,9 @@ def export_command(args: argparse.Namespace) -> int:
         f"wrote {counts.lines} line(s) ({args.shape} shape) from {counts.episodes} episode(s), "
         f"{counts.turns} turn(s), to {where}"
     )
+    if staleness != UNBOUNDED:
+        bounded = counts.bounded
+        console.print(f"staleness: {bounded.masked_turns} turn(s) masked, {bounded.dropped_samples} sample(s) left out")
     return 0
 
 

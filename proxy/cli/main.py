@@ -112,10 +112,34 @@ def _parser() -> argparse.ArgumentParser:
         "splits an episode over its sub-agent and compaction branches), 0 on its others; lines say K in "
         "reward_split_over (by default every line carries the episode's whole reward)",
     )
+    export.add_argument(
+        "--max-staleness",
+        type=_count,
+        metavar="K",
+        help="tokens shape: no loss on turns answered by weights more than K policy versions older than the newest "
+        "(versions ordered by the first turn each answered); lines say how many in stale_turns",
+    )
+    export.add_argument(
+        "--max-versions",
+        type=_count,
+        metavar="M",
+        help="tokens shape: leave out samples whose turns hold more than M policy versions",
+    )
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     for plugin in entry_points(group=PLUGINS):  # e.g. `trajproxy run`, from the sandbox package
         plugin.load()(commands)
     return parser
+
+
+def _count(text: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, 0 or more")
+    return number
 
 
 def main(argv: list[str] | None = None) -> None:

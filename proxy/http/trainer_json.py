@@ -87,6 +87,9 @@ def trajectory_view(episode: Episode, turns: list[Turn], rewards: list[Reward]) 
         "episode": episode_view(episode),
         "turns": [{**turn_view(turn), "rewards": by_turn.get(turn.id, [])} for turn in turns],
         "rewards": [reward_view(reward) for reward in rewards if reward.turn_id is None],
+        "policy_versions": list(
+            dict.fromkeys(turn.reply.policy_version for turn in turns if turn.reply and turn.reply.policy_version)
+        ),
     }
 
 

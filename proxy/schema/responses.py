@@ -157,6 +157,9 @@ class Trajectory(_Open):
     episode: Episode
     turns: list[TrajectoryTurn]
     rewards: list[Reward]
+    policy_versions: list[str] = Field(
+        default_factory=list, description="every policy version the episode's answered turns carry, in turn order"
+    )
 
 
 class TimeStep(_Open):

@@ -47,6 +47,7 @@ from proxy.storage.atif import atif_lines
 from proxy.storage.database_lock import database_url, one_line
 from proxy.storage.samples import sample_lines, turn_failure
 from proxy.storage.sql import engine_url, episodes, rewards, turns
+from proxy.storage.staleness import UNBOUNDED, Bounded, Staleness, bound, version_order
 
 Shape = Literal["chat", "tokens", "atif"]
 Lines = Callable[[Any, float | None, dict[str, float], list[Any]], Iterator[Any]]  # one episode's lines in a shape
@@ -81,6 +82,7 @@ class Counts:
     episodes: int = 0
     lines: int = 0
     turns: int = 0
+    bounded: Bounded = field(default_factory=Bounded)  # what the staleness bounds masked and dropped
 
 
 def source(url: str) -> Engine:
@@ -105,21 +107,25 @@ def export(
     on_progress: Callable[[int], object] = lambda _episodes: None,
     for_templates: bool = False,
     split_reward: bool = False,
+    staleness: Staleness = UNBOUNDED,
 ) -> Counts:
     """Write the matching episodes' conversations to `out`, one JSON object per line; `for_templates`: the chat
     shape as chat templates take it (see `_chat_lines`); `split_reward`: each episode's reward split over its
-    trainable lines (chat and tokens shapes)."""
+    trainable lines (chat and tokens shapes); `staleness`: the tokens shape's bounds (`proxy/storage/staleness.py`),
+    what they masked and dropped counted in the result."""
     counts = Counts()
     chat: Lines = partial(_chat_lines, for_templates=for_templates)
     lines: Lines | None = {"chat": chat, "atif": atif_lines}.get(shape)  # None: the tokens shape's samples
     try:
         with engine.connect() as conn:
+            order = version_order(conn) if staleness != UNBOUNDED else {}
+            bounded = partial(bound, order=order, staleness=staleness, done=counts.bounded)
             for episode, ending, answered, failed_turn in _episodes(conn, filters, on_progress):
                 reward = episode_return(ending)
                 written = 0
                 if lines is None:  # samples weigh an episode's lines together, and its failed turns
                     common = _common(episode, reward, ending)
-                    episode_lines = iter(sample_lines(episode, reward, common, answered, failed_turn))
+                    episode_lines = iter(sample_lines(episode, reward, common, answered, failed_turn, bounded))
                 else:
                     episode_lines = lines(episode, reward, ending, answered)
                 for line in _split(list(episode_lines), reward) if split_reward else episode_lines:

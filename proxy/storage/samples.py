@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -110,17 +110,20 @@ class _Sequence:
 
 
 def sample_lines(
-    episode: Any, reward: float | None, common: JsonObject, answered: list[Any], failed_turn: str | None
+    episode: Any,
+    reward: float | None,
+    common: JsonObject,
+    answered: list[Any],
+    failed_turn: str | None,
+    bounded: Callable[[list[JsonObject]], list[JsonObject]] = lambda lines: lines,
 ) -> list[JsonObject]:
     """One episode's lines: a line per branch (more where a call drifted inside its branch's first prompt), in
     branch order. `common`: the fields every line of the episode carries; `failed_turn`: see
-    `infrastructure_failure`."""
+    `infrastructure_failure`; `bounded`: the lines kept, and masked, by staleness bounds (`staleness.bound`)."""
     sequences = _sequences(answered)
-    trained = sum(1 for _, sequence in sequences if any(sequence.loss_mask))
     failure = infrastructure_failure(episode, reward, failed_turn)
     lines = []
     for index, (branch, sequence) in enumerate(sequences):
-        trains = any(sequence.loss_mask)
         lines.append(
             {
                 "sample_version": SAMPLE_VERSION,
@@ -135,12 +138,16 @@ def sample_lines(
                 "stop_reason": sequence.turns[-1]["finish_reason"],
                 "drifts": sequence.drifts,
                 "shared_prefix": _shared_prefix(index, sequences),
-                "reward_split": None if reward is None else reward / trained if trains else 0.0,
+                "stale_turns": 0,
                 "infrastructure_failure": failure is not None,
                 "failure_reason": failure,
                 **common,
             }
         )
+    lines = bounded(lines)
+    trained = sum(1 for line in lines if any(line["loss_mask"]))
+    for line in lines:
+        line["reward_split"] = None if reward is None else reward / trained if any(line["loss_mask"]) else 0.0
     return lines
 
 
