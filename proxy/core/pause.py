@@ -1,7 +1,9 @@
-"""Pausing new agent calls while a trainer updates its policy weights: turns already pulled or parked drain, and
-new calls are held out of the queue until resume (`hold`; their streams get keep-alives) or answered 429 with a
-Retry-After (`reject`). A served policy's new calls wait the same way: none reaches its server until resume, and
-every reply after a resume that names a `policy_version` carries it."""
+"""Pausing new agent calls while a trainer updates its policy weights: new calls are held out of the queue until
+resume (`hold` and `keep`; their streams get keep-alives) or answered 429 with a Retry-After (`reject`). A served
+policy's new calls wait the same way: none reaches its server until resume. With `hold` the pause waits for the
+turns in flight to drain; with `keep` it does not: a served call already sent finishes on the weights it was sent
+to, and its reply carries the version it was sent under; every call after a resume that names a `policy_version`
+carries it."""
 
 from __future__ import annotations
 
@@ -13,19 +15,21 @@ from proxy.core.parking import ParkingLot, Slot
 from proxy.core.values import Answerer
 
 _DRAIN_POLL_S = 0.02
+MODES = ("hold", "keep", "reject")
+HOLDING = ("hold", "keep")
 
 
 class Pause:
     def __init__(self, lot: ParkingLot, answer: Callable[[Slot, Answerer], None]) -> None:
         self._lot = lot
         self._answer = answer  # hand a held turn to the model that answers it
-        self.mode: str | None = None  # hold | reject, while paused
+        self.mode: str | None = None  # hold | keep | reject, while paused
         self._retry_after_s = 0.0
         self._held: list[tuple[Slot, Answerer | None]] = []
 
     def start(self, mode: str, retry_after_s: float) -> None:
-        if mode not in ("hold", "reject"):
-            raise BadRequest(f"pause mode must be hold or reject, not {mode!r}")
+        if mode not in MODES:
+            raise BadRequest(f"pause mode must be hold, keep or reject, not {mode!r}")
         self.mode, self._retry_after_s = mode, retry_after_s
 
     def lift(self) -> int:
@@ -61,7 +65,7 @@ class Pause:
     def hold_if_holding(self, slot: Slot, now: float, by: Answerer | None = None) -> bool:
         """A new call parked while paused to hold: out of the queue (or kept from the served policy `by`) until
         resume. False if not paused."""
-        if self.mode != "hold":
+        if self.mode not in HOLDING:
             return False
         if by is None:
             self._lot.withdraw(slot)
