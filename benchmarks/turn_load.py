@@ -32,6 +32,7 @@ TRAINERS = ("http", "reply-pull", "ws")
 REPLY_MESSAGE = {"content": "Let me look at the code first."}
 REPLY_USAGE = {"prompt_tokens": 90, "completion_tokens": 8}
 REPLY = {"message": REPLY_MESSAGE, "usage": REPLY_USAGE}
+NO_TURN = {"turn_id": "tu_none", **REPLY}  # what a reply-pull with nothing to answer sends: refused, 404, alone
 
 
 @dataclass
@@ -64,27 +65,37 @@ async def agent(port: int, key: str, run: Run) -> None:
 
 
 async def trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
-    """Pull a batch, answer it in one call; with `reply-pull`, that call also pulls the next batch."""
+    """Pull a batch, answer it in one call; with `reply-pull`, that call also pulls the next batch, and every pull
+    rides on a reply (with nothing to answer, a reply to no turn): its figures are never the plain pull's."""
     if run.trainer == "ws":
         await stream_trainer(port, run, agents_done)
         return
     pulls = await Connection.open(HOST, port)
     replies = await Connection.open(HOST, port)
     pull = request("GET", "/api/turns/next?max=1024&wait=0.5", HOST)
-    answer = "/api/turns/replies?pull=1024&wait=0.5" if run.trainer == "reply-pull" else "/api/turns/replies"
+    one_exchange = run.trainer == "reply-pull"
+    answer = "/api/turns/replies?pull=1024&wait=0.5" if one_exchange else "/api/turns/replies"
     turns: list[Any] = []
     while not agents_done.is_set():
-        if not turns:
+        if not turns and not one_exchange:
             status, body = await pulls.send(pull)
             turns = orjson.loads(body)["turns"] if status == 200 else []
             continue
-        batch = orjson.dumps({"replies": [{"turn_id": turn["id"], **REPLY} for turn in turns]})
+        batch = orjson.dumps({"replies": [{"turn_id": turn["id"], **REPLY} for turn in turns] or [NO_TURN]})
         status, body = await replies.send(request("POST", answer, HOST, batch))
         if status != 200:
             run.errors += len(turns)
-        turns = orjson.loads(body).get("turns", []) if status == 200 else []
+        turns = pulled(body) if status == 200 and one_exchange else []
     pulls.close()
     replies.close()
+
+
+def pulled(body: bytes) -> list[Any]:
+    """The next batch a reply leased; a server that answered without one is not pulling (no silent plain pull)."""
+    answered = orjson.loads(body)
+    if "turns" not in answered:
+        raise RuntimeError("POST /api/turns/replies?pull=N answered the replies but leased no batch")
+    return list(answered["turns"])
 
 
 async def stream_trainer(port: int, run: Run, agents_done: asyncio.Event) -> None:
@@ -123,11 +134,11 @@ async def measure(
     done = asyncio.Event()
     serving = asyncio.create_task(trainer(trainer_port, run, done))
     working = [asyncio.create_task(agent(port, key, run)) for key in keys]
-    await asyncio.sleep(warmup_s)
+    await running(serving, warmup_s)
     run.measuring = True
     if on_window:
         on_window(True)
-    await asyncio.sleep(seconds)
+    await running(serving, seconds)
     run.measuring = False
     if on_window:
         on_window(False)
@@ -136,6 +147,15 @@ async def measure(
     done.set()
     await serving
     return run
+
+
+async def running(serving: asyncio.Task[None], seconds: float) -> None:
+    """Let the load run for `seconds`; a trainer that stopped meanwhile ends the run at once, with its error (its
+    agents would wait for it forever)."""
+    await asyncio.wait({serving}, timeout=seconds)
+    if serving.done():
+        serving.result()
+        raise RuntimeError("the trainer stopped while its agents were still calling")
 
 
 def measured(

@@ -50,35 +50,44 @@ class HttpLane:
 
 
 class ReplyPullLane:
-    """Every reply also pulls, as the last pull asked (without waiting); what it leases is handed out by the next
-    pull before any new one is made. The first pull has no reply to ride on and is a plain one."""
+    """Every pull rides on a batch reply (`POST /api/turns/replies?pull=N`), never on `GET /api/turns/next`: a
+    reply pulls as the last pull asked (without waiting), and what it leases is handed out by the next pull; a pull
+    with no reply of its own to send carries one to a turn that does not exist (its 404 checked). So every turn this
+    lane hands out was leased by a reply, and a server that ignored `pull` fails the tests that take this lane."""
 
     name = "reply-pull"
 
     def __init__(self, trainer: TrainerClient) -> None:
         self._trainer = trainer
         self._pulled: list[schema.Turn] = []
-        self._last: dict[str, Any] = {"episode": None, "max": 1, "lease_s": None}
+        self._asked: dict[str, Any] = {"episode": None, "max": 1, "lease_s": None}
 
     def pull(
         self, episode: str | None = None, max: int = 1, wait_s: float = 0.0, lease_s: float | None = None
     ) -> list[schema.Turn]:
-        self._last = {"episode": episode, "max": max, "lease_s": lease_s}
-        if self._pulled:
+        asked: dict[str, Any] = {"episode": episode, "max": max, "lease_s": lease_s}
+        if self._pulled:  # leased by the last reply, as the pull before it asked: a pull asking the same takes them
+            assert asked == self._asked, f"this lane holds turns pulled for {self._asked}, not for {asked}"
             handed, self._pulled = self._pulled[:max], self._pulled[max:]
             return handed
-        return self._trainer.next_turns(episode, max, wait_s, lease_s)
+        self._asked = asked
+        outcome = self._trainer.reply_and_pull([NO_TURN], wait_s=wait_s, **asked)
+        assert [result.status for result in outcome.results] == [404], outcome.results
+        return list(outcome.turns)
 
     def reply(self, turn_id: str, content: str | None = None, **options: Any) -> schema.Turn:
         return one(self.reply_many([reply_item(turn_id, content, options)]))
 
     def reply_many(self, replies: Sequence[dict[str, Any]]) -> list[schema.ReplyResult]:
-        answered = self._trainer.reply_and_pull(replies, wait_s=0, **self._last)
+        answered = self._trainer.reply_and_pull(replies, wait_s=0, **self._asked)
         self._pulled += answered.turns
         return answered.results
 
     def close(self) -> None:
         pass
+
+
+NO_TURN = {"turn_id": "tu_none", "message": {"content": "a reply that only carries a pull"}}
 
 
 class StreamLane:

@@ -28,6 +28,8 @@ def test_a_batch_reply_leases_the_next_batch(trainer: TrainerClient, background:
     outcome = trainer.reply_and_pull(replies, max=8, wait_s=10)
     assert [result.status for result in outcome.results] == [200]
     pulled = list(outcome.turns)
+    assert pulled, "the reply that pulls leased nothing"  # it long-polls until a later call parks
+    assert all(turn.status == "leased" and turn.lease_id for turn in pulled)
     while len(pulled) < 2:  # the two later calls park apart: the second comes with the next pull
         pulled += trainer.next_turns(max=8, wait_s=10)
     assert said(first) == "first"
