@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import openai
 import orjson
 import pytest
 
@@ -118,3 +119,30 @@ def test_the_command_line_bounds_the_tokens_shape_and_says_what_it_did(
     assert refused.returncode == 2 and "bound the tokens shape, not chat" in refused.stderr
     negative = subprocess.run([*command, "--max-staleness", "-1"], capture_output=True, text=True)
     assert negative.returncode == 2 and "is not a whole number" in negative.stderr
+
+
+@ON_SQLITE
+@pytest.mark.parametrize("on_stale", ["finish", "fail"])
+def test_an_episode_ends_at_its_next_call_once_it_would_span_more_versions_than_it_may(
+    server: LiveServer, trainer: TrainerClient, background: Any, on_stale: str
+) -> None:
+    episode = trainer.create_episode(task="async", max_staleness=1, on_stale=on_stale)
+    assert trainer.episode(episode.id).budget.max_staleness == 1
+    history: list[Any] = [SYSTEM, {"role": "user", "content": "go"}]
+    with agent_for(episode) as agent:
+        for version in ("v0", "v1"):  # v1 is one version after v0: within the bound
+            trainer.resume(policy_version=version)
+            call = background(agent.chat.completions.create, model="m", messages=history)
+            [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
+            trainer.reply(parked.id, message={"content": "ok"})
+            history += [call.result(timeout=10).choices[0].message.model_dump(exclude_none=True)]
+            history += [{"role": "user", "content": "more"}]
+        trainer.resume(policy_version="v2")  # two after v0, which the episode holds
+        with pytest.raises(openai.APIStatusError) as refused:
+            agent.chat.completions.create(model="m", messages=history)
+    assert refused.value.status_code in (409, 410)
+    ended = trainer.episode(episode.id)
+    assert ended.status == ("failed" if on_stale == "fail" else "finished")
+    assert ended.reason == "stale: policy version v2 is more than 1 after its oldest, v0"
+    assert trainer.trajectory(episode.id).policy_versions == ["v0", "v1"]
+    assert len(trainer.trajectory(episode.id).turns) == 2  # the refused call was not recorded

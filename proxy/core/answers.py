@@ -59,7 +59,19 @@ class Answers:
     def __init__(self, *, context: Context, book: Book) -> None:
         self._context = context
         self._book = book
-        self.policy_version: str | None = None  # what the trainer's last resume named: replies without one get it
+        self._policy_version: str | None = None
+        self.versions: list[str] = []  # every policy version named, oldest first
+
+    @property
+    def policy_version(self) -> str | None:
+        """What the trainer's last resume named: replies without a version of their own get it."""
+        return self._policy_version
+
+    @policy_version.setter
+    def policy_version(self, version: str | None) -> None:
+        self._policy_version = version
+        if version is not None and version not in self.versions:
+            self.versions.append(version)
 
     async def reply(self, turn_id: str, reply: Reply, lease_id: str | None = None) -> Turn:
         """Answer a turn. The same reply again succeeds; a different one is a conflict."""
@@ -93,12 +105,13 @@ class Answers:
     async def forward(self, turn_id: str, answerer: Answerer, lease_id: str | None, lease_s: float | None) -> Turn:
         """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
         turn, lease_id, give_back = await self._book.forwarding(turn_id, lease_id)
+        version = self.policy_version
         try:
             reply = await self._context.upstream.complete(answerer, turn.request, await self._parent(turn))
         except BaseException:  # the model failed: the turn is the trainer's again, under a running lease
             give_back(lease_s or self._context.lease_s)
             raise
-        return await self.reply(turn_id, replace(reply, answered_by=answerer.spec), lease_id)
+        return await self.reply(turn_id, _sent_under(reply, answerer, version), lease_id)
 
     def by_model(self, slot: Slot, answerer: Answerer, since: float | None = None) -> None:
         """Hold a turn out of the trainers' queue (since `since`, else now) while a model answers it."""
@@ -108,9 +121,10 @@ class Answers:
 
     async def _from_model(self, slot: Slot, answerer: Answerer) -> None:
         """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
+        version = self.policy_version
         try:
             reply = await self._context.upstream.complete(answerer, slot.turn.request, await self._parent(slot.turn))
-            await self.reply(slot.turn.id, replace(reply, answered_by=answerer.spec), slot.turn.lease_id)
+            await self.reply(slot.turn.id, _sent_under(reply, answerer, version), slot.turn.lease_id)
         except UpstreamError as e:
             if (failed := self._context.ledger.close(slot, TurnStatus.FAILED, e.message)) is not None:
                 await self._context.store.save_turns([failed])
@@ -167,6 +181,12 @@ class Answers:
         size = sum(len(replies[i][0].wire) for i in missing)
         loaded = all(tokens.ready(replies[i][0].request.get("model")) for i in missing)
         return count() if loaded and size <= _COUNT_OFF_LOOP_BYTES else await asyncio.to_thread(count)
+
+
+def _sent_under(reply: Reply, answerer: Answerer, version: str | None) -> Reply:
+    """A model's reply, named for its model and for the policy version its call was sent under: a call in flight
+    while the trainer resumes with new weights was answered by the old ones (`pause` mode `keep`)."""
+    return replace(reply, answered_by=answerer.spec, policy_version=reply.policy_version or version)
 
 
 def handed_out_again(turn_id: str, lease_id: str | None) -> Conflict:

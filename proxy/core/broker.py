@@ -28,7 +28,7 @@ from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoT
 from proxy.core.forks import Forks
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
 from proxy.core.parking import Slot
-from proxy.core.pause import Pause
+from proxy.core.pause import HOLDING, Pause
 from proxy.core.queue import TurnQueue
 from proxy.core.recording import Recorder
 from proxy.core.rewards import Rewards
@@ -50,7 +50,7 @@ class Broker:
         self.answers: Answers = queue.answers  # replies to turns, from trainers or models
         self._forks = Forks(context=context, answers=self.answers)
         self.rewards = Rewards(context=context, episode=self.episode)
-        self._recorder = Recorder(context=context, queue=queue, over_budget=self._over_budget)
+        self._recorder = Recorder(context=context, queue=queue, over_budget=self._over_budget, stale=self._stale)
         self._pause = Pause(context.lot, self.answers.by_model)
         self.weights = WeightSync(pause=self._pause, queue=queue)  # the trainer's weight-update cycle
 
@@ -196,7 +196,7 @@ class Broker:
         live.restore_arguments(request)
         side = live.side_answerer(request)
         answerer = side or live.episode.policy  # None: a trainer answers
-        held_for = "model" if answerer else "pause" if self._pause.mode == "hold" else None
+        held_for = "model" if answerer else "pause" if self._pause.mode in HOLDING else None
         recorded = asyncio.get_running_loop().create_future()
         live.recording[recorded] = wire
         try:
@@ -225,6 +225,14 @@ class Broker:
     async def _over_budget(self, live: LiveEpisode, why: str) -> None:
         """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""
         episode = live.episode
+    async def _stale(self, live: LiveEpisode, why: str) -> None:
+        """End an episode whose next call would take it past its `max_staleness`: finished, or failed (what trainers
+        drop as an infrastructure failure) if it says so."""
+        episode = live.episode
+        status = EpisodeStatus.FAILED if episode.budget.stale_fails else EpisodeStatus.FINISHED
+        await self.finish(episode.id, status, why)
+        raise closed_error(await self.episode(episode.id))
+
         if episode.budget.finish:
             await self.finish(episode.id, EpisodeStatus.FINISHED, why, over_budget=why)
             raise closed_error(await self.episode(episode.id))

@@ -39,6 +39,7 @@ class LiveEpisode:
     recording: dict[asyncio.Future[None], bytes] = field(default_factory=dict)
     last_answered: Turn | None = None
     arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
+    versions: list[str] = field(default_factory=list)  # the policy versions of its answered turns, as answered
     # One new turn written at a time, and one change of the episode's record: what memory holds then follows
     # the store, write by write, even when a write fails.
     writing_turn: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -54,6 +55,8 @@ class LiveEpisode:
         self.tokens += reply.usage.total_tokens if reply.usage else 0
         self.last_answered = turn
         self.branches.answered(turn.id, reply)
+        if reply.policy_version is not None and reply.policy_version not in self.versions:
+            self.versions.append(reply.policy_version)
         for call in (reply.message or {}).get("tool_calls") or ():
             self.arguments[call["id"]] = call["function"]["arguments"]
 

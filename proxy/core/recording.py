@@ -35,12 +35,18 @@ class _Call:
 
 class Recorder:
     def __init__(
-        self, *, context: Context, queue: TurnQueue, over_budget: Callable[[LiveEpisode, str], Awaitable[None]]
+        self,
+        *,
+        context: Context,
+        queue: TurnQueue,
+        over_budget: Callable[[LiveEpisode, str], Awaitable[None]],
+        stale: Callable[[LiveEpisode, str], Awaitable[None]],
     ) -> None:
         self._episodes = context.episodes
         self._now = context.clock
         self._queue = queue
         self._over_budget = over_budget  # refuses the call (or finishes the episode): it raises
+        self._stale = stale  # finishes or fails the episode: it raises
 
     async def record(
         self,
@@ -72,6 +78,8 @@ class Recorder:
         now = self._now()
         if (over := live.episode.budget.exceeded(live.next_seq, live.tokens, now)) is not None:
             await self._over_budget(live, over)
+        if (stale := live.episode.budget.stale(live.versions, self._queue.answers.versions)) is not None:
+            await self._stale(live, stale)
         model = request.get("model")
         place = live.branches.locate(request)
         turn = Turn(

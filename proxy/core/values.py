@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -113,6 +113,8 @@ class Budget:
     max_tokens: int | None = None  # prompt + completion tokens over all the episode's answered turns
     deadline_at: float | None = None  # unix time
     finish: bool = False  # over budget: finish the episode instead of refusing calls with 429
+    max_staleness: int | None = None  # how many policy versions its turns may span (asynchronous training)
+    stale_fails: bool = False  # past max_staleness: fail the episode (an infrastructure failure), not finish it
 
     def exceeded(self, turns: int, tokens: int, now: float) -> str | None:
         """Why a new call is over this budget, or None if it is within it."""
@@ -124,6 +126,18 @@ class Budget:
             deadline = datetime.fromtimestamp(self.deadline_at, UTC).isoformat(timespec="seconds")
             return f"over budget: the episode's deadline passed at {deadline}"
         return None
+
+    def stale(self, held: Sequence[str], versions: Sequence[str]) -> str | None:
+        """Why a new call would take the episode past its `max_staleness`: the newest of `versions` (all the policy
+        versions named so far, oldest first) more than that many versions after the oldest it `held`."""
+        if self.max_staleness is None or not versions:
+            return None
+        places = {version: place for place, version in enumerate(versions)}
+        known = [places[version] for version in held if version in places]
+        if not known or len(versions) - 1 - min(known) <= self.max_staleness:
+            return None
+        oldest = versions[min(known)]
+        return f"stale: policy version {versions[-1]} is more than {self.max_staleness} after its oldest, {oldest}"
 
 
 @dataclass(frozen=True, slots=True)

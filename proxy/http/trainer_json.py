@@ -34,6 +34,8 @@ def episode_view(episode: Episode) -> JsonObject:
             "max_tokens": budget.max_tokens,
             "deadline_at": budget.deadline_at,
             "on_budget": "finish" if budget.finish else "reject",
+            "max_staleness": budget.max_staleness,
+            "on_stale": "fail" if budget.stale_fails else "finish",
         },
         "over_budget": episode.over_budget,
     }
@@ -171,7 +173,14 @@ def episode_settings(body: schema.EpisodeCreate) -> JsonObject:
     return {
         "policy": answerer_of(body.policy, body.policy_options),
         "routes": [Answerer(r.model, r.options, r.when_model, r.when_system) for r in body.routes],
-        "budget": Budget(body.max_turns, body.max_tokens, None, body.on_budget == "finish"),
+        "budget": Budget(
+            body.max_turns,
+            body.max_tokens,
+            None,
+            body.on_budget == "finish",
+            body.max_staleness,
+            body.on_stale == "fail",
+        ),
         "deadline_s": body.deadline_s,
     }
 

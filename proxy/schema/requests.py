@@ -80,6 +80,16 @@ class EpisodeCreate(_Strict):
     max_tokens: Limit | None = None
     deadline_s: float | None = Field(default=None, gt=0, le=30 * 86400, description="seconds from creation")
     on_budget: Literal["reject", "finish"] = "reject"
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="asynchronous training: the episode ends at its next call once the newest policy version is more "
+        "than this many versions after the oldest its turns hold",
+    )
+    on_stale: Literal["finish", "fail"] = Field(
+        default="finish", description="past max_staleness: finish the episode, or fail it (an infrastructure failure)"
+    )
 
     @model_validator(mode="after")
     def _served_has_server(self) -> EpisodeCreate:
@@ -233,9 +243,11 @@ class StreamReplies(ReplyBatch):
 
 
 class PauseIn(_Strict):
-    """hold: park new agent calls out of the queue until resume; reject: answer them 429 with Retry-After."""
+    """hold: park new agent calls out of the queue until resume (and with drain_s wait for the turns in flight);
+    keep: the same, but a served policy's calls already sent finish on the weights they were sent to, stamped with
+    the version they were sent under, so nothing waits for them; reject: answer new calls 429 with Retry-After."""
 
-    mode: Literal["hold", "reject"] = "hold"
+    mode: Literal["hold", "keep", "reject"] = "hold"
     retry_after_s: float = Field(default=5.0, gt=0, le=3600)
     drain_s: float = Field(
         default=0.0, ge=0, le=3600, description="wait up to this long for the turns in flight to finish"
@@ -250,7 +262,7 @@ class ResumeIn(_Strict):
 
 
 class PauseState(_Open):
-    paused: Literal["hold", "reject"] | None
+    paused: Literal["hold", "keep", "reject"] | None
     released: int = 0
     in_flight: int = Field(default=0, description="open turns not held by the pause (on the replica answering)")
     policy_version: str | None = None

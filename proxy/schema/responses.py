@@ -35,6 +35,8 @@ class Budget(_Open):
     max_tokens: int | None
     deadline_at: float | None
     on_budget: Literal["reject", "finish"]
+    max_staleness: int | None = None
+    on_stale: Literal["finish", "fail"] = "finish"
 
 
 class Episode(_Open):

@@ -53,6 +53,8 @@ class EpisodeRow(SQLModel, table=True):
     deadline_at: float | None = None
     finish_over_budget: bool = False
     over_budget: str | None = None
+    max_staleness: int | None = None
+    stale_fails: bool | None = None
 
 
 class TurnRow(SQLModel, table=True):
@@ -146,6 +148,8 @@ def episode_row(episode: Episode) -> dict[str, Any]:
         "max_tokens": episode.budget.max_tokens,
         "deadline_at": episode.budget.deadline_at,
         "finish_over_budget": episode.budget.finish,
+        "max_staleness": episode.budget.max_staleness,
+        "stale_fails": episode.budget.stale_fails,
         "over_budget": episode.over_budget,
     }
 
@@ -164,7 +168,14 @@ def episode_from(row: Any) -> Episode:
         reason=row.reason,
         policy=Answerer(**row.policy) if row.policy else None,
         routes=tuple(Answerer(**rule) for rule in row.routes),
-        budget=Budget(row.max_turns, row.max_tokens, row.deadline_at, row.finish_over_budget),
+        budget=Budget(
+            row.max_turns,
+            row.max_tokens,
+            row.deadline_at,
+            row.finish_over_budget,
+            row.max_staleness,
+            bool(row.stale_fails),
+        ),
         over_budget=row.over_budget,
     )
 

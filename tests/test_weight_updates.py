@@ -1,0 +1,96 @@
+"""Rollouts that survive weight updates, against a real vLLM (on the CPU, with the tiny model) whose weights are
+really reloaded: with `pause("keep")` a call already at the server finishes on the weights it was sent to and
+carries their version, a call made during the update waits only for it and is answered by the new weights, and
+nothing is lost or answered twice."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.client import TrainerClient
+from tests.served_checks import ask
+from tests.test_served_policy import sampled
+from tests.vllm_server import copy_model, reload_weights
+
+ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+def running_at(vllm: Any) -> int:
+    """How many requests the server is running now (its own gauge)."""
+    with urllib.request.urlopen(f"{vllm.root_url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M)
+    return int(sum(float(value) for value in found))
+
+
+def wait_for(what: Any, timeout_s: float = 60.0) -> None:
+    """Wait for an event (polling what says it happened), never for a time."""
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what.__doc__ or what}"
+        time.sleep(0.01)
+
+
+@ON_SQLITE
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_waits_only_for_the_reload(
+    vllm: Any, trainer: TrainerClient, background: Any, tmp_path: Any
+) -> None:
+    options = {"api_base": vllm.base_url, "temperature": 1.0, "seed": 3}
+    trainer.resume(policy_version="step-0")
+    # The long call samples to its limit, long enough to be at the server all through the update's start.
+    long_options = {**options, "max_tokens": 1900, "ignore_eos": True}
+    long = trainer.create_episode(policy=f"vllm:{vllm.served_name}", policy_options=long_options)
+    short = trainer.create_episode(policy=f"vllm:{vllm.served_name}", policy_options={**options, "max_tokens": 8})
+    with (
+        openai.OpenAI(base_url=long.env["OPENAI_BASE_URL"], api_key=long.key, max_retries=0) as long_agent,
+        openai.OpenAI(base_url=short.env["OPENAI_BASE_URL"], api_key=short.key, max_retries=0) as short_agent,
+    ):
+        first = [{"role": "user", "content": "hello"}]
+        short_agent.chat.completions.create(model="p", messages=first)  # type: ignore[arg-type]
+        before = copy_model(vllm.model_dir, tmp_path / "before")
+        try:
+            ask(vllm.python, vllm.model_dir, perturb=2)  # the new weights, on disk: the server reads them at reload
+            in_flight = background(long_agent.chat.completions.create, model="p", messages=first)
+            wait_for(lambda: running_at(vllm) == 1)  # the long call is at the server, sampling on the old weights
+            paused = trainer.pause("keep")
+            assert (paused.paused, paused.in_flight) == ("keep", 1)  # not waited for
+            second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
+            held = background(short_agent.chat.completions.create, model="p", messages=second)
+            wait_for(lambda: len(trainer.trajectory(short.id).turns) == 2)  # parked, held by the pause
+            assert running_at(vllm) == 1 and not in_flight.done()  # still sampling as the update begins
+            # vLLM's own pause lets the call it runs finish on the weights it started with, then reloads
+            reload_weights(vllm, version="step-1")
+            assert in_flight.result(timeout=120).choices[0].finish_reason == "length"
+            resumed = trainer.resume(policy_version="step-1")
+            assert resumed.released == 1
+            held.result(timeout=60)
+
+            (long_turn,) = trainer.trajectory(long.id).turns
+            old_turn, new_turn = trainer.trajectory(short.id).turns
+            assert [t.reply.policy_version for t in (old_turn, long_turn, new_turn) if t.reply] == [
+                "step-0",
+                "step-0",
+                "step-1",
+            ]
+            assert trainer.trajectory(short.id).policy_versions == ["step-0", "step-1"]
+            checks = [(long_turn, before), (new_turn, vllm.model_dir)]
+            for turn, weights in checks:
+                assert turn.reply is not None and turn.reply.logprobs is not None
+                scored = ask(vllm.python, weights, score=sampled(turn.reply))["logprobs"]
+                assert scored == pytest.approx(turn.reply.logprobs, abs=1e-3)
+            assert new_turn.reply is not None
+            assert ask(vllm.python, before, score=sampled(new_turn.reply))["logprobs"] != pytest.approx(
+                new_turn.reply.logprobs, abs=1e-3
+            )  # the held call was answered by the new weights
+            every = [*trainer.trajectory(long.id).turns, *trainer.trajectory(short.id).turns]
+            assert [turn.status for turn in every] == ["answered"] * 3  # nothing lost, nothing answered twice
+        finally:
+            copy_model(before, vllm.model_dir)
+            reload_weights(vllm)
