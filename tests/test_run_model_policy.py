@@ -138,8 +138,9 @@ def test_a_run_whose_model_fails_hands_its_agent_the_502_and_prints_it(
     [line] = [json.loads(text) for text in results.read_text().splitlines()]
     assert (line["status"], line["reward"]) == ("failed", 0.0)
     with sqlite3.connect(database) as db:
-        turns = db.execute("SELECT status, reply FROM turn").fetchall()
-    assert turns and all(status == "answered" and "failed" in reply for status, reply in turns), turns
+        turns = db.execute("SELECT status, reply, answered_by FROM turn").fetchall()
+    assert turns and all(status == "answered" and "failed" in reply for status, reply, _ in turns), turns
+    assert {by for _, _, by in turns} == {"model:openai/gpt-4o-mini"}  # the model's failure, not the trainer's
     assert not engine.containers.list(all=True, filters={"label": label})
 
 

@@ -123,10 +123,17 @@ class AsyncTrainerClient:
         return await self._send(ApiCalls.reply_and_pull(replies, episode, max, wait_s, lease_s))
 
     async def forward(
-        self, turn_id: str, model: str, options: dict[str, Any] | None = None, lease_id: str | None = None
+        self,
+        turn_id: str,
+        model: str,
+        options: dict[str, Any] | None = None,
+        lease_id: str | None = None,
+        on_failure: str = "return",
     ) -> schema.Turn:
-        """Answer a turn from `model` through litellm (e.g. "openai/gpt-4o-mini", options={"api_base": ...})."""
-        return await self._send(ApiCalls.forward(turn_id, model, options, lease_id))
+        """Answer a turn from `model` through litellm (e.g. "openai/gpt-4o-mini", options={"api_base": ...}), or from
+        the served policy (vllm:NAME). If the model fails: TrajproxyAPIError 502, the turn yours again (`return`), or
+        the failure is the turn's answer, handed to its agent as the model's (`agent`: the turn's reply has `error`)."""
+        return await self._send(ApiCalls.forward(turn_id, model, options, lease_id, on_failure))
 
     async def finish(self, episode_id: str, status: str = "finished", reason: str | None = None) -> schema.Episode:
         return await self._send(ApiCalls.finish(episode_id, status, reason))

@@ -135,8 +135,10 @@ class ApiCalls:
         )
 
     @staticmethod
-    def forward(turn_id: str, model: str, options: dict[str, Any] | None, lease_id: str | None) -> ApiCall[schema.Turn]:
-        body = {"model": model, "options": options or {}, "lease_id": lease_id}
+    def forward(
+        turn_id: str, model: str, options: dict[str, Any] | None, lease_id: str | None, on_failure: str = "return"
+    ) -> ApiCall[schema.Turn]:
+        body = {"model": model, "options": options or {}, "lease_id": lease_id, "on_failure": on_failure}
         return ApiCall("POST", f"/api/turns/{turn_id}/forward", schema.Turn.model_validate, json=body, timeout_s=600)
 
     @staticmethod

@@ -27,9 +27,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import schema
 from proxy.core.broker import Broker
-from proxy.core.errors import TrajproxyError
+from proxy.core.errors import TrajproxyError, UpstreamError
 from proxy.core.steps import Steps
-from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Turn, answerer_of
+from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, Turn, answerer_of
 from proxy.dialects.dialect import agent_env
 from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
 from proxy.http.trainer_json import (
@@ -211,7 +211,14 @@ class TrainerApi:
 
     async def forward(self, turn_id: str, body: schema.ForwardIn) -> Response:
         answerer = answerer_of(body.model, body.options, served_only=True) or Answerer(body.model, body.options)
-        turn = await self._broker.answers.forward(turn_id, answerer, body.lease_id, None)
+        try:
+            turn = await self._broker.answers.forward(turn_id, answerer, body.lease_id, None)
+        except UpstreamError as e:
+            if body.on_failure != "agent":
+                raise
+            # the model's failure is its answer: the agent gets it, recorded as the model's, not the trainer's
+            failed = Reply(error=AgentError(status_of(e), e.message, e.kind), answered_by=answerer.spec)
+            turn = await self._broker.answers.reply(turn_id, failed, body.lease_id)
         return json_response(turn_view(turn))
 
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:

@@ -188,6 +188,11 @@ class ForwardIn(_Strict):
     model: Name = Field(min_length=1, description="a litellm model name, or vllm:NAME / sglang:NAME")
     options: Json = Field(default_factory=dict)
     lease_id: Text | None = None
+    on_failure: Literal["return", "agent"] = Field(
+        default="return",
+        description="when the model fails: return (502; the turn is yours again, under your lease) or agent (the "
+        "failure is the turn's answer: its agent gets the error, recorded as answered by the model)",
+    )
 
     @model_validator(mode="after")
     def _served_has_server(self) -> ForwardIn:

@@ -69,7 +69,8 @@ class ModelPolicy:
     """Forwards every turn to a model through litellm (any name litellm knows, e.g. openai/gpt-4o-mini).
 
     A call the model fails goes back to its agent at once as a 502 with the provider's message, in the agent's
-    own dialect, rather than staying parked until the turn times out; `on_failure` hears it too."""
+    own dialect, rather than staying parked until the turn times out: recorded as the model's answer (its
+    `answered_by`), not the trainer's. `on_failure` hears it too."""
 
     def __init__(self, model: str, options: dict[str, Any] | None = None, on_failure: OnFailure | None = None) -> None:
         self.model = model
@@ -82,14 +83,10 @@ class ModelPolicy:
                 await _answer(self._forward(trainer, turn.id, turn.lease_id, episode_id))
 
     async def _forward(self, trainer: AsyncTrainerClient, turn_id: str, lease_id: str | None, episode_id: str) -> None:
-        try:
-            await trainer.forward(turn_id, self.model, self.options, lease_id=lease_id)
-        except TrajproxyAPIError as e:
-            if e.status != 502:  # 502: the model failed, and the turn is still ours to answer under our lease
-                raise
-            self._on_failure(episode_id, e.message)
-            error = {"status": 502, "type": e.kind, "message": e.message}
-            await trainer.reply(turn_id, error=error, lease_id=lease_id)
+        # a failure is the model's answer, recorded as the model's (answered_by), never as the trainer's
+        turn = await trainer.forward(turn_id, self.model, self.options, lease_id=lease_id, on_failure="agent")
+        if turn.reply is not None and turn.reply.error is not None:
+            self._on_failure(episode_id, turn.reply.error.message)
 
 
 async def _replayed(trainer: AsyncTrainerClient, episode_id: str) -> int:

@@ -160,6 +160,8 @@ class Runner:
             metadata["agent"] = agent.record
             if agent.routes:
                 options["routes"] = [*options.get("routes", []), *agent.routes]
+        elif self._config.oracle or self._config.agent_cmd:  # named as the run's --agent or --agent-cmd was
+            metadata["agent"] = {"name": "oracle" if self._config.oracle else f"--agent-cmd {self._config.agent_cmd}"}
         return await self._trainer.create_episode(task=task.prompt, metadata=metadata, **options)
 
     async def run(self, task: Task, episode: schema.EpisodeCreated | None = None) -> Outcome:

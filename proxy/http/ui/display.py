@@ -102,9 +102,13 @@ def moment(at: float | None) -> str:
 
 
 def agent_of(episode: Episode) -> str:
+    """The agent's name as the episode's metadata gives it (`agent.name`, or `agent`); else, for an episode a
+    `trajproxy run` recorded before it named every agent, who ran it (`ran_by.agent`: `oracle`, `--agent-cmd ...`)."""
     agent = episode.metadata.get("agent")
     if isinstance(agent, dict):
         return str(agent.get("name") or "")
+    if agent is None and isinstance(ran_by := episode.metadata.get("ran_by"), dict):
+        agent = ran_by.get("agent")
     return str(agent) if agent is not None else ""
 
 

@@ -53,7 +53,7 @@ class Chart:
     points: list[tuple[float, float, str]]  # x, y, the point's title (episode id, return)
     mean_line: str  # an SVG polyline's points
     y_labels: list[tuple[float, str]]  # y, text
-    x_labels: list[tuple[float, str]]  # x, text
+    x_labels: list[tuple[float, str, str]]  # x, text, its anchor: the first starts at its point, the last ends there
 
 
 def task_of(summary: EpisodeSummary) -> str:
@@ -110,7 +110,10 @@ def reward_chart(found: Iterable[EpisodeSummary], window: int = 20) -> Chart | N
         points=[(x(t), y(v), f"{s.episode.id}: {v:g}") for t, v, s in zip(times, values, rewarded, strict=True)],
         mean_line=" ".join(f"{x(t)},{y(m)}" for t, m in zip(times, means, strict=True)),
         y_labels=[(y(value), f"{value:g}") for value in sorted({low, high, (low + high) / 2})],
-        x_labels=[(x(first), moment(first)), (x(last), moment(last))] if last > first else [(x(first), moment(first))],
+        # a label centred on the first or last point would run past the chart's edge (a time is ~140 px wide)
+        x_labels=[(x(first), moment(first), "start"), (x(last), moment(last), "end")]
+        if last > first
+        else [(x(first), moment(first), "middle")],
     )
 
 
