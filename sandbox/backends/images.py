@@ -14,6 +14,7 @@ import docker
 import docker.errors
 
 from sandbox.backends.interface import ExecResult, SandboxError
+from sandbox.backends.network_steps import build_parts, parts
 
 MANAGED = "trajproxy.managed"
 _LOG_KEPT = 3000
@@ -55,7 +56,7 @@ def context_tag(name: str, context: Path) -> str:
 
 def build_image(client: Any, context: Path, tag: str, timeout_s: float) -> bool:
     """Build `tag` from `context` unless it is there already; True when it was built now. A failed build says
-    which step failed and how its log ended."""
+    which step failed and how its log ended. `RUN --network=none` holds here as under BuildKit."""
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:
@@ -64,8 +65,12 @@ def build_image(client: Any, context: Path, tag: str, timeout_s: float) -> bool:
         return False
     if not (context / "Dockerfile").is_file():
         raise SandboxError(f"no Dockerfile in {context}: a task's environment needs one to build {tag}")
+    chain, labels = parts((context / "Dockerfile").read_text(encoding="utf-8", errors="replace")), {MANAGED: "1"}
     try:
-        client.images.build(path=str(context), tag=tag, rm=True, forcerm=True, timeout=timeout_s, labels={MANAGED: "1"})
+        if len(chain) == 1 and chain[0].network is None:
+            client.images.build(path=str(context), tag=tag, rm=True, forcerm=True, timeout=timeout_s, labels=labels)
+        else:  # RUN --network, which this engine's builder lacks: a part per network
+            build_parts(client, context, chain, tag, timeout_s, labels)
     except docker.errors.BuildError as e:
         log = "".join(str(chunk.get("stream", chunk.get("error", ""))) for chunk in e.build_log)
         raise SandboxError(f"building {tag} from {context} failed: {e.msg}\n{log[-_LOG_KEPT:]}") from e

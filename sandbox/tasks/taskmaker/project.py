@@ -1,5 +1,5 @@
 """The project a task set is made from: a folder, a git repository or an sdist/archive, copied to a working folder;
-its language, its test files, its source files, and the test dependencies it declares."""
+its language, its test files, its source files, and what it declares it needs (declared.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sandbox.tasks.taskmaker.declared import declared
 
 SKIPPED = {".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", "__pycache__", ".pytest_cache", "build", "dist",
            "node_modules", ".mypy_cache", ".ruff_cache", ".eggs"}  # fmt: skip
@@ -29,9 +31,6 @@ OTHER_LANGUAGES = {
 TEST_FILES = ("test_*.py", "*_test.py", "conftest.py")
 NOT_SOURCE = ("setup.py", "noxfile.py", "fabfile.py", "tasks.py", "conftest.py")
 NOT_SOURCE_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "example", "benchmarks", "scripts"}
-TEST_EXTRAS = ("test", "tests", "testing", "dev")
-REQUIREMENT_FILES = ("requirements-test*.txt", "requirements_test*.txt", "test-requirements*.txt",
-                     "test_requirements*.txt", "requirements/test*.txt", "tests/requirements*.txt")  # fmt: skip
 ARCHIVES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar", ".zip")
 
 
@@ -47,6 +46,8 @@ class Project:
     source_files: tuple[str, ...]  # where bugs may be made
     test_requirements: tuple[str, ...]
     installable: bool  # has a pyproject.toml, setup.py or setup.cfg: `pip install -e .`
+    dependencies: tuple[str, ...] = ()  # what it declares in its files: installed before any of its code runs
+    build_requirements: tuple[str, ...] = ()  # its build backend's: it is installed with no network, no isolation
 
     @property
     def measured(self) -> tuple[str, ...]:
@@ -99,7 +100,9 @@ def detect(root: Path, source: Path) -> Project:
     if not sources:
         raise SourceError(f"{source}: no source files outside the tests to make bugs in")
     config = _toml(root / "pyproject.toml")
-    return Project(root, _name(root, config), tests, sources, _test_requirements(root, config), bool(markers))
+    needs = declared(root, config, bool(markers))
+    name = _name(root, config, needs.name)
+    return Project(root, name, tests, sources, needs.test, bool(markers), needs.dependencies, needs.build)
 
 
 def _is_test(path: str) -> bool:
@@ -121,42 +124,10 @@ def _toml(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _name(root: Path, config: dict[str, Any]) -> str:
-    name = config.get("project", {}).get("name")
+def _name(root: Path, config: dict[str, Any], declared_name: str | None) -> str:
+    name = config.get("project", {}).get("name") or declared_name
     if not name and (root / "setup.cfg").is_file():
         parser = configparser.ConfigParser(interpolation=None)
         parser.read(root / "setup.cfg", encoding="utf-8")
         name = parser.get("metadata", "name", fallback=None)
     return re.sub(r"[^a-z0-9]+", "-", str(name or root.name).lower()).strip("-") or "project"
-
-
-def _test_requirements(root: Path, config: dict[str, Any]) -> tuple[str, ...]:
-    """What the project says its tests need: pyproject extras and dependency groups, setup.cfg extras, requirement
-    files for tests, tox's deps."""
-    found: list[str] = []
-    extras = config.get("project", {}).get("optional-dependencies", {})
-    groups = config.get("dependency-groups", {})
-    for key in TEST_EXTRAS:
-        found += [item for item in extras.get(key, []) if isinstance(item, str)]
-        found += [item for item in groups.get(key, []) if isinstance(item, str)]  # an include-group is a table
-    parser = configparser.ConfigParser(interpolation=None)
-    for name in ("setup.cfg", "tox.ini"):
-        if (root / name).is_file():
-            try:
-                parser.read(root / name, encoding="utf-8")
-            except configparser.Error:
-                continue
-    for key in TEST_EXTRAS:
-        found += parser.get("options.extras_require", key, fallback="").splitlines()
-    found += parser.get("testenv", "deps", fallback="").splitlines()
-    for pattern in REQUIREMENT_FILES:
-        for path in sorted(root.glob(pattern)):
-            found += path.read_text(encoding="utf-8", errors="replace").splitlines()
-    kept = []
-    for line in found:
-        requirement = line.split("#")[0].strip()
-        factored = re.match(r"^[\w.,!-]+:\s", requirement)  # tox's `factor: dep`, for one environment only
-        plain = requirement and not requirement.startswith(("-", ".", "/")) and "{" not in requirement
-        if plain and not factored and requirement not in kept:
-            kept.append(requirement)
-    return tuple(kept)
