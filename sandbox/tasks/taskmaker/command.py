@@ -1,5 +1,6 @@
 """`trajproxy tasks make SOURCE --out DIR`: Harbor tasks from a Python project, by bugs injected where its passing
-tests look, each kept only when some tests then fail and the rest pass, and checked with the oracle and a no-op."""
+tests look, each kept when some tests then fail (the whole suite run on it says which, and which still pass), and
+checked with the oracle and a no-op."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from sandbox.tasks.taskmaker.baseline import Baseline, probe_box, run_baseline
 from sandbox.tasks.taskmaker.environment import write_context
 from sandbox.tasks.taskmaker.mutate import interleaved, mutations
 from sandbox.tasks.taskmaker.project import Project, SourceError, copy_source, detect
-from sandbox.tasks.taskmaker.screen import Candidate, Screened, batches, screen
+from sandbox.tasks.taskmaker.screen import Candidate, Screened, batches, confirm, screen
 from sandbox.tasks.taskmaker.validate import validate
 from sandbox.tasks.taskmaker.write import Made, write_task
 
@@ -68,7 +69,7 @@ class Making:
     flaky: list[str] = field(default_factory=list)
     candidates: int = 0
     tried: int = 0
-    kept: int = 0  # of those tried, the bugs that pass the rule (more than `--max` when a batch holds more)
+    kept: int = 0  # of those tried, the bugs that pass the rule on the whole suite (at most `--max`)
     tasks: list[dict[str, Any]] = field(default_factory=list)
     dropped: dict[str, list[str]] = field(default_factory=dict)
     validation: dict[str, dict[str, float | None]] = field(default_factory=dict)  # agent -> task -> reward
@@ -179,18 +180,30 @@ async def _kept(
     box: Any, candidates: list[Candidate], baseline: Baseline, most: int, made: Making, say: Any
 ) -> list[Screened]:
     kept: dict[tuple[str, str, frozenset[str]], Screened] = {}
+    seen: set[tuple[str, str, frozenset[str]]] = set()
     for batch in batches(candidates):
+        fresh = []
         for screened in await screen(box, batch, baseline):
             made.tried += 1
-            mutation = screened.candidate.mutation
-            key = (mutation.file, mutation.kind, frozenset(screened.failing))  # the same bug seen the same way
-            if screened.failing and not screened.timed_out and key not in kept:
-                kept[key] = screened
+            key = _key(screened)  # the same bug seen the same way
+            if screened.failing and not screened.timed_out and key not in seen:
+                seen.add(key)
+                fresh.append(screened)
+        while fresh and len(kept) < most:  # only as many as are wanted: each costs a run of the whole suite
+            wanted, fresh = fresh[: most - len(kept)], fresh[most - len(kept) :]
+            for confirmed in await confirm(box, wanted, baseline):
+                if confirmed.failing and not confirmed.timed_out and _key(confirmed) not in kept:
+                    kept[_key(confirmed)] = confirmed
         made.kept = len(kept)
         say(f"screened {made.tried} of {len(candidates)} candidate bugs: {len(kept)} kept")
         if len(kept) >= most:
             break
-    return list(kept.values())[:most]
+    return list(kept.values())
+
+
+def _key(screened: Screened) -> tuple[str, str, frozenset[str]]:
+    mutation = screened.candidate.mutation
+    return mutation.file, mutation.kind, frozenset(screened.failing)
 
 
 def _publish(out: Path, written: list[Made], failures: Callable[[str], list[str]], made: Making) -> None:
@@ -212,9 +225,9 @@ def _remove_image(tag: str) -> None:
 def _show(console: Any, made: Making) -> None:
     from rich.table import Table  # lazy: rich's tables load only for the table (this module is in `--help`'s path)
 
-    table = Table("task", "kind", "failing tests", "difficulty", title=f"tasks made from {made.project}")
+    table = Table("task", "kind", "failing tests", "passing tests", title=f"tasks made from {made.project}")
     for row in made.tasks:
-        table.add_row(row["id"], row["kind"], str(len(row["fail_to_pass"])), row["difficulty"]["label"])
+        table.add_row(row["id"], row["kind"], str(len(row["fail_to_pass"])), str(row["pass_to_pass"]))
     console.print(table)
     for task, said in made.dropped.items():
         console.print(f"dropped {task}: {'; '.join(said)}", markup=False, soft_wrap=True)

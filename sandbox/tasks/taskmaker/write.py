@@ -1,10 +1,10 @@
 """A kept bug written as a Harbor task directory: an issue-like instruction from what the failing tests observed,
 the image's build context, a verifier that writes named rewards, the reverse change as the solution, and task.toml
-with limits from the baseline's cost and a difficulty estimate."""
+with limits from the baseline's cost. No difficulty label: nothing measured here predicts how hard a bug is to fix
+(an estimate from the kind of change and the tests' distance to it called a NameError hard)."""
 
 from __future__ import annotations
 
-import ast
 import difflib
 import hashlib
 import json
@@ -26,7 +26,6 @@ AGENT_TIMEOUT_S = 900
 BUILD_TIMEOUT_S = 900
 SHOWN_TESTS = 8
 HINTS = re.compile(r"^(Use -v to get|Full diff:|Omitting \d+ identical items)")
-HARDER_KINDS = {"dropped-line", "dropped-branch", "swapped-args"}
 TEST_SH = f"""#!/bin/bash
 # The verifier: the project's tests restored as they were (the agent may have changed them), then the tests the bug
 # fails and the tests that must keep passing; named rewards go to /logs/verifier/reward.json.
@@ -54,14 +53,16 @@ def write_task(out: Path, project: Project, baseline: Baseline, screened: Screen
     candidate, mutation = screened.candidate, screened.candidate.mutation
     ident = task_id(project, screened)
     folder = out / ident
+    if screened.passing is None:
+        raise ValueError("a bug is written as a task only once the whole suite has run on it (screen.confirm)")
     original = (project.root / mutation.file).read_bytes()
     write_context(project, folder / "environment", {mutation.file: candidate.source})
-    fail_to_pass = sorted(screened.failing)
-    pass_to_pass = [test for test in baseline.passing if test not in screened.failing]
+    fail_to_pass, pass_to_pass = sorted(screened.failing), list(screened.passing)
     fix = _diff(mutation.file, candidate.source, original)
-    estimate = difficulty(project, screened, fix)
     verifier_s = math.ceil(max(60.0, 4 * baseline.seconds + 30))
-    (folder / "instruction.md").write_text(instruction(project.name, screened.failing), encoding="utf-8")
+    (folder / "instruction.md").write_text(
+        instruction(project.name, screened.failing, len(pass_to_pass)), encoding="utf-8"
+    )
     tests = folder / "tests"
     for path in project.test_files:
         (tests / "project" / path).parent.mkdir(parents=True, exist_ok=True)
@@ -81,9 +82,7 @@ def write_task(out: Path, project: Project, baseline: Baseline, screened: Screen
         f"{solve}git apply --whitespace=nowarn <<'TRAJPROXY_FIX'\n{fix}TRAJPROXY_FIX\n"
     )
     memory_mb = max(1024, math.ceil(baseline.peak_mb * 2 / 256) * 256)
-    (folder / "task.toml").write_text(
-        _toml(source_name, mutation.kind, estimate, verifier_s, memory_mb), encoding="utf-8"
-    )
+    (folder / "task.toml").write_text(_toml(source_name, mutation.kind, verifier_s, memory_mb), encoding="utf-8")
     row = {
         "id": ident,
         "kind": mutation.kind,
@@ -93,7 +92,6 @@ def write_task(out: Path, project: Project, baseline: Baseline, screened: Screen
         "function": mutation.function,
         "fail_to_pass": fail_to_pass,
         "pass_to_pass": len(pass_to_pass),
-        "difficulty": estimate,
     }
     return Made(ident, folder, row)
 
@@ -109,11 +107,12 @@ def solution_script(folder: Path) -> str:
     return "".join(json.dumps(reply) + "\n" for reply in replies)
 
 
-def instruction(name: str, failing: dict[str, str]) -> str:
-    """The bug as a user reports it: which tests fail and what they observed; never where it is or how to fix it."""
+def instruction(name: str, failing: dict[str, str], passing: int) -> str:
+    """The bug as a user reports it: which tests no longer pass and what they observed, and how many still pass, as
+    the suite ran on the buggy tree; never where the bug is or how to fix it."""
     shown = sorted(failing)[:SHOWN_TESTS]
-    lines = [f"# {len(failing)} test(s) of {name} fail", "", f"After a recent change to {name}, these tests fail "
-             "where they passed before:", ""]  # fmt: skip
+    lines = [f"# {len(failing)} test(s) of {name} no longer pass", "", f"After a recent change to {name}, these "
+             "tests no longer pass where they passed before:", ""]  # fmt: skip
     for test in shown:
         lines += [
             f"- `{test}`, which reports:",
@@ -124,10 +123,13 @@ def instruction(name: str, failing: dict[str, str]) -> str:
         ]
     if len(failing) > len(shown):
         lines.append(f"- and {len(failing) - len(shown)} more")
+    still = "the 1 other test that passed before still passes" if passing == 1 else (
+        f"the {passing} other tests that passed before still pass")  # fmt: skip
     lines += [
         "",
-        "The rest of the test suite still passes. Find the cause in the project's source and fix it, so that these "
-        "tests pass again and the others keep passing. Do not change the tests.",
+        f"Of the rest of the suite, {still}; tests that failed, were skipped or were flaky before the change are not "
+        "part of this issue. Find the cause in the project's source and fix it, so that these tests pass again and "
+        "the others keep passing. Do not change the tests.",
         "",
         f"The project is in {WORKDIR}, a git repository; `python -m pytest` runs its tests.",
     ]
@@ -140,34 +142,6 @@ def _observed(message: str) -> list[str]:
     return kept[:12] or ["it fails"]
 
 
-def difficulty(project: Project, screened: Screened, fix: str) -> dict[str, Any]:
-    """Lines and files changed, tests failing, and how far the bug is from the tests: 1 when a failing test calls
-    the changed function by name, 2 when it reaches it through other code."""
-    mutation = screened.candidate.mutation
-    changed = sum(1 for line in fix.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---")))
-    calls = {_test_source(project, test) for test in screened.failing}
-    distance = 1 if mutation.function and any(mutation.function in text for text in calls) else 2
-    score = distance + (len(screened.failing) <= 2) + (mutation.kind in HARDER_KINDS)
-    label = "easy" if score <= 1 else "medium" if score == 2 else "hard"
-    return {"label": label, "score": score, "lines_changed": changed, "files_changed": 1,
-            "tests_failing": len(screened.failing), "distance": distance}  # fmt: skip
-
-
-def _test_source(project: Project, test: str) -> str:
-    """The source of the test function a node id names ("" when it cannot be found)."""
-    file, _, rest = test.partition("::")
-    name = rest.split("::")[-1].split("[")[0]
-    try:
-        tree = ast.parse((project.root / file).read_bytes())
-    except (OSError, SyntaxError):
-        return ""
-    text = (project.root / file).read_text(encoding="utf-8", errors="replace")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            return ast.get_source_segment(text, node) or ""
-    return ""
-
-
 def _diff(file: str, before: bytes, after: bytes) -> str:
     lines = difflib.unified_diff(
         before.decode("utf-8").splitlines(keepends=True),
@@ -178,8 +152,7 @@ def _diff(file: str, before: bytes, after: bytes) -> str:
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
-def _toml(source: str, kind: str, estimate: dict[str, Any], verifier_s: int, memory_mb: int) -> str:
-    estimate_lines = "\n".join(f"{key} = {json.dumps(value)}" for key, value in estimate.items())
+def _toml(source: str, kind: str, verifier_s: int, memory_mb: int) -> str:
     weights = "\n".join(f'WEIGHT_{name.upper()} = "{value:g}"' for name, value in WEIGHTS.items())
     return f"""version = "1.0"
 
@@ -187,15 +160,11 @@ def _toml(source: str, kind: str, estimate: dict[str, Any], verifier_s: int, mem
 made_by = "trajproxy tasks make"
 source = {json.dumps(source)}
 kind = {json.dumps(kind)}
-difficulty = {json.dumps(estimate["label"])}
 category = "debugging"
 # reward = max(0, tests * WEIGHT_TESTS + style * WEIGHT_STYLE - regressions * WEIGHT_REGRESSIONS), weights below in
 # [verifier.env]; tests: the share of the failing tests fixed; regressions: the share of the passing ones broken;
 # style: 1 less the share of changed lines ruff finds fault with (0 when no failing test is fixed).
 rewards = ["reward", "tests", "regressions", "style"]
-
-[metadata.difficulty_estimate]
-{estimate_lines}
 
 [agent]
 timeout_sec = {AGENT_TIMEOUT_S}
