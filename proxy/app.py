@@ -30,8 +30,10 @@ from proxy.http.docs import add_docs
 from proxy.http.edge import error_body, invalid, redact, status_of
 from proxy.http.health import Health
 from proxy.http.metrics import add_metrics
+from proxy.http.origins import LocalCallers
 from proxy.http.queries import DeclaredQueries
 from proxy.http.routes import Route, Router, framework_routes, route_table
+from proxy.http.shutdown import Shutdown
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import TrainerApi
 from proxy.http.trainer_door import TrainerDoor
@@ -47,17 +49,29 @@ log = logging.getLogger("trajproxy")
 class Trajproxy(Router):
     """The whole ASGI app (its route table's router), with the broker it serves, the settings it was built with
     (its trainer token too) and the metrics it exposes (which a program serving it in-process also feeds:
-    sandboxes started and failed)."""
+    sandboxes started and failed). Its front calls `stopping()` as its shutdown begins."""
 
     def __init__(
-        self, broker: Broker, settings: Settings, metrics: PrometheusMetrics, table: list[Route], api: FastAPI
+        self,
+        broker: Broker,
+        settings: Settings,
+        metrics: PrometheusMetrics,
+        table: list[Route],
+        api: FastAPI,
+        shutdown: Shutdown,
     ) -> None:
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        trainer_door = TrainerDoor(token, settings.max_body_bytes, DeclaredQueries(api.openapi))
-        super().__init__(table, trainer_door, api, settings.body_read_timeout_s)
+        callers = LocalCallers(settings.public_url)
+        trainer_door = TrainerDoor(token, settings.max_body_bytes, DeclaredQueries(api.openapi), callers)
+        super().__init__(table, trainer_door, api, settings.body_read_timeout_s, settings.body_timeout_s)
         self.broker = broker
         self.settings = settings
         self.metrics = metrics
+        self._shutdown = shutdown
+
+    def stopping(self) -> None:
+        """The server is stopping: the trainer's long polls and streams end now (on the server's event loop)."""
+        self._shutdown.begin()
 
 
 def create_app(settings: Settings) -> Trajproxy:
@@ -104,8 +118,10 @@ def create_app(settings: Settings) -> Trajproxy:
         openapi_url="/api/openapi.json",
         redoc_url=None,
     )
-    trainer = TrainerApi(broker, settings, api)
-    table = route_table(AgentCalls(broker, settings), trainer, TurnStream(broker), Health(broker, replica), api)
+    shutdown = Shutdown()
+    trainer = TrainerApi(broker, settings, api, shutdown)
+    stream = TurnStream(broker, shutdown)
+    table = route_table(AgentCalls(broker, settings), trainer, stream, Health(broker, replica), api)
     add_docs(api, "/api/openapi.json")
     api.include_router(framework_routes(table))
     add_metrics(api, metrics, broker, store)
@@ -113,7 +129,7 @@ def create_app(settings: Settings) -> Trajproxy:
     api.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
     api.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     api.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    return Trajproxy(broker, settings, metrics, table, api)
+    return Trajproxy(broker, settings, metrics, table, api, shutdown)
 
 
 def error_response(status: int, kind: str, message: str) -> Response:

@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     restart_grace_s: float = Field(default=60.0, ge=0)  # how long a turn taken back at start-up waits for its retry
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that sends nothing this long is answered 408
+    body_timeout_s: float = Field(default=120.0, gt=0)  # a body not whole this long after it began is answered 408
+    header_timeout_s: float = Field(default=30.0, gt=0)  # a request's head not whole this long: its connection closes
+    max_sandbox_connections: int = Field(default=4096, gt=0)  # on the sandbox socket at once (at most half the fds)
+    forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For/-Proto are believed: addresses, networks or *
     public_url: str | None = None
     socket_path: str | None = None  # also serve agents on this Unix socket (sandbox gates relay to it)
     server: Literal["granian", "uvicorn"] = "uvicorn"  # the HTTP server in front (RESULTS.md: "A compiled HTTP front")
@@ -42,6 +46,17 @@ class Settings(BaseSettings):
         # SecretStr it would pass the public-bind check, yet be falsy where the app reads it, leaving /api open.
         given = value.get_secret_value() if isinstance(value, SecretStr) else value
         return None if isinstance(given, str) and not given.strip() else value
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        for item in value.split(","):
+            if item.strip() not in ("", "*"):
+                try:
+                    ipaddress.ip_network(item.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(f"{item.strip()!r} is not an IP address or network (nor *)") from None
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

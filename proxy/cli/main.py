@@ -64,6 +64,25 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--body-read-timeout-s", type=float, help="seconds a request body may send nothing before it gets 408 (30)"
     )
+    serve.add_argument(
+        "--body-timeout-s", type=float, help="seconds a request body may take to arrive whole before it gets 408 (120)"
+    )
+    serve.add_argument(
+        "--header-timeout-s",
+        type=float,
+        help="seconds a request's head may take to arrive whole before its connection is closed (30)",
+    )
+    serve.add_argument(
+        "--max-sandbox-connections",
+        type=int,
+        help="connections open at once on the sandbox socket, all sandboxes together (4096; at most half the "
+        "process's open-files limit)",
+    )
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        help="proxies whose X-Forwarded-For and X-Forwarded-Proto are believed: addresses or networks, "
+        "comma-separated, or * (default none: the peer is the client)",
+    )
     serve.add_argument("--public-url", help="base URL agents should use, if not the one trainers reach")
     serve.add_argument("--socket-path", help="also serve agents on this Unix socket, for sandboxes (no trainer API)")
     serve.add_argument("--server", choices=["granian", "uvicorn"], help="the HTTP server in front (default uvicorn)")

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from proxy.app import create_app
 from proxy.core.errors import StorageError
 from proxy.servers.front import front
+from proxy.servers.limits import Limits
 from proxy.servers.sockets import listen
 from proxy.settings import Settings
 from proxy.storage.database_lock import check_free
@@ -72,7 +73,7 @@ def serve(settings: Settings) -> None:
     )
     _announce_token(kept)
     settle_collector()
-    front(settings.server, app, sockets, settings.log_level).run()
+    front(settings.server, app, sockets, settings.log_level, limits=Limits.of(settings)).run()
 
 
 def _announce_token(kept: KeptToken | None) -> None:

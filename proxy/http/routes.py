@@ -11,7 +11,8 @@ docs, `/metrics` and the page under `/ui` are FastAPI's too (`proxy.http.docs`, 
   the handler, which answers in its dialect's shape; on TCP and on the sandbox socket.
 - TRAINER: the trainer token, the query's declared names, the body limit and its nesting (`TrainerDoor`), before
   the handler reads anything or waits; TCP only.
-- OPEN: nothing to show (the schema, the docs, metrics, the page, which checks its own login); TCP only.
+- OPEN: nothing to show (the schema, the docs, metrics, the page, which checks its own login); TCP only. With no
+  trainer token, only requests to a local host (`TrainerDoor.admit_open`), as on the trainer's door.
 - SOCKET: the sandbox socket only.
 
 Paths are exact or Starlette templates (`{name}`: one segment, `{name:path}`: the rest); an exact path is tried
@@ -168,12 +169,18 @@ class Router:
     What is not a request (the server's lifespan: the store opens and closes) goes to FastAPI."""
 
     def __init__(
-        self, table: Sequence[Route], trainer_door: TrainerDoor, api: ASGIApp, body_read_timeout_s: float
+        self,
+        table: Sequence[Route],
+        trainer_door: TrainerDoor,
+        api: ASGIApp,
+        body_read_timeout_s: float,
+        body_timeout_s: float,
     ) -> None:
         self.table = tuple(table)
         self._trainer_door = trainer_door
         self._api = api
         self._body_read_timeout_s = body_read_timeout_s
+        self._body_timeout_s = body_timeout_s
         self._exact: dict[str, list[Route]] = {}
         self._templates: list[tuple[re.Pattern[str], Route]] = []
         for route in table:
@@ -184,7 +191,7 @@ class Router:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            receive, send = timed_body(receive, send, self._body_read_timeout_s)
+            receive, send = timed_body(receive, send, self._body_read_timeout_s, self._body_timeout_s)
             if asks_upgrade(scope):
                 await refuse_upgrade(scope, send)
                 return
@@ -210,6 +217,8 @@ class Router:
                 return
             else:
                 receive = admitted
+        elif route.door is Door.OPEN and not await self._trainer_door.admit_open(scope, receive, send):
+            return
         await route.serve(scope, receive, send)
 
     def match(self, scope: Scope) -> tuple[Route, dict[str, str]] | None:

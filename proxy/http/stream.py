@@ -15,7 +15,7 @@ Messages are JSON, in text (or binary) frames:
                       {"type": "end", "reason": ...}  (the stream's episode has ended: nothing more to push)
 
 A malformed message is answered with an error and the socket stays open; a failing database closes it with 1011
-and the reason.
+and the reason; a server that begins to stop closes it with 1012 (service restart: connect again).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.values import Turn
 from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
+from proxy.http.shutdown import Shutdown
 from proxy.http.trainer import answer_all
 from proxy.http.trainer_door import too_deep
 from proxy.http.trainer_json import turn_view
@@ -42,6 +43,7 @@ from proxy.schema import replies
 
 PULL_WAIT_S = 30.0  # one long poll after another; its length only sets how often an idle stream looks again
 _INTERNAL_ERROR = 1011
+_SERVICE_RESTART = 1012  # what uvicorn closes with when it stops, too
 _MAX_REASON_BYTES = 123  # what a close frame holds
 _REPLIES = msgspec.json.Decoder(replies.StreamReplies)
 
@@ -49,8 +51,9 @@ _REPLIES = msgspec.json.Decoder(replies.StreamReplies)
 class TurnStream:
     """The ASGI app for the stream's WebSocket scope; TrainerDoor has checked the token before it."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, shutdown: Shutdown) -> None:
         self._broker = broker
+        self._shutdown = shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -66,7 +69,7 @@ class TurnStream:
         if (await receive())["type"] != "websocket.connect":
             return
         await send({"type": "websocket.accept"})
-        await _Session(self._broker, query, send).run(receive)
+        await _Session(self._broker, query, send).run(receive, self._shutdown)
 
 
 class _Session:
@@ -82,8 +85,9 @@ class _Session:
         self._answering: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    async def run(self, receive: Receive) -> None:
+    async def run(self, receive: Receive, shutdown: Shutdown) -> None:
         pusher = asyncio.ensure_future(self._push())
+        ending = asyncio.ensure_future(self._end_with(shutdown))
         try:
             while (message := await receive())["type"] == "websocket.receive":
                 # Each message's replies are recorded while the next is read: messages that come together share
@@ -93,7 +97,8 @@ class _Session:
                 answering.add_done_callback(self._answering.discard)
         finally:
             pusher.cancel()
-            await asyncio.wait([pusher, *self._answering])  # replies sent are recorded, whoever hears of it
+            ending.cancel()
+            await asyncio.wait([pusher, ending, *self._answering])  # replies sent are recorded, whoever hears of it
             self._broker.queue.release(list(self._in_flight.values()))  # at once, not when the leases run out
 
     async def _push(self) -> None:
@@ -117,6 +122,11 @@ class _Session:
             return
         except TrajproxyError as e:
             await self._close(e.message)
+
+    async def _end_with(self, shutdown: Shutdown) -> None:
+        """Close the stream once the server begins to stop: the trainer hears it at once, not after the grace."""
+        await shutdown.wait()
+        await self._close("trajproxy is shutting down", _SERVICE_RESTART)
 
     async def _answer(self, data: str | bytes) -> None:
         """Record a message's replies and acknowledge them, or say what is wrong with it."""
@@ -158,13 +168,13 @@ class _Session:
             return
         await self._send({"type": "websocket.send", "text": orjson.dumps(value).decode()})
 
-    async def _close(self, reason: str) -> None:
+    async def _close(self, reason: str, code: int = _INTERNAL_ERROR) -> None:
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(OSError):
             reason = reason.encode()[:_MAX_REASON_BYTES].decode(errors="ignore")
-            await self._send({"type": "websocket.close", "code": _INTERNAL_ERROR, "reason": reason})
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
 
 def _decoded(data: str | bytes) -> replies.StreamReplies | schema.StreamReplies:
@@ -172,7 +182,7 @@ def _decoded(data: str | bytes) -> replies.StreamReplies | schema.StreamReplies:
     with a ValidationError naming the field."""
     try:
         return _REPLIES.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):  # the last: bytes that are not UTF-8
         return schema.StreamReplies.model_validate_json(data)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, TypeVar
 from urllib.parse import parse_qsl
@@ -27,11 +28,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import schema
 from proxy.core.broker import Broker
-from proxy.core.errors import TrajproxyError, UpstreamError
-from proxy.core.steps import Steps
+from proxy.core.errors import BadRequest, TrajproxyError, UpstreamError
+from proxy.core.steps import Steps, TimeStep
 from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, Turn, answerer_of
 from proxy.dialects.dialect import agent_env
-from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
+from proxy.http.edge import NOT_UTF8, disconnected, error_body, read_body, replay, respond, status_of
+from proxy.http.shutdown import SHUTTING_DOWN, Shutdown
 from proxy.http.trainer_json import (
     episode_settings,
     episode_view,
@@ -58,11 +60,12 @@ class TrainerApi:
     """The trainer API's handlers, over one broker. `api` is the FastAPI app that serves them: where a plain pull
     or reply whose input does not validate goes on to."""
 
-    def __init__(self, broker: Broker, settings: Settings, api: ASGIApp) -> None:
+    def __init__(self, broker: Broker, settings: Settings, api: ASGIApp, shutdown: Shutdown) -> None:
         self._broker = broker
         self._settings = settings
         self._api = api
         self._steps = Steps(broker)
+        self._shutdown = shutdown
 
     # The trainer's share of every turn, as plain ASGI
 
@@ -74,7 +77,7 @@ class TrainerApi:
             await self._api(scope, receive, send)
             return
         try:
-            status, body = await next_batch(self._broker, query, receive)
+            status, body = await next_batch(self._broker, query, receive, self._shutdown)
         except TrajproxyError as e:
             status, body = status_of(e), error_body(e.kind, e.message)
         await respond(send, status, body)
@@ -92,8 +95,11 @@ class TrainerApi:
         except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
             await self._api(scope, replay(raw, receive), send)
             return
+        except UnicodeDecodeError:  # msgspec reads a string's bytes as UTF-8 when it reaches them
+            await respond(send, 400, error_body(BadRequest.kind, NOT_UTF8))
+            return
         try:
-            status, body = await reply_batch(self._broker, batch, query, receive)
+            status, body = await reply_batch(self._broker, batch, query, receive, self._shutdown)
         except TrajproxyError as e:
             status, body = status_of(e), error_body(e.kind, e.message)
         await respond(send, status, body)
@@ -159,8 +165,8 @@ class TrainerApi:
     ) -> Response:
         """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
         steps = self._steps
-        step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo)
-        return json_response(timestep_view(step)) if step else Response(status_code=499)
+        step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo, self._shutdown)
+        return _timestep(step)
 
     async def step(
         self,
@@ -176,11 +182,11 @@ class TrainerApi:
         await self._broker.episode(episode_id)  # 404 for an unknown episode
         turn_id = body.turn_id or steps.current(episode_id)
         action = steps.step(episode_id, turn_id, reply_from(body, turn_id), wait, lease)
-        result = await until_disconnect(request.receive, action, steps.undo)
-        return json_response(timestep_view(result)) if result else Response(status_code=499)
+        result = await until_disconnect(request.receive, action, steps.undo, self._shutdown)
+        return _timestep(result)
 
     async def next_turns(self, request: Request, query: Annotated[schema.TurnsQuery, Query()]) -> Response:
-        status, body = await next_batch(self._broker, query, request.receive)
+        status, body = await next_batch(self._broker, query, request.receive, self._shutdown)
         return Response(body, status, media_type="application/json")
 
     async def get_turn(self, turn_id: str) -> Response:
@@ -206,7 +212,7 @@ class TrainerApi:
     ) -> Response:
         """Answer a batch of turns (one model batch's outputs); results come back in the same order. With
         `pull=N`, the next batch comes back too, leased, in `turns`."""
-        status, reply = await reply_batch(self._broker, body, query, request.receive)
+        status, reply = await reply_batch(self._broker, body, query, request.receive, self._shutdown)
         return Response(reply, status, media_type="application/json")
 
     async def forward(self, turn_id: str, body: schema.ForwardIn) -> Response:
@@ -223,8 +229,17 @@ class TrainerApi:
 
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:
         """A new episode as its creator sees it: with its key, and the environment its agent needs."""
-        base = (self._settings.public_url or str(request.base_url)).rstrip("/")
+        base = (self._settings.public_url or own_url(request.scope, self._settings)).rstrip("/")
         return {**episode_view(episode), "key": key, "env": agent_env(base, key)}
+
+
+def own_url(scope: Scope, settings: Settings) -> str:
+    """The URL this server was reached at, from the address its connection arrived on: never from the Host header,
+    which the client writes (a web page on a name pointed at this machine would have its own name handed to agents)."""
+    server = scope.get("server")
+    host, port = (server[0], server[1]) if server and server[1] is not None else (settings.host, settings.port)
+    host = f"[{host}]" if ":" in str(host) else host
+    return f"{scope.get('scheme', 'http')}://{host}:{port}"
 
 
 def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
@@ -232,43 +247,77 @@ def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
     return {**state, "released": released, "in_flight": in_flight}
 
 
-async def until_disconnect(receive: Receive, work: Awaitable[T], undo: Callable[[T], object]) -> T | None:
-    """Run a long poll until it is done or its client hangs up. Then it is cancelled, or, if it had finished,
-    `undo` gives back what it took (leased turns go back to the queue at once), and the result is None."""
+class Ended(enum.Enum):
+    """Why a long poll ended without its result."""
+
+    HUNG_UP = "its client hung up"
+    STOPPING = "the server is stopping"
+
+
+async def until_disconnect(
+    receive: Receive, work: Awaitable[T], undo: Callable[[T], object], shutdown: Shutdown
+) -> T | Ended:
+    """Run a long poll until it is done, its client hangs up or the server begins to stop. Then it is cancelled;
+    if its client hung up and it had finished, `undo` gives back what it took (leased turns go back to the queue at
+    once). What it finished with stands even if the server is stopping."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(disconnected(receive))
+    stopping = asyncio.ensure_future(shutdown.wait())
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, gone, stopping}, return_when=asyncio.FIRST_COMPLETED)
         hung_up = gone.done()
     finally:
         gone.cancel()
+        stopping.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    if task.cancelled():
+        return Ended.HUNG_UP if hung_up else Ended.STOPPING
     if not hung_up:
         return task.result()
-    if not task.cancelled() and task.exception() is None:
+    if task.exception() is None:
         undo(task.result())
-    return None
+    return Ended.HUNG_UP
+
+
+def _timestep(step: TimeStep | Ended) -> Response:
+    """A dm_env TimeStep, or why its wait ended without one: 499 if the trainer hung up, 503 if the server is
+    stopping."""
+    if step is Ended.STOPPING:
+        body = error_body("unavailable", SHUTTING_DOWN)
+        return Response(body, 503, {"retry-after": "1"}, media_type="application/json")
+    if step is Ended.HUNG_UP:
+        return Response(status_code=499)
+    return json_response(timestep_view(step))
 
 
 # The two calls a trainer makes for every batch, whichever way they came in (plain, or through FastAPI)
 
 
-async def next_batch(broker: Broker, query: schema.TurnsQuery, receive: Receive) -> tuple[int, bytes]:
-    """Lease a batch of turns (long-polling up to `query.wait`); 499 if the trainer hung up meanwhile."""
+async def next_batch(
+    broker: Broker, query: schema.TurnsQuery, receive: Receive, shutdown: Shutdown
+) -> tuple[int, bytes]:
+    """Lease a batch of turns (long-polling up to `query.wait`, or until the server begins to stop); 499 if the
+    trainer hung up meanwhile."""
     if query.episode is not None:
         await broker.episode(query.episode)
     pull = broker.queue.pull(query.episode, query.max, query.wait, query.lease)
-    turns = await until_disconnect(receive, pull, broker.queue.release)
-    if turns is None:
+    turns = await until_disconnect(receive, pull, broker.queue.release, shutdown)
+    if turns is Ended.HUNG_UP:
         return 499, b""
+    if turns is Ended.STOPPING:  # ended early with nothing, as a poll that waited its time out
+        turns = []
     return 200, orjson.dumps({"turns": [turn_view(turn) for turn in turns]})
 
 
 async def reply_batch(
-    broker: Broker, batch: schema.ReplyBatch | replies.ReplyBatch, query: schema.RepliesQuery, receive: Receive
+    broker: Broker,
+    batch: schema.ReplyBatch | replies.ReplyBatch,
+    query: schema.RepliesQuery,
+    receive: Receive,
+    shutdown: Shutdown,
 ) -> tuple[int, bytes]:
     """Answer the batch; with `query.pull`, then lease the next batch (long-polling up to `query.wait`). The
     replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
@@ -278,7 +327,7 @@ async def reply_batch(
     if not query.pull:
         return 200, orjson.dumps({"results": results})
     pulled = schema.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
-    status, body = await next_batch(broker, pulled, receive)
+    status, body = await next_batch(broker, pulled, receive, shutdown)
     if status != 200:
         return status, body
     return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})

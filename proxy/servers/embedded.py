@@ -16,6 +16,7 @@ from typing import Any
 from proxy.adapters.prometheus_metrics import PrometheusMetrics
 from proxy.app import create_app
 from proxy.servers.front import front
+from proxy.servers.limits import Limits
 from proxy.servers.sockets import listen
 from proxy.settings import Settings
 from proxy.storage.database_lock import check_free
@@ -48,7 +49,7 @@ async def embedded_proxy(database_url: str, port: int = 0, **settings: Any) -> A
         except OSError as e:
             raise CannotListen(f"cannot listen on port {port} ({e})") from e
         app = create_app(config)
-        server = front(config.server, app, sockets, log_level="warning", graceful_s=2)
+        server = front(config.server, app, sockets, log_level="warning", graceful_s=2, limits=Limits.of(config))
         serving = asyncio.create_task(server.serve())  # no signal handlers: Ctrl-C belongs to the program
         while not server.started:
             if serving.done():

@@ -7,6 +7,11 @@ before the store closes. So this runs granian's ASGI worker per socket itself, t
 requests still in flight after `graceful_s`. The access log is off (paths carry episode keys) and KeyRedactor sits
 on granian's loggers. Its WebSocket frames are limited to 16 MiB, and it sends no pings (benchmarks/RESULTS.md,
 "A compiled HTTP front").
+
+`Limits` are hyper's and granian's own: a head must arrive whole within `header_timeout_s` (hyper's clock also
+closes a keep-alive connection idle that long), in MAX_HEAD_BYTES (its read buffer) and 100 fields (its fixed limit),
+else 408 or 431; the sandboxes' socket accepts at most `sandbox_connections` at once (the rest wait in its accept
+queue, taking no descriptor).
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ from granian.asgi import LifespanProtocol, _callback_wrapper
 from granian.constants import HTTPModes
 from granian.http import HTTP1Settings
 
+from proxy.servers.limits import MAX_HEAD_BYTES, Limits
 from proxy.servers.redaction import KeyRedactor, install_log_filter
-from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
+from proxy.servers.sockets import LISTEN_BACKLOG, WEBSOCKET
+from proxy.servers.stopping import Ending
 
-# granian admits at most this many requests at once per worker, holding the rest in the accept queue: parked calls
-# are requests, and a run parks thousands.
+# granian admits at most this many connections at once per worker (its "backpressure": a permit per connection),
+# holding the rest in the accept queue: each parked call holds one, and a run parks thousands. The sandboxes' socket
+# takes Limits.sandbox_connections instead.
 MAX_CONCURRENT_REQUESTS = 1 << 20
 _LOGGERS = ("_granian", "granian", "granian.access")
 _log = logging.getLogger("trajproxy")
@@ -43,10 +51,12 @@ class GranianFront:
     sockets: list[socket.socket]
     log_level: str = "info"
     graceful_s: float = 5.0  # parked calls would otherwise hold Ctrl-C for a whole turn timeout
+    limits: Limits = field(default_factory=Limits)
     started: bool = False
     _stopping: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+    _ending: Ending | None = None
 
     def run(self) -> None:
         """Serve on a new event loop until SIGINT or SIGTERM, then shut down within `graceful_s` (and a little)."""
@@ -68,6 +78,7 @@ class GranianFront:
     async def serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        self._ending = Ending(self.app, self.limits)
         _quiet_logs(self.log_level)
         lifespan = LifespanProtocol(self.app)
         await lifespan.startup()
@@ -84,6 +95,7 @@ class GranianFront:
                 signal_.set()  # no new connections; requests in flight go on
             for sock in self.sockets:
                 sock.close()  # granian listens on duplicates: the sockets given are closed here, as uvicorn does
+            self._ending.begin()
             await self._end_in_flight()
             await lifespan.shutdown()
             _log.info("Application shutdown complete.")
@@ -104,9 +116,13 @@ class GranianFront:
             512,  # runtime blocking threads (granian's default)
             1,  # blocking threads: ASGI takes exactly one
             30,  # their idle timeout, s
-            MAX_CONCURRENT_REQUESTS,
+            self.limits.sandbox_connections if uds else MAX_CONCURRENT_REQUESTS,
             HTTPModes.http1,  # as uvicorn: WebSocket upgrades need HTTP/1.1
-            HTTP1Settings(keep_alive=True, header_read_timeout=KEEP_ALIVE_S * 1000),  # hyper's idle limit too
+            HTTP1Settings(
+                keep_alive=True,
+                header_read_timeout=max(1, round(self.limits.header_timeout_s * 1000)),
+                max_buffer_size=MAX_HEAD_BYTES,
+            ),
             None,
             bool(WEBSOCKET["ws"]),
             None,  # no static files
@@ -128,15 +144,10 @@ class GranianFront:
     async def _tracked(self, scope: Any, receive: Any, send: Any) -> None:
         # Each request runs in an asyncio task of its own (granian's asyncio task mode): kept, to cancel at shutdown.
         task = asyncio.current_task()
-        assert task is not None
+        assert task is not None and self._ending is not None
         self._in_flight.add(task)
         try:
-            await self.app(scope, receive, send)
-        except asyncio.CancelledError:
-            if self._stopping is None or not self._stopping.is_set():
-                raise
-            if scope["type"] == "http":  # cancelled by the shutdown: the agent's SDK retries, on the next process
-                await _unavailable(send)
+            await self._ending(scope, receive, send)
         finally:
             self._in_flight.discard(task)
 
@@ -164,17 +175,6 @@ def _native() -> Any:
     """granian's Rust extension, looked up by name: its stubs type the worker's arguments differently from what its
     own code passes."""
     return importlib.import_module("granian._granian")
-
-
-async def _unavailable(send: Any) -> None:
-    """Answer 503 to a request the shutdown cut short, unless its answer had begun (a stream then just ends)."""
-    body = b'{"error": {"message": "trajproxy is shutting down: retry", "type": "unavailable", "code": 503}}'
-    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close")]
-    try:
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-    except RuntimeError:  # its answer had begun (granian refuses a second start): nothing more to say
-        return
 
 
 def _quiet_logs(level: str) -> None:

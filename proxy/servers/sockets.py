@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from proxy.servers.limits import raise_open_files_limit
 from proxy.settings import Settings
 
 # Thousands of agents may connect in one burst at the start of a run; a short accept queue turns the overflow into
@@ -31,7 +32,9 @@ WEBSOCKET: dict[str, Any] = {
 
 
 def listen(settings: Settings) -> list[socket.socket]:
-    """The TCP socket trainers and agents use, and the Unix socket sandboxes' gates relay to, if any."""
+    """The TCP socket trainers and agents use, and the Unix socket sandboxes' gates relay to, if any (the process's
+    open-files limit raised first: every connection takes a descriptor)."""
+    raise_open_files_limit()
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     tcp = socket.create_server((settings.host, settings.port), family=family, backlog=LISTEN_BACKLOG)
     # Accepted connections inherit it. uvicorn sets it on each connection itself; granian leaves its WebSocket

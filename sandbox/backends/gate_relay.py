@@ -4,6 +4,11 @@ An agent container joins the gate's network namespace, so 127.0.0.1:<port> (this
 address it has: no internet, no host ports, no other sandbox. Standard library only; it runs as
 `python3 -c SOURCE SOCKET PORT` in any image with Python 3. It prints RELAYING once it listens: until then an
 agent's call would be refused, so DockerSandboxes waits for that line before it lets the agent start.
+
+It relays at most MAX_CONNECTIONS connections at once and closes any beyond them unread: the agent runs model-written
+code, and one sandbox opened 3,302 connections through its gate, a share of trajproxy's file descriptors that the
+other sandboxes and the trainer needed. The relay is out of the agent's reach (another container), so this is each
+sandbox's own cap; trajproxy caps them all together.
 """
 
 import asyncio
@@ -11,6 +16,7 @@ import sys
 
 RELAYING = "trajproxy gate: relaying"
 CANNOT_REACH = "trajproxy gate: cannot reach trajproxy"
+MAX_CONNECTIONS = 256  # an agent's calls at once, its SDKs' pooled connections included, with room to spare
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -35,7 +41,20 @@ async def _relay(socket_path: str, client: asyncio.StreamReader, client_writer: 
 
 
 async def main(socket_path: str, port: int) -> None:
-    server = await asyncio.start_server(lambda reader, writer: _relay(socket_path, reader, writer), "127.0.0.1", port)
+    relayed = 0
+
+    async def relay(client: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        nonlocal relayed
+        if relayed >= MAX_CONNECTIONS:
+            client_writer.close()
+            return
+        relayed += 1
+        try:
+            await _relay(socket_path, client, client_writer)
+        finally:
+            relayed -= 1
+
+    server = await asyncio.start_server(relay, "127.0.0.1", port)
     print(f"{RELAYING} 127.0.0.1:{port} to {socket_path}", flush=True)
     async with server:
         await server.serve_forever()
