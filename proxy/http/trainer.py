@@ -28,11 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import schema
 from proxy.core.broker import Broker
-from proxy.core.errors import BadRequest, TrajproxyError, UpstreamError
+from proxy.core.errors import TrajproxyError, UpstreamError
 from proxy.core.steps import Steps, TimeStep
 from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, Turn, answerer_of
 from proxy.dialects.dialect import agent_env
-from proxy.http.edge import NOT_UTF8, disconnected, error_body, read_body, replay, respond, status_of
+from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
 from proxy.http.shutdown import SHUTTING_DOWN, Shutdown
 from proxy.http.trainer_json import (
     episode_settings,
@@ -94,9 +94,6 @@ class TrainerApi:
             query = schema.RepliesQuery.model_validate(_query(scope))
         except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
             await self._api(scope, replay(raw, receive), send)
-            return
-        except UnicodeDecodeError:  # msgspec reads a string's bytes as UTF-8 when it reaches them
-            await respond(send, 400, error_body(BadRequest.kind, NOT_UTF8))
             return
         try:
             status, body = await reply_batch(self._broker, batch, query, receive, self._shutdown)
@@ -229,17 +226,8 @@ class TrainerApi:
 
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:
         """A new episode as its creator sees it: with its key, and the environment its agent needs."""
-        base = (self._settings.public_url or own_url(request.scope, self._settings)).rstrip("/")
+        base = (self._settings.public_url or str(request.base_url)).rstrip("/")
         return {**episode_view(episode), "key": key, "env": agent_env(base, key)}
-
-
-def own_url(scope: Scope, settings: Settings) -> str:
-    """The URL this server was reached at, from the address its connection arrived on: never from the Host header,
-    which the client writes (a web page on a name pointed at this machine would have its own name handed to agents)."""
-    server = scope.get("server")
-    host, port = (server[0], server[1]) if server and server[1] is not None else (settings.host, settings.port)
-    host = f"[{host}]" if ":" in str(host) else host
-    return f"{scope.get('scheme', 'http')}://{host}:{port}"
 
 
 def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
