@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 from proxy.app import create_app
 from proxy.client import TrainerClient
 from proxy.servers.front import Front, front
+from proxy.servers.limits import Limits
 from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
 from proxy.storage.sql import engine_url
@@ -56,6 +57,9 @@ ON_BOTH_SERVERS = (
     "tests/test_stalls.py",
     "tests/test_cli.py",
     "tests/test_launch.py::test_a_stopping_signal_cancels_the_run_and_removes_every_container",
+    "tests/test_shutdown.py",
+    "tests/test_floods.py",
+    "tests/test_forwarded.py",
 )
 
 
@@ -178,7 +182,8 @@ def serve_app(app: Any, settings: Any = None) -> Running:
         sockets.append(unix)
     for each in sockets:
         each.listen(LISTEN_BACKLOG)
-    server = front(TEST_SERVER, app, sockets, log_level="warning", graceful_s=2)
+    limits = Limits.of(settings) if isinstance(settings, Settings) else Limits()
+    server = front(TEST_SERVER, app, sockets, log_level="warning", graceful_s=2, limits=limits)
     thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
