@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from openai import OpenAI
+from openai import APIError, APIStatusError, OpenAI
 
 DONE = "TASK_COMPLETE"
 SYSTEM = f"""You are an autonomous coding agent working in the repository at {{workdir}}.
@@ -72,6 +72,15 @@ def solve(client: OpenAI, task: str, *, model: str, workdir: str, max_turns: int
     return False
 
 
+def failure(error: APIError) -> str:
+    """What a failed model call says, on one line: its status, kind and message (the server's own words)."""
+    said = error.message  # no answer came (APIConnectionError, APITimeoutError): what the SDK says of it
+    if isinstance(error, APIStatusError):
+        detail = error.body if isinstance(error.body, dict) else {}  # the SDK keeps the body's `error` object
+        said = f"{error.status_code} {detail.get('type') or 'error'}: {detail.get('message') or error.message}"
+    return " ".join(said.split())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", help="the task, as text (or @FILE to read it from a file)")
@@ -82,9 +91,18 @@ def main() -> int:
     args = parser.parse_args()
     task = Path(args.task[1:]).read_text() if args.task.startswith("@") else args.task
     client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-    solved = solve(
-        client, task, model=args.model, workdir=args.workdir, max_turns=args.max_turns, timeout_s=args.command_timeout_s
-    )
+    try:
+        solved = solve(
+            client,
+            task,
+            model=args.model,
+            workdir=args.workdir,
+            max_turns=args.max_turns,
+            timeout_s=args.command_timeout_s,
+        )
+    except APIError as e:  # the model's failure is the run's to report: one line, not the SDK's traceback
+        print(f"[agent] the model call failed: {failure(e)}", file=sys.stderr)
+        return 1
     return 0 if solved else 1
 
 

@@ -14,6 +14,7 @@ sent: the trainer, not the agent, decides how the policy samples.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ import httpx
 import orjson
 
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions
-from proxy.core.errors import UpstreamError
+from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
 
 # trajproxy's, not the server's (a chat endpoint renders the template itself: its template options are the server's)
@@ -29,6 +30,9 @@ _OWN_OPTIONS = frozenset({"api_base", "timeout_s"}) | TOKEN_OPTIONS - {"chat_tem
 MODES = ("tokens", "chat")
 _REQUEST_FIELDS = ("messages", "tools", "tool_choice")  # what the policy sees of the agent's call
 _MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content")
+# How vLLM ("This model's maximum context length is 2048 tokens. However, ...", "... longer than the maximum model
+# length of 2048") and SGLang ("... longer than the model's context length ...") refuse a prompt that does not fit
+_CONTEXT_FULL = re.compile(r"context length|maximum model length|max_model_len", re.IGNORECASE)
 
 
 class ServerDialect(Protocol):
@@ -133,7 +137,10 @@ class ServedUpstream:
         except httpx.HTTPError as e:
             raise UpstreamError(f"the policy's server at {url} could not be reached: {type(e).__name__}") from e
         if answer.status_code != 200:
-            raise UpstreamError(f"the policy's server at {url} answered {answer.status_code}: {_why(answer)}")
+            why = _why(answer)
+            if answer.status_code == 400 and _CONTEXT_FULL.search(why):
+                raise ContextFull(f"the conversation is longer than the policy's context: {why}")
+            raise UpstreamError(f"the policy's server at {url} answered {answer.status_code}: {why}")
         try:
             response = orjson.loads(answer.content)
         except orjson.JSONDecodeError as e:

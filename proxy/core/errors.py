@@ -18,6 +18,7 @@ TrajproxyError
 ├── StorageError        the database could not record a change
 │   └── Stale           another replica recorded first (shared mode): reload, then try again
 └── UpstreamError       a model answering in the trainer's place failed
+    └── ContextFull     the conversation is longer than the model's context (the server's 400): not the server's fault
 """
 
 
@@ -101,3 +102,7 @@ class Stale(StorageError):
 
 class UpstreamError(TrajproxyError):
     kind = "upstream_error"
+
+
+class ContextFull(UpstreamError):
+    kind = "context_length_exceeded"  # OpenAI's code for it

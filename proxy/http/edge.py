@@ -26,6 +26,7 @@ STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.NoTurnYet: 408,
     errors.TurnTimeout: 504,
     errors.StorageError: 503,
+    errors.ContextFull: 400,  # the agent's request is too long for the model, as OpenAI's API answers it
     errors.UpstreamError: 502,
 }
 

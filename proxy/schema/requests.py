@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
@@ -36,12 +37,21 @@ POLICY_MEANS = (
 )
 
 
+def served_base_problem(base: object) -> str | None:
+    """What is wrong with a served policy's `api_base`, in words for its option; None if nothing: it is its server's
+    OpenAI-compatible base, http(s)://HOST:PORT/v1 (without /v1, every call meets the server's 404)."""
+    if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+        return "needs its server's URL (http://HOST:PORT/v1)"
+    if not urlsplit(base).path.rstrip("/").endswith("/v1"):
+        return "must end in /v1, the server's OpenAI-compatible base (http://HOST:PORT/v1)"
+    return None
+
+
 def _check_served(policy: str | None, options: dict[str, object]) -> None:
     """A served policy names its server: refused at once, not at the agent's first call."""
     if policy is not None and policy.startswith(("vllm:", "sglang:")):
-        base = options.get("api_base")
-        if not isinstance(base, str) or not base.startswith(("http://", "https://")):
-            raise ValueError(f"policy {policy} needs policy_options.api_base, its server's URL (http://HOST:PORT/v1)")
+        if (problem := served_base_problem(options.get("api_base"))) is not None:
+            raise ValueError(f"policy {policy}: policy_options.api_base {problem}")
         if options.get("mode", "tokens") not in ("tokens", "chat"):
             raise ValueError(
                 f"policy_options.mode is 'tokens' (token in, token out) or 'chat', not {options['mode']!r}"

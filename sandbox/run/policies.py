@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from proxy.core.values import SERVED_KINDS
+from proxy.schema.requests import served_base_problem
 from proxy.settings import key_values
 
 _POLL_S = 1.0
@@ -120,8 +121,11 @@ def policy_from(spec: str, options: dict[str, Any] | None = None, on_failure: On
     if kind == "model" and argument:
         return ModelPolicy(argument, options, on_failure=on_failure)
     if kind in SERVED_KINDS and argument:
-        if not str((options or {}).get("api_base", "")).startswith(("http://", "https://")):
+        base = (options or {}).get("api_base")
+        if base is None:
             raise ValueError(f"--policy {spec} needs --policy-option api_base=URL, its server (http://HOST:PORT/v1)")
+        if (problem := served_base_problem(base)) is not None:
+            raise ValueError(f"--policy {spec}: --policy-option api_base {problem}")
         return ModelPolicy(spec, options, on_failure=on_failure)
     raise ValueError(f"unknown policy {spec!r}: use trainer, scripted:FILE, model:NAME, vllm:NAME or sglang:NAME")
 
