@@ -12,7 +12,6 @@ import os
 import socket
 import sqlite3
 import subprocess
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -72,21 +71,27 @@ def test_a_failed_model_call_reaches_its_agent_at_once_as_a_502_with_the_provide
 ) -> None:
     heard: list[tuple[str, str]] = []
 
-    async def main() -> tuple[str, Exception, float]:
+    async def main() -> tuple[str, Exception]:
+        told = asyncio.Event()
+
+        def hear(episode_id: str, message: str) -> None:
+            heard.append((episode_id, message))
+            told.set()
+
         async with AsyncTrainerClient(server.url, token=server.token) as trainer:
             episode = await trainer.create_episode()
-            policy = ModelPolicy("openai/fake-teacher", fake_model.options(), lambda *failure: heard.append(failure))
+            policy = ModelPolicy("openai/fake-teacher", fake_model.options(), hear)
             serving = asyncio.create_task(policy.serve(trainer, episode.id))
-            began = time.monotonic()
-            try:
+            try:  # the turn timeout is far past the test's own: an answer at all is not the timeout's
                 await CALLS[dialect](episode)
             except (openai.APIStatusError, anthropic.APIStatusError) as e:
-                return episode.id, e, time.monotonic() - began
+                await asyncio.wait_for(told.wait(), 10)  # the run hears of it too, once its forward returns
+                return episode.id, e
             finally:
                 serving.cancel()
             pytest.fail("the agent's call succeeded")
 
-    episode_id, failed, waited_s = asyncio.run(main())
+    episode_id, failed = asyncio.run(main())
     assert isinstance(failed, (openai.APIStatusError, anthropic.APIStatusError))
     assert failed.status_code == 502
     assert "the model is down" in failed.response.text  # the provider's own words, in the agent's dialect
@@ -94,7 +99,6 @@ def test_a_failed_model_call_reaches_its_agent_at_once_as_a_502_with_the_provide
     error = body["error"]
     assert "the model is down" in error["message"]
     assert ("type" in body and body["type"] == "error") == (dialect == "anthropic messages")
-    assert waited_s < 30, f"the agent waited {waited_s:.1f} s"
     [(episode, said)] = heard
     assert episode == episode_id and "the model is down" in said
 
@@ -121,7 +125,6 @@ def test_a_run_whose_model_fails_hands_its_agent_the_502_and_prints_it(
         "TRAJPROXY_TURN_TIMEOUT_S": str(TURN_TIMEOUT_S),
     }
     command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", "model:openai/gpt-4o-mini"]
-    began = time.monotonic()
     done = subprocess.run(
         [*command, "--label", label, "--results", str(results), *into(database)],
         capture_output=True,
@@ -129,12 +132,10 @@ def test_a_run_whose_model_fails_hands_its_agent_the_502_and_prints_it(
         timeout=200,
         env=env,
     )
-    took_s = time.monotonic() - began
     assert done.returncode == 0, done.stderr  # the task ran: its agent failed, and was graded
     assert "model 'openai/gpt-4o-mini' failed" in done.stderr  # what the run printed as the call failed
     assert "(its agent got a 502)" in done.stderr
     assert "[agent] the model call failed: 502" in done.stderr  # the agent's own output, one line
-    assert took_s < TURN_TIMEOUT_S / 3
     [line] = [json.loads(text) for text in results.read_text().splitlines()]
     assert (line["status"], line["reward"]) == ("failed", 0.0)
     with sqlite3.connect(database) as db:

@@ -3,9 +3,11 @@ how long something took (these machines are shared and noisy: tests wait for eve
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,97 @@ def test_ci_run_runs_every_test_under_ci() -> None:
     exported = next(i for i, line in enumerate(script) if line.strip() == "export CI=true")
     first_test = next(i for i, line in enumerate(script) if "-m pytest" in line)
     assert exported < first_test
+
+
+CLOCKS = {"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns", "time_ns"}
+
+
+def upper_bounds_on_elapsed_time(source: str) -> list[int]:
+    """The lines of asserts that bound a measured duration from above (`time.monotonic() - started < 5`, or a name
+    holding such a difference): what a slow moment of a shared machine fails. A lower bound (`took_s >= sleep_s`),
+    measured from before its cause, cannot fail by slowness, and a deadline (`time.monotonic() < deadline`) bounds a
+    wait for an event: both pass."""
+    found = set()
+    for function in ast.walk(ast.parse(source)):
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            found |= set(Durations(function).upper_bounds())
+    return sorted(found)
+
+
+class Durations:
+    """One function's clock readings (`started = time.monotonic()`), the durations it measures from them
+    (`took_s = time.monotonic() - started`), and its asserts that bound one from above."""
+
+    def __init__(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._nodes = list(ast.walk(function))
+        self._clocks = {name for node in self._nodes for name, value in assigned(node) if reads_clock(value)}
+        self._durations = {name for node in self._nodes for name, value in assigned(node) if self._elapsed(value)}
+
+    def upper_bounds(self) -> Iterator[int]:
+        for node in self._nodes:
+            if not isinstance(node, ast.Assert):
+                continue
+            for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+                sides = [compare.left, *compare.comparators]
+                for left, op, right in zip(sides, compare.ops, sides[1:], strict=False):
+                    below = isinstance(op, ast.Lt | ast.LtE) and self._measured(left)
+                    if below or (isinstance(op, ast.Gt | ast.GtE) and self._measured(right)):
+                        yield node.lineno
+
+    def _elapsed(self, expr: ast.AST) -> bool:
+        return any(
+            isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and self._read(node.left, node.right)
+            for node in ast.walk(expr)
+        )
+
+    def _read(self, *sides: ast.expr) -> bool:
+        return any(reads_clock(side) or (isinstance(side, ast.Name) and side.id in self._clocks) for side in sides)
+
+    def _measured(self, expr: ast.expr) -> bool:
+        names = (node.id for node in ast.walk(expr) if isinstance(node, ast.Name))
+        return self._elapsed(expr) or any(name in self._durations for name in names)
+
+
+def assigned(node: ast.AST) -> list[tuple[str, ast.expr]]:
+    """The plain names an assignment binds, each with the value bound (none for anything else)."""
+    if isinstance(node, ast.Assign):
+        return [(target.id, node.value) for target in node.targets if isinstance(target, ast.Name)]
+    if isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name) and node.value:
+        return [(node.target.id, node.value)]
+    return []
+
+
+def reads_clock(expr: ast.AST) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CLOCKS
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "time"
+        for node in ast.walk(expr)
+    )
+
+
+def test_the_lint_finds_an_upper_bound_on_elapsed_time() -> None:
+    source = """
+def test_quick():
+    started = time.monotonic()
+    act()
+    took_s = time.monotonic() - started
+    assert took_s < 5
+    assert 5 > time.monotonic() - started
+    assert took_s >= 1  # a lower bound: slowness cannot fail it
+    deadline = time.monotonic() + 5
+    assert time.monotonic() < deadline  # a bounded wait
+"""
+    assert upper_bounds_on_elapsed_time(source) == [6, 7]
+
+
+def test_no_test_bounds_how_long_something_took() -> None:
+    """Tests wait for events (a status, a log line, a reply), bounded; a time limit is no assertion of theirs."""
+    found = {
+        f"{path.name}:{line}": path.read_text().splitlines()[line - 1].strip()
+        for path in sorted((ROOT / "tests").glob("*.py"))
+        for line in upper_bounds_on_elapsed_time(path.read_text())
+    }
+    assert not found, found

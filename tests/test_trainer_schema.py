@@ -7,7 +7,6 @@ publishes at /api/openapi.json, with a JSON Schema validator, and by the live se
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -20,8 +19,9 @@ import pytest
 from proxy.client import TrainerClient
 from tests.test_trainer_api import agent_for, api, ask, error_of, every_api_route, snapshot, wait_parked
 
-LONG_POLL_S = 30  # what each long poll here asks for; an answer in well under it came before any wait
-AT_ONCE_S = 5.0
+# What each long poll here asks for: the longest the API takes, so a route that began to wait would not answer
+# within the test (its request gives up first); an answer at all came before any wait.
+LONG_POLL_S = 600
 
 
 def published(server: Any) -> dict[str, Any]:
@@ -63,10 +63,8 @@ def test_an_unknown_query_parameter_is_refused_at_once_on_every_route(
         template = base.replace(episode.id, "{episode_id}").replace(parked.id, "{turn_id}")
         takes = declared_query(schema, method, template)
         params = dict(parse_qsl(query)) | ({"wait": str(LONG_POLL_S)} if "wait" in takes else {})
-        started = time.monotonic()
         response = api(server, method, f"{base}?{urlencode(params | {'wiat': '30'})}", json=body)
         error = error_of(response, 422, "invalid_request_error")
-        assert time.monotonic() - started < AT_ONCE_S, (method, path)
         assert "'wiat'" in error["message"] and f"{method} {template}" in error["message"], error
         assert (", ".join(takes) if takes else "no query parameters") in error["message"], error
 
@@ -89,10 +87,8 @@ def test_the_step_fuzzing_caught_waiting_is_refused_before_it_answers(
     answer = background(ask, agent_for(episode))
     [parked] = wait_parked(trainer, episode.id)
     body = {"turn_id": parked.id, "message": {"content": "ok"}}
-    started = time.monotonic()
     response = api(server, "POST", f"/api/episodes/{episode.id}/step?wait={LONG_POLL_S}&eU=x&%3E%12=1", json=body)
     error_of(response, 422, "invalid_request_error")
-    assert time.monotonic() - started < AT_ONCE_S
     assert trainer.turn(parked.id).status == "parked"
     assert not answer.done()
     trainer.reply(parked.id, "ok")
@@ -115,10 +111,8 @@ def test_a_step_whose_body_the_schema_refuses_is_refused_before_any_wait(
         {"turn_id": parked.id},
     ):
         assert not step_in.is_valid(body), body
-        started = time.monotonic()
         response = api(server, "POST", f"/api/episodes/{episode.id}/step?wait={LONG_POLL_S}", json=body)
         error_of(response, 422, "invalid_request_error")
-        assert time.monotonic() - started < AT_ONCE_S, body
     assert trainer.turn(parked.id).status == "parked"
     trainer.reply(parked.id, "ok")
     assert answer.result(timeout=10).choices[0].message.content == "ok"

@@ -8,10 +8,13 @@ answered meanwhile; it never becomes a second turn.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from proxy.core.episodes import LiveEpisode
 from proxy.core.parking import ParkingLot, Slot
 from proxy.core.ports import Store
+
+log = logging.getLogger("trajproxy")
 
 RETRY_LOOKBACK = 16  # an episode's latest answers a retry is matched against (more than its calls at once)
 
@@ -21,6 +24,7 @@ async def retried(lot: ParkingLot, store: Store, live: LiveEpisode, wire: bytes)
     answered, its reply lost on the way (the agent hung up, or the proxy stopped before sending it); the
     retry then gets that reply again."""
     for write in [write for write, body in live.recording.items() if body == wire]:
+        log.debug("episode %s: a retry waits for its first attempt's turn, still being recorded", live.episode.id)
         await asyncio.shield(write)
     episode_id = live.episode.id
     for slot in lot.of_episode(episode_id):
