@@ -25,7 +25,12 @@ vLLM computes its logprobs after the regex's mask, so the trainer scores under t
 It starts vLLM (on a private, untied copy of the tiny model, which it overwrites) and `trajproxy serve` (SQLite in a
 temporary folder) on free ports unless given --vllm-url/--model-dir and --trajproxy-url/--trainer-token, and stops
 what it started on exit, Ctrl-C included. It prints one line per step, plots the mean reward per step (--plot,
-docs/rl-reward.png by default) and writes a JSON summary (--summary).
+grpo-reward.png in the working directory by default; `--plot docs/rl-reward.png` redraws the README's figure) and
+writes a JSON summary (--summary).
+
+The trajproxy it starts and the agents it runs come from the project's virtualenv (.venv: `python3 -m venv .venv &&
+.venv/bin/pip install -e .`, which `bash .ci/run` also makes); without it, it says so in one line before it starts
+anything.
 """
 
 from __future__ import annotations
@@ -50,7 +55,17 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO)]
-from rollouts import COLOURS, SERVED_NAME, TASKS, Rollout, Trajproxy, kill_agents, rollout, trajproxy_server  # noqa: E402
+from rollouts import (  # noqa: E402
+    COLOURS,
+    SERVED_NAME,
+    TASKS,
+    TRAJPROXY,
+    Rollout,
+    Trajproxy,
+    kill_agents,
+    rollout,
+    trajproxy_server,
+)
 from tiny_model import build as build_tiny_model  # noqa: E402
 from weights import push_weights  # noqa: E402
 
@@ -306,6 +321,12 @@ def train(args: argparse.Namespace, api: Trajproxy, vllm_url: str, model_dir: Pa
     }
 
 
+def missing_tools(args: argparse.Namespace) -> list[str]:
+    """What the run needs from the project's .venv and does not find, checked before vLLM starts (a minute)."""
+    needed = [Path(args.agent_python)] + ([] if args.trajproxy_url else [TRAJPROXY])
+    return [str(path) for path in needed if not os.access(path, os.X_OK)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -319,7 +340,13 @@ def main() -> None:
     parser.add_argument(
         "--max-drift", type=float, default=1e-3, help="stop when vLLM's logprobs differ from the trainer's by more"
     )
-    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "rl-reward.png")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=Path("grpo-reward.png"),
+        help="where to plot the mean reward per step (default: grpo-reward.png in the working directory; "
+        "docs/rl-reward.png is the README's figure)",
+    )
     parser.add_argument("--summary", type=Path, help="write a JSON summary here")
     parser.add_argument("--work-dir", type=Path, help="where the served copy of the model goes (default: a temp dir)")
     parser.add_argument("--vllm-url", help="a running vLLM (http://HOST:PORT/v1, dev mode) serving --model-dir")
@@ -332,6 +359,11 @@ def main() -> None:
         parser.error("--vllm-url needs --model-dir, the folder it serves (its weights are overwritten)")
     if args.trajproxy_url and not args.trainer_token:
         parser.error("--trajproxy-url needs --trainer-token (or TRAJPROXY_TRAINER_TOKEN)")
+    if missing := missing_tools(args):
+        sys.exit(
+            f"grpo.py: {' and '.join(missing)} not found: make the project's virtualenv first (cd {REPO} && "
+            "python3 -m venv .venv && .venv/bin/pip install -e .), or give --trajproxy-url and --agent-python"
+        )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what we started, as Ctrl-C does
     from transformers.utils import logging as transformers_logging
 

@@ -19,6 +19,7 @@ from tests.vllm_server import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+TRAJPROXY = REPO / ".venv" / "bin" / "trajproxy"  # the project's, as .ci/run makes it
 AGENT = HERE / "agent.py"
 SERVED_NAME = "tiny"
 COLOURS = ("red", "green", "blue")
@@ -79,7 +80,7 @@ def trajproxy_server(token: str, folder: Path) -> Iterator[str]:
     port = free_port()
     log = open(folder / "trajproxy.log", "wb")  # noqa: SIM115 (closed below)
     command = [
-        str(REPO / ".venv" / "bin" / "trajproxy"), "serve", "--port", str(port),
+        str(TRAJPROXY), "serve", "--port", str(port),
         "--database-url", f"sqlite:///{folder}/trajproxy.db", "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(
