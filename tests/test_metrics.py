@@ -3,10 +3,12 @@ scraper without the token, yet with no id, key or token in it, and labels from s
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anthropic
@@ -15,8 +17,21 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.adapters.litellm_upstream import LitellmUpstream
+from proxy.adapters.prometheus_metrics import PrometheusMetrics
+from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.client import TrainerClient
+from proxy.core.broker import Broker
+from proxy.core.context import Context
+from proxy.core.errors import EpisodeClosed
+from proxy.core.keys import new_id
+from proxy.core.shared_queue import SharedQueue
+from proxy.core.values import EpisodeStatus, TurnStatus
+from proxy.storage.postgres_queue import PostgresQueue
+from proxy.storage.sql import SqlStore
+from tests.conftest import fresh_database
 from tests.test_architecture import imports_of, modules, name_of
+from tests.test_queue_contract import ANSWER, WAIT_S, call
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -167,3 +182,57 @@ def test_metrics_need_no_token_but_the_api_still_does(server: Any) -> None:
 def test_prometheus_is_imported_in_its_adapter_alone() -> None:
     importers = {name_of(path) for path in modules() if any(i.root == "prometheus_client" for i in imports_of(path))}
     assert importers == {"proxy/adapters/prometheus_metrics.py"}
+
+
+def test_each_turn_ends_once_in_the_fleet_in_the_metrics_of_the_replica_holding_it(tmp_path: Any) -> None:
+    """Replicas sharing a database: a turn held by one and answered, or failed by its episode's finish, through
+    another counts once, where it was parked (as its `parked` count is), never on the replica that acted on it."""
+
+    async def body(url: str) -> None:
+        async with replica(url) as (a, a_metrics), replica(url) as (b, b_metrics):
+            episode, _ = await a.create_episode("task", {})
+            answer = await call(a, episode.id, "answered on b")
+            (pulled,) = await b.queue.pull(episode.id, 1, WAIT_S, None)
+            await b.answers.reply(pulled.id, ANSWER, pulled.lease_id)
+            assert (await asyncio.wait_for(answer, WAIT_S)).status is TurnStatus.ANSWERED
+            answer = await call(a, episode.id, "failed on b")
+            await b.finish(episode.id, EpisodeStatus.CANCELLED, "stopped")
+            with pytest.raises(EpisodeClosed):
+                await asyncio.wait_for(answer, WAIT_S)
+
+        def turns(metrics: PrometheusMetrics, status: str) -> float:
+            return (
+                metrics.registry.get_sample_value("trajproxy_turns_total", {"status": status, "dialect": "chat"}) or 0
+            )
+
+        assert [turns(a_metrics, status) for status in ("parked", "answered", "failed")] == [2, 1, 1]
+        assert [turns(b_metrics, status) for status in ("parked", "answered", "failed")] == [0, 0, 0]
+
+    with fresh_database("postgres", tmp_path) as url:
+        asyncio.run(asyncio.wait_for(body(url), WAIT_S * 3))
+
+
+@asynccontextmanager
+async def replica(url: str) -> AsyncIterator[tuple[Broker, PrometheusMetrics]]:
+    """One replica of several sharing the database at `url`, in this process, with metrics of its own."""
+    metrics = PrometheusMetrics()
+    store = SqlStore(url, replica=new_id("rp"))
+    await store.open()
+    context = Context.build(
+        store=store,
+        tokens=TiktokenCounter(),
+        upstream=LitellmUpstream(),
+        lease_s=WAIT_S,
+        turn_timeout_s=WAIT_S,
+        observer=metrics,
+    )
+    broker = Broker(
+        context=context, queue=SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=WAIT_S))
+    )
+    await broker.start()
+    try:
+        yield broker, metrics
+    finally:
+        await broker.drain()
+        await broker.stop()
+        await store.close()

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from proxy.core.context import Context
-from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed, UpstreamError
+from proxy.core.errors import Conflict, NotFound, StorageError, TrajproxyError, TurnClosed, UpstreamError
+from proxy.core.ledger import UNRECORDED
 from proxy.core.parking import Slot
 from proxy.core.values import Answerer, Reply, Turn, TurnStatus, Usage
 
@@ -124,11 +125,18 @@ class Answers:
         version = self.policy_version
         try:
             reply = await self._context.upstream.complete(answerer, slot.turn.request, await self._parent(slot.turn))
-            await self.reply(slot.turn.id, _sent_under(reply, answerer, version), slot.turn.lease_id)
         except UpstreamError as e:
-            if (failed := self._context.ledger.close(slot, TurnStatus.FAILED, e.message)) is not None:
-                await self._context.store.save_turns([failed])
-                slot.fail(e)
+            self._context.ledger.end([slot], TurnStatus.FAILED, e.message, e)
+            return
+        await self.held(slot, _sent_under(reply, answerer, version))
+
+    async def held(self, slot: Slot, reply: Reply) -> None:
+        """Answer a turn held out of the queue (a model's reply, a fork's replay); if the reply cannot be recorded,
+        the turn fails and its agent hears why."""
+        try:
+            await self.reply(slot.turn.id, reply, slot.turn.lease_id)
+        except StorageError as e:  # where the turn is still open here (the database replicas share refused it)
+            self._context.ledger.end([slot], TurnStatus.FAILED, UNRECORDED, e)
         except TurnClosed:
             pass  # the turn ended first (its agent left, or the episode finished)
 

@@ -2,10 +2,11 @@
 
 Promises kept here: a turn is committed to the store before any trainer can see it, and a reply is
 committed before its agent receives it; what the broker holds in memory about an episode (its next seq, its
-branches, its status) changes only once the store has accepted the change. Cleanup of an open turn (answer,
-timeout, agent gone, episode finished) always goes through the ledger's `close`, which settles the turn in
-the parking lot exactly once. Where open turns are leased and answered is the queue's business (`TurnQueue`:
-this process's lot, or the database replicas share); the broker never asks which queue it has.
+branches, its status) changes only once the store has accepted the change. Every end of an open turn (answer,
+failure, timeout, agent gone, episode finished) goes through the ledger's `settle`: out of the parking lot exactly
+once, recorded, then its agent and the observers told, even when the record fails. Where open turns are leased
+and answered is the queue's business (`TurnQueue`: this process's lot, or the database replicas share); the
+broker never asks which queue it has.
 
 A parked call's whole life reads here: `park` records and parks it (or hands it to a model, a fork's replay,
 the pause), `attend` holds its agent's exchange on it until the answer, the turn timeout or a hang-up (then
@@ -165,14 +166,10 @@ class Broker:
             raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
         self._lot.wake(episode_id)  # a trainer stepping through this episode learns it has ended
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
+        # Its agents here hear it once their turns' ends are recorded, or have failed to be: then so does the trainer.
+        recorded = self._ledger.end(self._lot.of_episode(episode_id), TurnStatus.FAILED, why, EpisodeClosed(why))
         await self.queue.closed(episode_id, why)  # its open turns held elsewhere
-        slots = self._lot.of_episode(episode_id)
-        closed = [turn for slot in slots if (turn := self._ledger.close(slot, TurnStatus.FAILED, why))]
-        try:
-            await self._store.save_turns(closed)
-        finally:
-            for slot in slots:
-                slot.fail(EpisodeClosed(why))
+        await recorded
         return episode
 
     # Agent side
@@ -207,12 +204,10 @@ class Broker:
             del live.recording[recorded]
             recorded.set_result(None)
         self._ledger.observer.recorded(turn)
-        if live.episode.status.closed:
-            failed = replace(turn, status=TurnStatus.FAILED, ended_at=self._now(), reason="episode closed")
-            self._ledger.submit(self._store.save_turns([failed]))
-            self._ledger.observer.settled(failed)
-            raise closed_error(live.episode)
         slot = self._lot.park(turn)
+        if live.episode.status.closed:  # it closed while the turn was written: the turn ends as it began
+            self._ledger.end([slot], TurnStatus.FAILED, "episode closed", closed_error(live.episode))
+            return slot
         self.queue.parked(slot)
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot

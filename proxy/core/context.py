@@ -51,12 +51,7 @@ class Context:
         lot = ParkingLot(on_lease_expired=_lease_expired)
         ledger = Ledger(lot, store, clock, observer)
         deadlines = Deadlines(
-            lot,
-            ledger,
-            store,
-            turn_timeout_s=turn_timeout_s,
-            retry_grace_s=retry_grace_s,
-            restart_grace_s=restart_grace_s,
+            lot, ledger, turn_timeout_s=turn_timeout_s, retry_grace_s=retry_grace_s, restart_grace_s=restart_grace_s
         )
         return cls(
             store=store,

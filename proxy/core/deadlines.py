@@ -12,7 +12,6 @@ import asyncio
 from proxy.core.errors import TurnTimeout
 from proxy.core.ledger import Ledger
 from proxy.core.parking import ParkingLot, Slot
-from proxy.core.ports import Store
 from proxy.core.values import Episode, TurnStatus
 
 _HUNG_UP = "the agent disconnected before a reply"
@@ -24,7 +23,6 @@ class Deadlines:
         self,
         lot: ParkingLot,
         ledger: Ledger,
-        store: Store,
         *,
         turn_timeout_s: float,
         retry_grace_s: float,
@@ -32,7 +30,6 @@ class Deadlines:
     ) -> None:
         self._lot = lot
         self._ledger = ledger
-        self._store = store
         self._turn_timeout_s = turn_timeout_s
         self._retry_grace_s = retry_grace_s
         self._restart_grace_s = restart_grace_s
@@ -61,18 +58,10 @@ class Deadlines:
         slot.grace_timer = loop.call_later(self._restart_grace_s, self._abandon, slot, _NOT_BACK)
 
     def _expire(self, slot: Slot, timeout_s: float) -> None:
-        expired = self._ledger.close(slot, TurnStatus.EXPIRED, f"no reply within the turn timeout of {timeout_s:g} s")
-        if expired is None:  # answered (or closed) at the last moment: its answer is on the way
-            return
+        # If it was answered (or closed) at the last moment, its answer is on the way and this does nothing.
         why = f"no reply to turn {slot.turn.id} within {timeout_s:g} s; the turn is recorded as expired"
-
-        def tell(_written: asyncio.Future[None]) -> None:
-            slot.fail(TurnTimeout(why))
-
-        # The agent hears of it once the expiry is recorded (or has failed to be).
-        self._ledger.submit(self._store.save_turns([expired])).add_done_callback(tell)
+        reason = f"no reply within the turn timeout of {timeout_s:g} s"
+        self._ledger.end([slot], TurnStatus.EXPIRED, reason, TurnTimeout(why))
 
     def _abandon(self, slot: Slot, why: str) -> None:
-        abandoned = self._ledger.close(slot, TurnStatus.ABANDONED, why)
-        if abandoned is not None:
-            self._ledger.submit(self._store.save_turns([abandoned]))
+        self._ledger.end([slot], TurnStatus.ABANDONED, why)

@@ -3,7 +3,6 @@ becomes of each call while it replays (see `proxy.core.fork_plan` for the rules)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -12,10 +11,10 @@ from dataclasses import replace
 from proxy.core.answers import Answers
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
-from proxy.core.errors import Conflict, TurnClosed
+from proxy.core.errors import Conflict
 from proxy.core.fork_plan import REPLAYED, ForkPlan, OnDivergence, Replay, replayable
 from proxy.core.parking import Slot
-from proxy.core.values import Answerer, Episode, Reply, TurnStatus
+from proxy.core.values import Answerer, Episode, TurnStatus
 
 log = logging.getLogger("trajproxy")
 
@@ -79,8 +78,7 @@ class Forks:
         verdict = replay.verdict(turn.seq, turn.request)
         if verdict.reply is not None:
             self._lot.hold(slot, turn.created_at)
-            answered = replace(verdict.reply, answered_by=REPLAYED)
-            self._ledger.submit(self._answered(slot, answered))
+            self._ledger.submit(self._answers.held(slot, replace(verdict.reply, answered_by=REPLAYED)))
             return True
         if verdict.why is None:
             return False
@@ -88,14 +86,8 @@ class Forks:
         if replay.plan.on_divergence == "policy":
             return False
         why = f"the replay stopped: {verdict.why}"
-        if (failed := self._ledger.close(slot, TurnStatus.FAILED, why)) is not None:
-            await self._store.save_turns([failed])
-            slot.fail(Conflict(why))
+        self._ledger.end([slot], TurnStatus.FAILED, why, Conflict(why))
         return True
-
-    async def _answered(self, slot: Slot, reply: Reply) -> None:
-        with contextlib.suppress(TurnClosed):  # the turn ended first (its agent left, or the episode finished)
-            await self._answers.reply(slot.turn.id, reply, slot.turn.lease_id)
 
     async def _diverged(self, live: LiveEpisode, replay: Replay, seq: int, why: str) -> None:
         """Record in the fork's metadata where and why its replay stopped; it replays nothing after that."""

@@ -121,30 +121,36 @@ class LocalBook:
 
     async def record(self, claims: Sequence[tuple[Claim, Reply]], now: float) -> list[Outcome | None]:
         context = self._context
-        outcomes: list[Outcome | None] = [None] * len(claims)
-        answered: list[tuple[int, Slot, Turn]] = []
-        for i, (claim, reply) in enumerate(claims):
-            assert claim.slot is not None
-            turn = context.ledger.close(claim.slot, TurnStatus.ANSWERED, None, reply=reply, answered_at=now)
-            if turn is not None:  # else settled by now (an earlier answer in this batch, its agent gone, …)
-                answered.append((i, claim.slot, turn))
+        endings = []
+        for claim, reply in claims:
+            slot = claim.slot
+            assert slot is not None
+            ended = replace(
+                slot.turn,
+                status=TurnStatus.ANSWERED,
+                reason=None,
+                reply=reply,
+                answered_at=now,
+                ended_at=now,
+                lease_id=None,
+            )
+            endings.append((slot, ended))
+        # Each one answered, but those settled by now (an earlier answer in this batch, its agent gone, …): None
+        settled, written = context.ledger.settle(endings)
+        if written is None:
+            return list(settled)
+        for turn in settled:
+            if turn is not None:
+                self._pending[turn.id] = written
+                assert turn.reply is not None
                 if (live := context.episodes.get(turn.episode_id)) is not None:
-                    live.account(turn, reply)
-        if not answered:
-            return outcomes
-        written = asyncio.ensure_future(context.store.save_turns([turn for _, _, turn in answered]))  # noqa: RUF006 (kept in _pending)
-        for _, _, turn in answered:
-            self._pending[turn.id] = written
-        written.add_done_callback(lambda done: self._written([(slot, turn) for _, slot, turn in answered], done))
+                    live.account(turn, turn.reply)
+        written.add_done_callback(lambda _: self._written(settled))
         try:
             await asyncio.shield(written)
         except TrajproxyError as e:
-            for i, _, _ in answered:
-                outcomes[i] = e
-        else:
-            for i, _, turn in answered:
-                outcomes[i] = turn
-        return outcomes
+            return [e if turn is not None else None for turn in settled]
+        return list(settled)
 
     async def judge(self, turn_id: str, reply: Reply) -> Turn:
         pending = self._pending.get(turn_id)
@@ -170,17 +176,10 @@ class LocalBook:
         context.lot.hold(slot, context.clock())
         return slot.turn, slot.turn.lease_id, lambda lease_s: context.lot.renew(slot, lease_s)
 
-    def _written(self, answered: list[tuple[Slot, Turn]], written: asyncio.Future[None]) -> None:
-        lost = not written.cancelled() and written.exception() is not None
-        failed = []
-        for slot, turn in answered:
-            self._pending.pop(turn.id, None)
-            if lost:
-                failed.append(replace(turn, status=TurnStatus.FAILED, reason="the reply could not be recorded"))
-                self._context.ledger.remember(failed[-1])
-            _resolve(slot, written, turn)
-        if failed:
-            self._context.ledger.submit(self._context.store.save_turns(failed))
+    def _written(self, settled: list[Turn | None]) -> None:
+        for turn in settled:
+            if turn is not None:
+                self._pending.pop(turn.id, None)
 
 
 def _before_restart(turn: Turn, lease_id: str) -> int | None:
@@ -191,14 +190,3 @@ def _before_restart(turn: Turn, lease_id: str) -> int | None:
     if turn.status is not TurnStatus.PARKED or delivery is None:
         return None
     return delivery if delivery > turn.deliveries else None
-
-
-def _resolve(slot: Slot, written: asyncio.Future[None], turn: Turn) -> None:
-    if slot.answer.done():
-        return
-    if written.cancelled():
-        slot.answer.cancel()
-    elif (error := written.exception()) is not None:
-        slot.fail(error)
-    else:
-        slot.answer.set_result(turn)

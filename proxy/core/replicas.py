@@ -20,8 +20,8 @@ from proxy.core.answers import Answers
 from proxy.core.bell import Bell
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode, closed_error
-from proxy.core.errors import StorageError, TurnClosed
-from proxy.core.parking import ParkingLot, Slot
+from proxy.core.errors import StorageError
+from proxy.core.parking import Slot
 from proxy.core.pause import Pause
 from proxy.core.ports import SharedDatabase
 from proxy.core.retries import replayed
@@ -152,18 +152,19 @@ class Replicas:
         """Hand over what the database holds for turns this replica's agents wait on and others have settled."""
         if not turn_ids:
             return
+        answered, closed = [], []
         for turn in (await self._database.turns(turn_ids)).values():
             slot = self._lot.get(turn.id)
             if slot is None or turn.status.open:
                 continue
             if turn.status is TurnStatus.ANSWERED and turn.reply is not None:
-                settle_answered(self._lot, slot, turn)
+                answered.append((slot, replace(turn, lease_id=None)))
                 if (live := self._episodes.get(turn.episode_id)) is not None:
                     live.account(turn, turn.reply)
-            elif self._lot.settle(turn.id) is not None:
-                slot.turn = turn
-                slot.fail(TurnClosed(f"turn {turn.id} is {turn.status} ({turn.reason})"))
-            self._ledger.remember(slot.turn)
+            else:  # its agent hears it is closed (failed, expired, abandoned), why in its reason
+                closed.append((slot, turn))
+        self._ledger.settle(answered, recorded=True)
+        self._ledger.settle(closed, recorded=True)
 
     async def _closed(self, episode_id: str) -> None:
         """Another replica closed an episode (its open turns are failed already): its agents here hear so."""
@@ -174,12 +175,12 @@ class Replicas:
             live.episode = episode  # its calls in flight here see it closed
         self._episodes.bury(episode)
         self._bell.ring(episode_id)  # a trainer stepping through it learns it has ended
-        error = closed_error(episode)
-        for slot in self._lot.of_episode(episode_id):
-            if self._lot.settle(slot.turn.id) is not None:
-                slot.turn = replace(slot.turn, status=TurnStatus.FAILED, reason=error.message, ended_at=self._now())
-                self._ledger.remember(slot.turn)
-                slot.fail(error)
+        error, now = closed_error(episode), self._now()
+        ended = [
+            (slot, replace(slot.turn, status=TurnStatus.FAILED, reason=error.message, ended_at=now, lease_id=None))
+            for slot in self._lot.of_episode(episode_id)
+        ]
+        self._ledger.settle(ended, error, recorded=True)
 
     async def _obey_pause(self) -> None:
         assert self._pause is not None, "obeyed only once started"
@@ -224,12 +225,3 @@ class Replicas:
         if taken:
             log.info("took over %d open turns of replicas that stopped", len(taken))
         return len(taken)
-
-
-def settle_answered(lot: ParkingLot, slot: Slot, turn: Turn) -> None:
-    """Hand an answer recorded in the database to the agent waiting on this replica's slot, once."""
-    if lot.settle(turn.id) is None:
-        return
-    slot.turn = replace(turn, lease_id=None)
-    if not slot.answer.done():
-        slot.answer.set_result(slot.turn)

@@ -19,7 +19,7 @@ from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed
 from proxy.core.parking import Slot, delivery_of, lease_of
 from proxy.core.pause import Pause
 from proxy.core.ports import SharedDatabase
-from proxy.core.replicas import Replicas, settle_answered
+from proxy.core.replicas import Replicas
 from proxy.core.retries import retried
 from proxy.core.values import Reply, Turn, TurnStatus
 
@@ -142,8 +142,9 @@ class SharedBook:
         outcomes: list[Outcome | None] = []
         seen: set[str] = set()  # the first answer to a turn in the batch is the one recorded
         for turn in answered:
-            outcomes.append(self._recorded(turn) if turn.id in recorded and turn.id not in seen else None)
+            outcomes.append(turn if turn.id in recorded and turn.id not in seen else None)
             seen.add(turn.id)
+        self._recorded([turn for turn in outcomes if isinstance(turn, Turn)])
         return outcomes
 
     async def judge(self, turn_id: str, reply: Reply) -> Turn:
@@ -181,19 +182,16 @@ class SharedBook:
             raise Conflict(f"{lease_id!r} is not a lease on turn {turn_id}; this reply was not recorded")
         return delivery
 
-    def _recorded(self, turn: Turn) -> Turn:
-        """An answer this replica recorded: its agent hears it now if this replica holds the turn (else its holder
-        hears the notice), and its episode counts what it used."""
+    def _recorded(self, answered: list[Turn]) -> None:
+        """Answers this replica recorded: those of turns it holds end here and their agents hear them now (the holders
+        of the others hear the notice), and their episodes count what they used."""
         context = self._context
-        slot = context.lot.get(turn.id)
-        if slot is not None:
-            settle_answered(context.lot, slot, turn)
-            context.ledger.remember(slot.turn)
-        context.ledger.observer.settled(turn)
-        assert turn.reply is not None
-        if (live := context.episodes.get(turn.episode_id)) is not None:
-            live.account(turn, turn.reply)
-        return turn
+        held = [(slot, replace(turn, lease_id=None)) for turn in answered if (slot := context.lot.get(turn.id))]
+        context.ledger.settle(held, recorded=True)
+        for turn in answered:
+            assert turn.reply is not None
+            if (live := context.episodes.get(turn.episode_id)) is not None:
+                live.account(turn, turn.reply)
 
 
 def _unchanged(_lease_s: float) -> None:
