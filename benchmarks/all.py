@@ -3,11 +3,11 @@
     python benchmarks/all.py [--repeats 3] [--database-url postgresql+psycopg://...] [--quick]
 
 Turns, what one turn costs in-process, overhead, capacity, large calls, storage, sandbox start, task formats, forks,
-the web page and replicas behind HAProxy, in that order, with the settings their own scripts default to (--quick:
-the short smoke settings, once each). With --database-url, turns and storage run on that Postgres too (a scratch
-schema per run), and so do the replicas (a database per run; without it, or without HAProxy, they are left out with
-a note). The sandbox benchmark is left out, with a note, if no Docker engine answers. Each figure is the median of
-its runs; errors are summed over them.
+the web page, floods on the sandbox socket and replicas behind HAProxy, in that order, with the settings their own
+scripts default to (--quick: the short smoke settings, once each). With --database-url, turns and storage run on
+that Postgres too (a scratch schema per run), and so do the replicas (a database per run; without it, or without
+HAProxy, they are left out with a note). The sandbox benchmark is left out, with a note, if no Docker engine
+answers. Each figure is the median of its runs; errors are summed over them.
 """
 
 from __future__ import annotations
@@ -289,6 +289,7 @@ BENCHMARKS = {
     "task-formats": script("task_formats.py", "Task formats"),
     "fork": script("fork.py", "Forks"),
     "ui": script("ui.py", "The web page"),
+    "flood": script("flood.py", "Floods on the sandbox socket"),
     "served": script("served_overhead.py", "The served policy's overhead over calling vLLM directly"),
     "replicas": run_replicas,
 }
