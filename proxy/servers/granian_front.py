@@ -8,10 +8,10 @@ requests still in flight after `graceful_s`. The access log is off (paths carry 
 on granian's loggers. Its WebSocket frames are limited to 16 MiB, and it sends no pings (benchmarks/RESULTS.md,
 "A compiled HTTP front").
 
-`Limits` are hyper's and granian's own: a head must arrive whole within `header_timeout_s` (hyper's clock also
-closes a keep-alive connection idle that long), in MAX_HEAD_BYTES (its read buffer) and 100 fields (its fixed limit),
-else 408 or 431; the sandboxes' socket accepts at most `sandbox_connections` at once (the rest wait in its accept
-queue, taking no descriptor).
+`Limits` are hyper's and granian's own: a head must arrive whole within `header_timeout_s` (else the connection is
+closed; hyper's clock also closes a keep-alive connection idle that long), in MAX_HEAD_BYTES (its read buffer, which
+may read up to twice that before it refuses) and 100 fields (its fixed limit), else 431; the sandboxes' socket
+accepts at most `sandbox_connections` at once (the rest wait in its accept queue, taking no descriptor).
 """
 
 from __future__ import annotations
