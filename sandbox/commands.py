@@ -54,9 +54,6 @@ def _agents(console: Any, args: argparse.Namespace) -> int:
 
     bundles = Bundles(Path(args.bundles) if args.bundles else None)
     if args.action == "build":
-        if not args.names:
-            console.print("trajproxy agents build: name at least one agent", style="red")
-            return 2
         for name in args.names:
             try:
                 manifest = load(name)
@@ -70,25 +67,22 @@ def _agents(console: Any, args: argparse.Namespace) -> int:
                 console.print(f"trajproxy agents build: {e}", style="red", markup=False, soft_wrap=True)
                 return 1
         return 0
+    try:  # the agents named (presets or manifest files), else every preset, built or not
+        manifests = [load(name) for name in args.names or presets()]
+    except ManifestError as e:
+        console.print(f"trajproxy agents list: {e}", style="red", markup=False, soft_wrap=True)
+        return 1
     table = Table("agent", "version", "runs on", "bundle", "size", "built in", title=f"bundles in {bundles.root}")
     shown = set()
-    for name in presets():  # every preset, built or not, then the other bundles (a user's own manifests, old pins)
-        manifest = load(name)
+    for manifest in manifests:
         found = bundles.find(manifest)
         shown.add(found.digest if found else "")
-        table.add_row(name, manifest.version, _runtime(manifest), *_built(found))
-    for bundle in bundles.all():
+        table.add_row(manifest.name, manifest.version, manifest.runs_on, *_built(found))
+    for bundle in [] if args.names else bundles.all():  # then the others: a user's own manifests, old pins
         if bundle.digest not in shown:
-            table.add_row(bundle.name, bundle.version, "", *_built(bundle))
+            table.add_row(bundle.name, bundle.version, bundle.runs_on or "?", *_built(bundle))
     console.print(table)
     return 0
-
-
-def _runtime(manifest: Any) -> str:
-    install = manifest.install
-    return ", ".join(
-        [f"Python {install.python}"] * bool(install.python) + [f"Node {install.node}"] * bool(install.node)
-    )
 
 
 def _built(bundle: Any) -> tuple[str, str, str]:

@@ -185,11 +185,26 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     run.set_defaults(handler=RUN)
     agents = commands.add_parser("agents", help="build and list agent bundles")
-    agents.add_argument("action", choices=["build", "list"], help="build: build each agent's bundle; list: show them")
-    agents.add_argument("names", nargs="*", metavar="AGENT", help="presets or manifest files (build)")
-    agents.add_argument("--bundles", help=BUNDLES_HELP)
-    agents.add_argument("--force", action="store_true", help="build again even if the bundle is there")
-    agents.set_defaults(handler=RUN)
+    actions = agents.add_subparsers(dest="action", required=True, metavar="{build,list}")
+    build = actions.add_parser(
+        "build",
+        help="build each agent's bundle",
+        description="Build each agent's bundle (its pinned packages and the runtime it carries), once: an unchanged "
+        "manifest finds the bundle it built before.",
+    )
+    build.add_argument("names", nargs="+", metavar="AGENT", help="presets or manifest files (./my-agent.toml)")
+    build.add_argument("--force", action="store_true", help="build again even if the bundle is there")
+    listing = actions.add_parser(
+        "list",
+        help="show the agents, what each runs on and its bundle",
+        description="Show each agent (every preset, then the bundles of no preset; or only the AGENTs given): its "
+        "version, what it runs on (the Python or Node its bundle carries, or native: its own binaries) and its "
+        "bundle, if built.",
+    )
+    listing.add_argument("names", nargs="*", metavar="AGENT", help="presets or manifest files (default: all)")
+    for action in (build, listing):
+        action.add_argument("--bundles", help=BUNDLES_HELP)
+        action.set_defaults(handler=RUN)
     sandbox = commands.add_parser("sandbox", help="manage sandboxes")
     sandbox.set_defaults(handler=RUN)
     sandbox.add_argument(

@@ -47,6 +47,7 @@ class Bundle:
     arch: str  # Docker's name for the machine it runs on (amd64)
     built_s: float  # how long the build took
     path: Path
+    runs_on: str = ""  # the manifest's `runs_on` (Python 3.12, Node 22, native); "" in bundles built before it was kept
 
 
 def default_root() -> Path:
@@ -139,6 +140,7 @@ class Bundles:
                 arch=_arch(),
                 built_s=round(time.monotonic() - started, 1),
                 path=self.root / digest(manifest),
+                runs_on=manifest.runs_on,
             )
             record = {k: v for k, v in asdict(bundle).items() if k != "path"}
             (building / "bundle.json").write_text(json.dumps(record, indent=2) + "\n")

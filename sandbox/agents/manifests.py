@@ -77,6 +77,16 @@ class Manifest:
     routes: tuple[Mapping[str, Any], ...] = ()  # side calls to answer by a fixed model (the API's `routes`)
     install: Install = field(default_factory=Install)
 
+    @property
+    def runs_on(self) -> str:
+        """What its programs run on: the Python or Node its bundle carries, else its own binaries (native), else
+        what the task's image has (a manifest that installs no program)."""
+        install = self.install
+        carried = [f"Python {install.python}"] * bool(install.python) + [f"Node {install.node}"] * bool(install.node)
+        if carried:
+            return ", ".join(carried)
+        return "native" if install.npm or install.bin else "the image's"
+
     def uses(self, placeholder: str) -> bool:
         """Whether the command, env or files name the placeholder (what an episode need not prepare, if not)."""
         texts = [self.command, *self.env.values(), *(f.path + f.content for f in self.files)]
