@@ -30,6 +30,7 @@ from proxy.http.docs import add_docs
 from proxy.http.edge import error_body, invalid, redact, status_of
 from proxy.http.health import Health
 from proxy.http.metrics import add_metrics
+from proxy.http.origins import LocalCallers
 from proxy.http.queries import DeclaredQueries
 from proxy.http.routes import Route, Router, framework_routes, route_table
 from proxy.http.shutdown import Shutdown
@@ -60,7 +61,8 @@ class Trajproxy(Router):
         shutdown: Shutdown,
     ) -> None:
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        trainer_door = TrainerDoor(token, settings.max_body_bytes, DeclaredQueries(api.openapi))
+        callers = LocalCallers(settings.public_url)
+        trainer_door = TrainerDoor(token, settings.max_body_bytes, DeclaredQueries(api.openapi), callers)
         super().__init__(table, trainer_door, api, settings.body_read_timeout_s, settings.body_timeout_s)
         self.broker = broker
         self.settings = settings

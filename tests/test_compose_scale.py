@@ -52,6 +52,7 @@ def scale(engine: Any) -> Iterator[Scale]:
         "TRAJPROXY_PORT": str(port),
         "TRAJPROXY_BALANCER_PORT": str(balancer_port),
         "TRAJPROXY_TRAINER_TOKEN": TOKEN,
+        "TRAJPROXY_PUBLIC_URL": f"http://127.0.0.1:{balancer_port}",  # agents are handed the balancer's URL
         # volumes of its own, by name (gates mount them through the host's engine): another run may be up
         "TRAJPROXY_SOCKETS_VOLUME": f"{project}-sockets",
         "TRAJPROXY_SCALE_SOCKETS_VOLUME": f"{project}-scale-sockets",

@@ -113,6 +113,11 @@ def bearer(secret: str) -> dict[str, str]:
     return {"authorization": f"Bearer {secret}"}
 
 
+def json_as(secret: str) -> dict[str, str]:
+    """A trainer's headers for a raw JSON body (the trainer API takes no other type)."""
+    return {**bearer(secret), "content-type": "application/json"}
+
+
 def message_of(response: httpx.Response, status: int) -> str:
     """The error message of a refusal in either dialect's shape (OpenAI's, used by the trainer API, or
     Anthropic's), after checking its status."""
@@ -866,7 +871,7 @@ def drive_every_path(
     request(base, "POST", "/v1/chat/completions", content=deep_agent_bodies(nested(300))[0][1], headers=agent)
     deep = deep_trainer_bodies(served.id, "tu_none", nested(300))[1][1]
     assert (
-        request(base, "POST", f"/api/episodes/{served.id}/rewards", content=deep, headers=bearer(token)).status_code
+        request(base, "POST", f"/api/episodes/{served.id}/rewards", content=deep, headers=json_as(token)).status_code
         == 400
     )
     with pytest.raises(openai.NotFoundError):

@@ -11,7 +11,8 @@ docs, `/metrics` and the page under `/ui` are FastAPI's too (`proxy.http.docs`, 
   the handler, which answers in its dialect's shape; on TCP and on the sandbox socket.
 - TRAINER: the trainer token, the query's declared names, the body limit and its nesting (`TrainerDoor`), before
   the handler reads anything or waits; TCP only.
-- OPEN: nothing to show (the schema, the docs, metrics, the page, which checks its own login); TCP only.
+- OPEN: nothing to show (the schema, the docs, metrics, the page, which checks its own login); TCP only. With no
+  trainer token, only requests to a local host (`TrainerDoor.admit_open`), as on the trainer's door.
 - SOCKET: the sandbox socket only.
 
 Paths are exact or Starlette templates (`{name}`: one segment, `{name:path}`: the rest); an exact path is tried
@@ -216,6 +217,8 @@ class Router:
                 return
             else:
                 receive = admitted
+        elif route.door is Door.OPEN and not await self._trainer_door.admit_open(scope, receive, send):
+            return
         await route.serve(scope, receive, send)
 
     def match(self, scope: Scope) -> tuple[Route, dict[str, str]] | None:

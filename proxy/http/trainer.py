@@ -226,8 +226,17 @@ class TrainerApi:
 
     def _created(self, episode: Episode, key: str, request: Request) -> JsonObject:
         """A new episode as its creator sees it: with its key, and the environment its agent needs."""
-        base = (self._settings.public_url or str(request.base_url)).rstrip("/")
+        base = (self._settings.public_url or own_url(request.scope, self._settings)).rstrip("/")
         return {**episode_view(episode), "key": key, "env": agent_env(base, key)}
+
+
+def own_url(scope: Scope, settings: Settings) -> str:
+    """The URL this server was reached at, from the address its connection arrived on: never from the Host header,
+    which the client writes (a web page on a name pointed at this machine would have its own name handed to agents)."""
+    server = scope.get("server")
+    host, port = (server[0], server[1]) if server and server[1] is not None else (settings.host, settings.port)
+    host = f"[{host}]" if ":" in str(host) else host
+    return f"{scope.get('scheme', 'http')}://{host}:{port}"
 
 
 def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:

@@ -1,0 +1,67 @@
+"""Callers: who may use a trainer API opened with `--no-trainer-token`, which has no secret to ask for. A request
+must name a loopback host (or `--public-url`'s), so a web page on a name pointed at this machine (DNS rebinding) is
+refused, and no browser may say that another origin's page sent it (`Origin`, `Sec-Fetch-Site`)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+OPEN = "trajproxy has no trainer token (--no-trainer-token)"
+
+
+class LocalCallers:
+    """The hosts an open trainer API answers to: loopback addresses, `localhost`, and `--public-url`'s."""
+
+    def __init__(self, public_url: str | None = None) -> None:
+        self._public_host = urlsplit(public_url).hostname if public_url else None
+
+    def foreign_host(self, headers: Mapping[bytes, bytes]) -> str | None:
+        """Why a request naming another host than a local one is refused (None: it names a local one, or none)."""
+        host = headers.get(b"host")
+        if host is None or self._local(host.decode("latin-1")):
+            return None
+        named = _shown(host)
+        return f"{OPEN}: it answers requests to 127.0.0.1, ::1, localhost or --public-url's host, not to {named}"
+
+    def foreign_page(self, headers: Mapping[bytes, bytes]) -> str | None:
+        """Why a request a browser says came from another origin's page is refused (None: it did not)."""
+        origin, site = headers.get(b"origin"), headers.get(b"sec-fetch-site")
+        if site is not None and site not in (b"same-origin", b"none"):  # "none": typed in the address bar
+            foreign = True
+        elif origin is None:  # not a browser's, or a same-origin GET
+            foreign = False
+        elif origin == b"null":  # a sandboxed frame or a file; the page's own forms too (its Referrer-Policy)
+            foreign = site != b"same-origin"
+        else:  # the page's own origin is the host it called
+            host = headers.get(b"host", b"").decode("latin-1").lower()
+            foreign = _netloc(origin.decode("latin-1")) != host
+        return f"{OPEN}: a web page of another origin may not call it" if foreign else None
+
+    def _local(self, host: str) -> bool:
+        try:
+            name = urlsplit(f"//{host}").hostname
+        except ValueError:  # a port that is not one
+            return False
+        if name is None:
+            return False
+        if name in ("localhost", self._public_host):
+            return True
+        try:
+            return ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
+
+
+def _netloc(url: str) -> str | None:
+    try:
+        return urlsplit(url).netloc.lower()
+    except ValueError:  # not a URL: no origin of this server's
+        return None
+
+
+def _shown(host: bytes) -> str:
+    """A Host header as a message may show it: printable, and short."""
+    text = host.decode("latin-1")
+    return repr(text[:80]) if text.isprintable() else "another name"
