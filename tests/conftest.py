@@ -50,6 +50,7 @@ ON_BOTH_SERVERS = (
     "tests/test_chat_sdk.py",
     "tests/test_faults.py",
     "tests/test_logs.py",
+    "tests/test_bad_bodies.py",
     "tests/test_delivery.py",
     "tests/test_stream.py",
     "tests/test_sandbox.py::test_the_sandbox_socket_serves_agents_but_never_the_trainer_api",

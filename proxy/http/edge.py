@@ -84,6 +84,7 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
 # Deeper JSON parses (orjson reads 1,024 levels) but cannot be stored or sent back: orjson writes 255 levels at most.
 MAX_JSON_DEPTH = 128
 TOO_DEEP = f"request body nests JSON arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+NOT_UTF8 = "request body is not valid JSON: it holds bytes that are not UTF-8"
 
 
 def may_nest_too_deep(raw: bytes) -> bool:

@@ -182,7 +182,7 @@ def _decoded(data: str | bytes) -> replies.StreamReplies | schema.StreamReplies:
     with a ValidationError naming the field."""
     try:
         return _REPLIES.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):  # the last: bytes that are not UTF-8
         return schema.StreamReplies.model_validate_json(data)
 
 

@@ -28,11 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import schema
 from proxy.core.broker import Broker
-from proxy.core.errors import TrajproxyError, UpstreamError
+from proxy.core.errors import BadRequest, TrajproxyError, UpstreamError
 from proxy.core.steps import Steps, TimeStep
 from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, Turn, answerer_of
 from proxy.dialects.dialect import agent_env
-from proxy.http.edge import disconnected, error_body, read_body, replay, respond, status_of
+from proxy.http.edge import NOT_UTF8, disconnected, error_body, read_body, replay, respond, status_of
 from proxy.http.shutdown import SHUTTING_DOWN, Shutdown
 from proxy.http.trainer_json import (
     episode_settings,
@@ -94,6 +94,9 @@ class TrainerApi:
             query = schema.RepliesQuery.model_validate(_query(scope))
         except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
             await self._api(scope, replay(raw, receive), send)
+            return
+        except UnicodeDecodeError:  # msgspec reads a string's bytes as UTF-8 when it reaches them
+            await respond(send, 400, error_body(BadRequest.kind, NOT_UTF8))
             return
         try:
             status, body = await reply_batch(self._broker, batch, query, receive, self._shutdown)
