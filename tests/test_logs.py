@@ -55,6 +55,10 @@ def test_handshakes_are_refused_at_once_with_426_and_no_key_is_logged_from_a_pat
         assert counted.status_code == 200, counted.text
         assert httpx.post(f"{gemini}:generateContent", params={"key": key}, content=b"{").status_code == 400
         assert httpx.post(f"{gemini}:embedContent", params={"key": key, "alt": "sse"}, json={}).status_code == 404
+        # A name percent-encoded is the same name to the server (%6Bey is key): the log holds none of these either.
+        for name in ("%6Bey", "k%65y", "ke%79", "%4B%45%59"):
+            assert httpx.post(f"{gemini}:countTokens?alt=json&{name}={key}", json=body).status_code in (200, 401)
+            assert handshake(port, f"/v1beta/models/policy:generateContent?{name}={key}", key) == "426"
         assert handshake(port, "/api/episodes", token) == "426"
     log = served.output()
     assert "serving on" in log and "Application shutdown complete" in log, log  # read from start to end: no secret
@@ -98,3 +102,21 @@ def test_an_access_log_line_a_server_was_told_to_write_would_hold_no_key_from_a_
     assert record.getMessage() == (
         '127.0.0.1:5000 - "POST /e/<key>/v1beta/models/policy:streamGenerateContent?alt=sse&key=<key> HTTP/1.1" 200'
     )
+
+
+def test_a_key_is_redacted_by_the_name_the_server_reads_however_the_line_spells_it() -> None:
+    """What a server parses as `key` (any percent-encoding of the name, `+` for a space in it) is redacted."""
+    for spelled in ("key", "%6Bey", "k%65y", "%6b%65%79", "KEY", "%4Bey", "k%65y+", "%20key"):
+        target = f"/v1beta/models/policy:generateContent?alt=sse&{spelled}=tpk-secret%2Dpart&n=1"
+        args = ("127.0.0.1:5000", "POST", target, "1.1", 200)
+        record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None)
+        assert KeyRedactor().filter(record)
+        line = record.getMessage()
+        assert "tpk-secret" not in line and f"?alt=sse&{spelled}=<key>&n=1 " in line, line
+        record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, f'"WebSocket {target}" 426', (), None)
+        assert KeyRedactor().filter(record) and "tpk-secret" not in record.getMessage(), record.getMessage()
+    header = logging.LogRecord("websockets", logging.DEBUG, __file__, 1, "> %s: %s", ("X-Goog-Api-Key", "tpk-s"), None)
+    assert KeyRedactor().filter(header) and header.getMessage() == "> X-Goog-Api-Key: <redacted>"  # Gemini's header
+    kept = "/v1beta/models/policy:generateContent?monkey=visible&keys=visible"  # other names stay as they are
+    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, kept, (), None)
+    assert KeyRedactor().filter(record) and record.getMessage() == kept

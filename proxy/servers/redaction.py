@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote_plus
 
 _KEY_IN_PATH = re.compile(r"/e/[^/\s\"']+")
 
 
-_KEY_IN_QUERY = re.compile(r"([?&]key=)[^&\s\"']+")  # the Gemini API's ?key=
+# A query's `name=value` pairs, each after a `?` or `&` (or at the start of a string): the value runs to the next `&`
+_QUERY_PAIR = re.compile(r"(?:(?<=[?&])|^)([^?&=\s\"'#]+)=([^&\s\"'#]*)")
+_SECRET_PARAMS = frozenset({"key"})  # the Gemini API's ?key=, as the server reads the name (agent.py's Gemini)
 
 
 # What uvicorn says of each upgrade request it leaves to the app (which answers it): noise, and with ws="none"
@@ -24,12 +27,12 @@ _UPGRADE_NOISE = ("Unsupported upgrade request.", "No supported WebSocket librar
 _HEADER_LINES = ("< %s: %s", "> %s: %s")
 
 
-_SECRET_HEADERS = frozenset({"authorization", "x-api-key", "cookie", "proxy-authorization"})
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key", "x-goog-api-key", "cookie", "proxy-authorization"})
 
 
 class KeyRedactor(logging.Filter):
-    """Rewrites `/e/<key>` in a record to `/e/<key>` literally (and `?key=<key>` likewise), hides the values of
-    headers that carry secrets, and drops uvicorn's notes on upgrade requests."""
+    """Rewrites `/e/<key>` in a record to `/e/<key>` literally (and `?key=<key>` likewise, however the name is
+    percent-encoded), hides the values of headers that carry secrets, and drops uvicorn's notes on upgrade requests."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(_UPGRADE_NOISE):
@@ -51,7 +54,16 @@ def _redact(value: Any) -> Any:
         return value
     if "/e/" in value:
         value = _KEY_IN_PATH.sub("/e/<key>", value)
-    return _KEY_IN_QUERY.sub(r"\1<key>", value) if "key=" in value else value
+    return _QUERY_PAIR.sub(_redacted_pair, value) if "=" in value else value
+
+
+def _redacted_pair(pair: re.Match[str]) -> str:
+    """A query's pair with its value hidden if its name, decoded as the server decodes it (`%6Bey` is `key`), is one
+    that carries a secret; a line is matched by what it means, not by how it is spelled."""
+    name = pair.group(1)
+    if unquote_plus(name).strip().lower() in _SECRET_PARAMS:
+        return f"{name}=<key>"
+    return pair.group(0)
 
 
 def install_log_filter(servers: tuple[str, ...] = ("uvicorn", "uvicorn.error", "uvicorn.access")) -> None:
