@@ -220,6 +220,12 @@ class Broker:
     async def _over_budget(self, live: LiveEpisode, why: str) -> None:
         """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""
         episode = live.episode
+        if episode.budget.finish:
+            await self.finish(episode.id, EpisodeStatus.FINISHED, why, over_budget=why)
+            raise closed_error(await self.episode(episode.id))
+        await self._episodes.flag(live, why)
+        raise OverBudget(f"episode {episode.id} is {why}; it takes no more calls")
+
     async def _stale(self, live: LiveEpisode, why: str) -> None:
         """End an episode whose next call would take it past its `max_staleness`: finished, or failed (what trainers
         drop as an infrastructure failure) if it says so."""
@@ -227,12 +233,6 @@ class Broker:
         status = EpisodeStatus.FAILED if episode.budget.stale_fails else EpisodeStatus.FINISHED
         await self.finish(episode.id, status, why)
         raise closed_error(await self.episode(episode.id))
-
-        if episode.budget.finish:
-            await self.finish(episode.id, EpisodeStatus.FINISHED, why, over_budget=why)
-            raise closed_error(await self.episode(episode.id))
-        await self._episodes.flag(live, why)
-        raise OverBudget(f"episode {episode.id} is {why}; it takes no more calls")
 
     def attend(self, slot: Slot, episode: Episode) -> Attendance:
         """Hold an agent's exchange on its parked turn (`with broker.attend(...) as answer`): the answer it waits
