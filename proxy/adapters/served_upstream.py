@@ -135,18 +135,18 @@ class ServedUpstream:
                 url, content=orjson.dumps(body), headers={"Content-Type": "application/json"}, timeout=timeout_s
             )
         except httpx.HTTPError as e:
-            raise UpstreamError(f"the policy's server at {url} could not be reached: {type(e).__name__}") from e
+            raise UpstreamError(f"the policy's server could not be reached: {type(e).__name__}") from e
         if answer.status_code != 200:
             why = _why(answer)
             if answer.status_code == 400 and _CONTEXT_FULL.search(why):
                 raise ContextFull(f"the conversation is longer than the policy's context: {why}")
-            raise UpstreamError(f"the policy's server at {url} answered {answer.status_code}: {why}")
+            raise UpstreamError(f"the policy's server answered {answer.status_code}: {why}")
         try:
             response = orjson.loads(answer.content)
         except orjson.JSONDecodeError as e:
-            raise UpstreamError(f"the policy's server at {url} answered with something other than JSON") from e
+            raise UpstreamError("the policy's server answered with something other than JSON") from e
         if not isinstance(response, dict) or not response.get("choices"):
-            raise UpstreamError(f"the policy's server at {url} answered with no choices")
+            raise UpstreamError("the policy's server answered with no choices")
         return response
 
 
@@ -168,8 +168,7 @@ def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: Json
     prompt, completion, logprobs = server.ids(response)
     if not _int_list(prompt) or not _int_list(completion, empty=True):
         raise UpstreamError(
-            f"the policy's server at {url} answered without the token ids it sampled, which training needs: "
-            f"{server.enable}"
+            f"the policy's server answered without the token ids it sampled, which training needs: {server.enable}"
         )
     assert prompt is not None and completion is not None
     if logprobs is not None and len(logprobs) != len(completion):
