@@ -6,6 +6,7 @@ made in it rejects every change to a recorded turn (new turns are still recorded
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -74,6 +75,8 @@ def test_a_model_failure_that_cannot_be_recorded_still_reaches_its_agent(
     kind: tuple[str, str], fake_model: FakeModel
 ) -> None:
     async def body(broker: Broker) -> None:
+        # The upstream imports litellm on its first call, on the loop: seconds on a busy machine. Not on the clock here.
+        await asyncio.to_thread(importlib.import_module, "litellm")
         policy = Answerer("openai/gpt-4o-mini", fake_model.options())
         episode, _ = await broker.create_episode("task", {}, policy=policy)
         with turn_changes_refused(kind[1]):
