@@ -53,6 +53,12 @@ class ChatTemplate:
             raise UpstreamError("the chat template writes no end-of-turn token after a reply, and the model has no eos")
         self.end_of_turn: int = end
         self._end_text: str = tokenizer.convert_ids_to_tokens(end)
+        # transformers' encode hands even one text to the Rust tokenizer's thread pool (encode_batch), a wake-up of
+        # other threads per call; the Rust tokenizer's own encode does the same on this thread. Used only where it
+        # neither truncates nor pads, as transformers' encode above has set it.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and backend.truncation is None and backend.padding is None
+        self._backend: Any = backend if plain else None
 
     def render(
         self, messages: Sequence[JsonObject], tools: Sequence[JsonObject] | None, generation_prompt: bool
@@ -86,6 +92,8 @@ class ChatTemplate:
         return ids if ended else [self.end_of_turn, *ids]
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -108,6 +116,12 @@ class ChatTemplates:
     def __init__(self) -> None:
         self._loaded: dict[tuple[str, str | None, str], ChatTemplate] = {}
         self._lock = threading.Lock()
+
+    def loaded(
+        self, tokenizer: str, chat_template: str | None = None, options: JsonObject | None = None
+    ) -> ChatTemplate | None:
+        """The template, if it is loaded already: found without reading a file, so without leaving the event loop."""
+        return self._loaded.get((tokenizer, chat_template, repr(sorted((options or {}).items()))))
 
     def get(self, tokenizer: str, chat_template: str | None = None, options: JsonObject | None = None) -> ChatTemplate:
         """The template of the tokenizer at `tokenizer` (a folder or a model name in the local Hugging Face cache)."""

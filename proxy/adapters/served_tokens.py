@@ -166,12 +166,14 @@ class TokenPolicy:
             where = await self._model_root(api_base)
         kwargs = options.get("chat_template_kwargs")
         chat_template = options.get("chat_template")
-        return await asyncio.to_thread(
-            self._templates.get,
+        which = (
             where,
             chat_template if isinstance(chat_template, str) else None,
             kwargs if isinstance(kwargs, dict) else None,
         )
+        if (loaded := self._templates.loaded(*which)) is not None:
+            return loaded  # a thread only to load it: a hop per call wakes another thread, long on a busy machine
+        return await asyncio.to_thread(self._templates.get, *which)
 
 
 def _prompt(
