@@ -38,7 +38,7 @@ def assert_one_line_4xx(response: httpx.Response, where: Any) -> None:
     assert isinstance(message, str) and message and "\n" not in message, (where, message)
 
 
-@pytest.mark.settings(no_trainer_token=True)  # the bodies, not the door
+@pytest.mark.settings(no_trainer_token=True, turn_timeout_s=600)  # the bodies, not the door; the call outlasts them
 def test_a_body_that_is_not_utf8_is_a_one_line_4xx_on_every_route(
     server: Any,
     trainer: TrainerClient,

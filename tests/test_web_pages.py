@@ -28,7 +28,7 @@ def body_of(value: Any) -> bytes:
     return orjson.dumps(value) if value is not None else b""
 
 
-@pytest.mark.settings(no_trainer_token=True)
+@pytest.mark.settings(no_trainer_token=True, turn_timeout_s=600)  # the parked call outlasts every try
 def test_an_open_trainer_api_answers_no_web_page(
     server: Any, trainer: TrainerClient, background: Callable[..., Future[Any]]
 ) -> None:
@@ -52,14 +52,15 @@ def test_an_open_trainer_api_answers_no_web_page(
         {"host": f"{REBOUND}:{port}", "origin": f"http://{REBOUND}:{port}"},
         {"host": f"{REBOUND}:{port}"},
     ]
-    for method, path, body in trainer_routes(episode.id, turn.id):
-        tries = [(headers, 415) for headers in untyped] if method == "POST" else []
-        tries += [({**json_type, **headers}, 403) for headers in foreign]
-        for headers, status in tries:
-            response = httpx.request(method, base + path, content=body_of(body), headers=headers, timeout=10)
-            assert response.status_code == status, (method, path, headers, response.status_code, response.text)
-            message = response.json()["error"]["message"]
-            assert "\n" not in message and len(message) > 20, message
+    with httpx.Client(base_url=base, timeout=10) as http:
+        for method, path, body in trainer_routes(episode.id, turn.id):
+            tries = [(headers, 415) for headers in untyped] if method == "POST" else []
+            tries += [({**json_type, **headers}, 403) for headers in foreign]
+            for headers, status in tries:
+                response = http.request(method, path, content=body_of(body), headers=headers)
+                assert response.status_code == status, (method, path, headers, response.status_code, response.text)
+                message = response.json()["error"]["message"]
+                assert "\n" not in message and len(message) > 20, message
     for path in ("/ui/", f"/ui/episodes/{episode.id}", "/ui/queue"):  # the page, as open as /api, reads nothing
         assert httpx.get(base + path, headers={"host": f"{REBOUND}:{port}"}).status_code == 403, path
     forged_by_hand = {"origin": f"http://{REBOUND}:{port}", "host": f"{REBOUND}:{port}"}
