@@ -85,7 +85,7 @@ def test_each_branch_is_a_valid_atif_trajectory_of_what_was_recorded(recorded: d
     assert called["timestamp"] <= answered["timestamp"] and called["model_name"] == "policy-7b"
     assert tool_use["final_metrics"] == {"total_prompt_tokens": 80, "total_completion_tokens": 13, "total_steps": 4}
     kept = tool_use["extra"]["trajproxy"]
-    assert (kept["reward"], kept["rewards"], kept["status"]) == (1.5, {"reward": 1.0, "style": 0.5}, "finished")
+    assert (kept["reward"], kept["rewards"], kept["status"]) == (1.0, {"reward": 1.0, "style": 0.5}, "finished")
     assert [step["source"] for step in colour["steps"]] == ["user", "agent"]
     assert colour["steps"][1]["message"] == "Blue."
 

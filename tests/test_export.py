@@ -95,7 +95,7 @@ def test_chat_shape_writes_each_branch_with_its_rewards(recorded: dict[str, Any]
     assert [m["role"] for m in main["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert main["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"cmd": "cat calc.py"}'
     assert main["messages"][-1] == {"role": "assistant", "content": "fixed"}
-    assert (main["turns"], main["policy_version"], main["reward"]) == (2, "v2", 1.5)
+    assert (main["turns"], main["policy_version"], main["reward"]) == (2, "v2", 1.0)  # the one named reward
     assert main["rewards"] == {"reward": 1.0, "style": 0.5}
     assert json.loads(main["tools"]) == TOOLS and json.loads(main["metadata"]) == {"split": "train", "n": 1}
     assert compacted["messages"][-1]["content"] == "done" and compacted["turns"] == 1
@@ -113,7 +113,7 @@ def test_token_shape_joins_a_branch_into_one_sequence_with_a_loss_mask(
     assert main["completion_ids"] == [4, 5, 6, 7, 8]  # policy, environment (the tool's output), policy
     assert main["loss_mask"] == [1, 1, 0, 0, 1]
     assert main["logprobs"] == [-0.5, -0.25, 0.0, 0.0, -1.0]
-    assert (main["policy_versions"], main["reward"]) == (["v1", "v2"], 1.5)
+    assert (main["policy_versions"], main["reward"]) == (["v1", "v2"], 1.0)
     assert (compacted["prompt_ids"], compacted["completion_ids"], compacted["loss_mask"]) == ([1, 9], [10], [1])
 
 
@@ -139,7 +139,7 @@ def test_exported_files_load_with_datasets(recorded: dict[str, Any], tmp_path: P
         dataset = datasets.load_dataset("json", data_files=str(out), split="train")
         assert dataset.num_rows == rows
         if shape == "chat":
-            assert dataset[0]["messages"][-1]["content"] == "fixed" and dataset[0]["reward"] == 1.5
+            assert dataset[0]["messages"][-1]["content"] == "fixed" and dataset[0]["reward"] == 1.0
         else:
             assert dataset[0]["loss_mask"] == [1, 1, 0, 0, 1]
 
@@ -266,10 +266,10 @@ def test_split_reward_shares_an_episodes_reward_over_its_trainable_branches(
     for shape in ("chat", "tokens"):
         whole = lines_of(recorded["url"], tmp_path, "--shape", shape)
         split = lines_of(recorded["url"], tmp_path, "--shape", shape, "--split-reward")
-        assert [line["reward"] for line in whole if line["episode_id"] == recorded["good"]] == [1.5, 1.5]
+        assert [line["reward"] for line in whole if line["episode_id"] == recorded["good"]] == [1.0, 1.0]
         assert [(line["reward"], line["reward_split_over"]) for line in split] == [
-            (0.75, 2),
-            (0.75, 2),
+            (0.5, 2),
+            (0.5, 2),
             *([(0.0, 1), (None, 1)] if shape == "chat" else []),
         ]
         assert [line["rewards"] for line in split][:2] == [{"reward": 1.0, "style": 0.5}] * 2  # named: whole

@@ -89,7 +89,7 @@ def test_the_oracle_solves_every_harbor_task_and_named_rewards_are_recorded(
         "word-count": ("finished", 1.0),
     }
     assert recorded_rewards(proxied_trainer, by_id["hello-world"]) == {"reward": 1.0}
-    assert recorded_rewards(proxied_trainer, by_id["word-count"]) == {"count": 1.0, "format": 1.0}
+    assert recorded_rewards(proxied_trainer, by_id["word-count"]) == {"reward": 1.0, "count": 1.0, "format": 1.0}
     assert "reward.json" in by_id["word-count"].reason
     assert {"build_s", "agent_s", "grade_s", "total_s"} <= by_id["hello-world"].timings.keys()
     assert by_id["hello-world"].episode_id is not None

@@ -166,11 +166,11 @@ def test_turns_mark_each_calls_sampled_ids_and_the_last_its_stop_reason(
 
 def test_reward_split_shares_the_reward_over_the_trainable_lines(recorded: dict[str, Any], tmp_path: Path) -> None:
     lines = lines_of(recorded["url"], tmp_path, "--shape", "tokens")
-    for name, whole in (("multi", 1.5), ("forked", 1.0), ("graded", 0.0), ("down", 1.0)):
+    for name, whole in (("multi", 1.0), ("forked", 1.0), ("graded", 0.0), ("down", 1.0)):
         mine = by_episode(lines, recorded, name)
         assert [line["reward"] for line in mine] == [whole] * len(mine)  # whole, without --split-reward
         assert sum(line["reward_split"] for line in mine) == pytest.approx(whole), name
-    assert [line["reward_split"] for line in by_episode(lines, recorded, "multi")] == [0.75, 0.75]
+    assert [line["reward_split"] for line in by_episode(lines, recorded, "multi")] == [0.5, 0.5]  # `reward`, not style
     assert [line["reward_split"] for line in by_episode(lines, recorded, "lost")] == [None]
     split = lines_of(recorded["url"], tmp_path, "--shape", "tokens", "--split-reward")
     assert [line["reward"] for line in split] == [line["reward_split"] for line in lines]
