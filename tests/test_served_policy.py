@@ -348,7 +348,7 @@ def test_a_server_that_is_down_reaches_the_agent_at_once_as_a_502_in_its_dialect
 def test_a_server_that_gives_no_token_ids_is_refused_at_the_first_call_saying_what_to_enable(
     trainer: TrainerClient, fake_model: FakeModel
 ) -> None:
-    options = {"api_base": fake_model.options()["api_base"]}
+    options = {"api_base": fake_model.options()["api_base"], "mode": "chat"}  # a chat endpoint that gives no ids
     episode = trainer.create_episode(policy="vllm:fake", policy_options=options)
     with openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0) as client:
         with pytest.raises(openai.APIStatusError) as refused:
@@ -428,25 +428,32 @@ def test_sglang_is_asked_for_its_ids_and_read_as_its_documented_shapes_say(train
     assert asked["messages"] == [{"role": "user", "content": "hi"}] and "api_base" not in asked
 
 
-@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
-def test_a_run_of_the_minimal_agent_in_a_sandbox_is_answered_by_the_served_policy(
-    vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str
-) -> None:
-    database, results = tmp_path / "run.db", tmp_path / "results.jsonl"
-    done_block = r"```bash\necho TASK_COMPLETE\n```"  # the agent's own way to stop: one turn, sampled as forced
-    options = [f"api_base={vllm.base_url}", "temperature=1.0", "seed=3", "max_tokens=40"]
-    options.append("structured_outputs=" + json.dumps({"regex": done_block}))
-    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", f"vllm:{vllm.served_name}"]
-    for option in options:
+def served_run(vllm: Any, agent: str, options: list[str], regex: str, label: str, database: Path) -> Any:
+    """`trajproxy run` of the example task by `agent` (a preset or a manifest's path), answered by the served policy
+    with `options` (KEY=VALUE) and its output forced to `regex`; the task's line of the results."""
+    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", agent, "--policy", f"vllm:{vllm.served_name}"]
+    for option in [*options, "structured_outputs=" + json.dumps({"regex": regex})]:
         command += ["--policy-option", option]
+    results = database.with_name("results.jsonl")
     done = subprocess.run(
         [*command, "--label", label, "--results", str(results), *into(database)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     [line] = [json.loads(text) for text in results.read_text().splitlines()]
+    return line
+
+
+@pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+def test_a_run_of_the_minimal_agent_in_a_sandbox_is_answered_by_the_served_policy(
+    vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
+    database = tmp_path / "run.db"
+    done_block = r"```bash\necho TASK_COMPLETE\n```"  # the agent's own way to stop: one turn, sampled as forced
+    options = [f"api_base={vllm.base_url}", "temperature=1.0", "seed=3", "max_tokens=40"]
+    line = served_run(vllm, "minimal", options, done_block, label, database)
     assert line["reward"] == 0.0  # it stopped at once, the task undone: graded, not failed
     with sqlite3.connect(database) as db:
         rows = db.execute("SELECT answered_by, reply FROM turn").fetchall()

@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import sqlite3
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,10 +26,9 @@ from google.genai import types
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
 from proxy.storage.export import Filters, export, source
-from tests.conftest import EXAMPLE, LiveServer, serve_app
+from tests.conftest import LiveServer, serve_app
 from tests.served_checks import ask
-from tests.test_launch import RUN, into
-from tests.test_served_policy import BASH_PARAMETERS, exported, sampled
+from tests.test_served_policy import BASH_PARAMETERS, exported, sampled, served_run
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 PRESETS = Path(__file__).resolve().parents[1] / "agents"
@@ -381,21 +379,9 @@ def three_turns(agent: str, folder: Path) -> Path:
 def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_id(
     vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str, agent: str
 ) -> None:
-    database, results = tmp_path / "run.db", tmp_path / "results.jsonl"
+    database = tmp_path / "run.db"
     options = [f"api_base={vllm.base_url}", "mode=tokens", "temperature=1.0", "seed=1", "max_tokens=160"]
-    options.append("structured_outputs=" + json.dumps({"regex": SANDBOXED[agent][0]}))
-    manifest = str(three_turns(agent, tmp_path))
-    command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", manifest, "--policy", f"vllm:{vllm.served_name}"]
-    for option in options:
-        command += ["--policy-option", option]
-    done = subprocess.run(
-        [*command, "--label", label, "--results", str(results), *into(database)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    [result] = [json.loads(text) for text in results.read_text().splitlines()]
+    result = served_run(vllm, str(three_turns(agent, tmp_path)), options, SANDBOXED[agent][0], label, database)
     assert result["reward"] == 0.0  # graded (the task is undone: the agent only looked around)
     with sqlite3.connect(database) as db:
         rows = db.execute("SELECT branch, parent_id, reply FROM turn ORDER BY seq").fetchall()
