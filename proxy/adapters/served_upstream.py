@@ -1,8 +1,8 @@
 """ServedUpstream: answers turns from the policy being trained, on its inference server; the one module that speaks
 to vLLM and SGLang.
 
-Two modes (`policy_options.mode`). `"tokens"` (token in, token out: `proxy/adapters/served_tokens.py`) builds
-each turn's prompt ids itself, continuing the ids its parent turn was prompted with and sampled. `"chat"` (string
+Two modes (`policy_options.mode`). `"tokens"` (the default; token in, token out: `proxy/adapters/served_tokens.py`)
+builds each turn's prompt ids itself, continuing the ids its parent turn was prompted with and sampled. `"chat"` (string
 in, tokens out) sends each turn's chat request to the server's OpenAI-compatible chat endpoint, which renders the
 prompt with the model's own chat template and samples. Either way the turn records the prompt ids the server read,
 the ids it sampled and their logprobs exactly as it returned them, never a re-tokenisation of text.
@@ -27,7 +27,6 @@ from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
 
 # trajproxy's, not the server's (a chat endpoint renders the template itself: its template options are the server's)
 _OWN_OPTIONS = frozenset({"api_base", "timeout_s"}) | TOKEN_OPTIONS - {"chat_template", "chat_template_kwargs"}
-MODES = ("tokens", "chat")
 _REQUEST_FIELDS = ("messages", "tools", "tool_choice")  # what the policy sees of the agent's call
 _MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content")
 # How vLLM ("This model's maximum context length is 2048 tokens. However, ...", "... longer than the maximum model
@@ -167,8 +166,8 @@ class ServedUpstream:
 
 
 def mode_of(answerer: Answerer) -> str:
-    mode = answerer.options.get("mode", "chat")
-    return mode if isinstance(mode, str) else "chat"
+    """`tokens` unless the episode asks for `chat`."""
+    return "chat" if answerer.options.get("mode") == "chat" else "tokens"
 
 
 def _api_base(answerer: Answerer) -> str:
