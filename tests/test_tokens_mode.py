@@ -49,6 +49,7 @@ def tokens_policy(vllm: Any, mode: str = "tokens", **options: Any) -> dict[str, 
     return {
         "policy": f"vllm:{vllm.served_name}",
         "policy_options": {"api_base": vllm.base_url, "mode": mode, **sampling, **options},
+        "turn_timeout_s": 300,  # a busy machine's first call loads the tokenizer and wakes the server
     }
 
 

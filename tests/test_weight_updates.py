@@ -46,8 +46,9 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
     trainer.resume(policy_version="step-0")
     # The long call samples to its limit: thousands of tokens, at the server while the update begins.
     long_options = {**options, "max_tokens": 4000, "ignore_eos": True}
-    long = trainer.create_episode(policy=f"vllm:{vllm.served_name}", policy_options=long_options)
-    short = trainer.create_episode(policy=f"vllm:{vllm.served_name}", policy_options={**options, "max_tokens": 8})
+    served: dict[str, Any] = {"policy": f"vllm:{vllm.served_name}", "turn_timeout_s": 300}  # a first call is slow
+    long = trainer.create_episode(**served, policy_options=long_options)
+    short = trainer.create_episode(**served, policy_options={**options, "max_tokens": 8})
     with (
         openai.OpenAI(base_url=long.env["OPENAI_BASE_URL"], api_key=long.key, max_retries=0) as long_agent,
         openai.OpenAI(base_url=short.env["OPENAI_BASE_URL"], api_key=short.key, max_retries=0) as short_agent,
