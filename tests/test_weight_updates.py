@@ -44,8 +44,8 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
 ) -> None:
     options = {"api_base": vllm.base_url, "temperature": 1.0, "seed": 3}
     trainer.resume(policy_version="step-0")
-    # The long call samples to its limit: thousands of tokens, at the server while the update begins.
-    long_options = {**options, "max_tokens": 4000, "ignore_eos": True}
+    # The long call samples to its limit, a thousand tokens: at the server while the pause begins.
+    long_options = {**options, "max_tokens": 1000, "ignore_eos": True}
     served: dict[str, Any] = {"policy": f"vllm:{vllm.served_name}", "turn_timeout_s": 300}  # a first call is slow
     long = trainer.create_episode(**served, policy_options=long_options)
     short = trainer.create_episode(**served, policy_options={**options, "max_tokens": 8})
