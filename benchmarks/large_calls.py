@@ -5,7 +5,8 @@ megabyte or so), and whether it stops growing.
 
 One agent sends `--calls` chat completions one after another, each with a system prompt of `--size-kib` KiB; one
 trainer long-polls and answers each at once, with usage (so no token encoding is loaded). The server's VmRSS is
-read from /proc every 50 calls. Nothing is pinned: this measures memory, not speed.
+read from /proc every 50 calls, and once more after the episode is finished ("done"). Nothing is pinned: this
+measures memory, not speed.
 """
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ def answer_until(stop: threading.Event, base: str) -> None:
                 trainer.post("/api/turns/replies", json={"replies": replies}).raise_for_status()
 
 
-def bench(calls: int, size_kib: int, database_url: str | None, port: int) -> list[tuple[int, float]]:
-    """(calls answered, server VmRSS MiB) before the first call and after every 50."""
+def bench(calls: int, size_kib: int, database_url: str | None, port: int) -> list[tuple[int | str, float]]:
+    """(calls answered, server VmRSS MiB) before the first call, after every 50, and after the episode's finish."""
     with fresh_database(database_url) as url:
         server = start_server(port, url, pinned=False)
         stop = threading.Event()
         base = f"http://{HOST}:{port}"
         trainer = threading.Thread(target=answer_until, args=(stop, base), daemon=True)
         try:
-            key = httpx.post(f"{base}/api/episodes", json={"task": "large calls"}).json()["key"]
+            episode = httpx.post(f"{base}/api/episodes", json={"task": "large calls"}).json()
+            key = episode["key"]
             trainer.start()
-            samples = [(0, memory_kib(server.pid)["VmRSS"] / 1024)]
+            samples: list[tuple[int | str, float]] = [(0, memory_kib(server.pid)["VmRSS"] / 1024)]
             system = {"role": "system", "content": "x" * (size_kib * 1024)}
             with httpx.Client(base_url=base, timeout=60, headers={"authorization": f"Bearer {key}"}) as agent:
                 for n in range(1, calls + 1):
@@ -52,6 +54,8 @@ def bench(calls: int, size_kib: int, database_url: str | None, port: int) -> lis
                     agent.post("/v1/chat/completions", json=body).raise_for_status()
                     if n % 50 == 0 or n == calls:
                         samples.append((n, memory_kib(server.pid)["VmRSS"] / 1024))
+            httpx.post(f"{base}/api/episodes/{episode['id']}/finish", json={}).raise_for_status()
+            samples.append(("done", memory_kib(server.pid)["VmRSS"] / 1024))
             return samples
         finally:
             stop.set()
