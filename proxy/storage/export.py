@@ -64,6 +64,7 @@ class Filters:
     until: float | None = None  # episode created before
     metadata: dict[str, Any] = field(default_factory=dict)  # metadata fields that must equal these values
     side_calls: bool = False  # include calls a routing rule sent to a fixed model (not trainable)
+    episode_ids: tuple[str, ...] = ()  # these episodes only; empty: all
 
     def keeps(self, metadata: JsonObject, reward: float | None) -> bool:
         if any(metadata.get(key) != value for key, value in self.metadata.items()):
@@ -169,6 +170,8 @@ def parse_where(items: list[str]) -> dict[str, Any]:
 
 def _where(filters: Filters) -> list[Any]:
     clauses = []
+    if filters.episode_ids:
+        clauses.append(episodes.c.id.in_(filters.episode_ids))
     if filters.statuses:
         clauses.append(episodes.c.status.in_(filters.statuses))
     if filters.since is not None:
