@@ -64,10 +64,12 @@ class Rollouts:
         chat_template_kwargs: dict[str, Any] | None = None,
         turn_timeout_s: float = 600.0,
         agent_timeout_s: float | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         """`tokenizer`: the served model's folder (its chat template and tokenizer); `sampling`: every episode's
         sampling options, as vLLM names them (a run's own override them); `database_url`: where episodes are
-        recorded (default: a SQLite file in a temporary folder, removed at the end)."""
+        recorded (default: a SQLite file in a temporary folder, removed at the end); `labels`: on every sandbox
+        container, besides trajproxy's own."""
         self._generate = generate
         self._tokenizer = tokenizer
         self._database_url = database_url
@@ -77,6 +79,7 @@ class Rollouts:
         self._sampling = dict(sampling or {})
         self._turn_timeout_s = turn_timeout_s
         self._agent_timeout_s = agent_timeout_s
+        self._labels = labels or {}
         self._agents: dict[str, InjectedAgent] = {}
         self._stack = contextlib.AsyncExitStack()
         self._server: TokenServer | None = None
@@ -92,7 +95,7 @@ class Rollouts:
             proxy = await stack.enter_async_context(embedded_proxy(self._database_url))
             self.trainer = await stack.enter_async_context(AsyncTrainerClient(proxy.url, proxy.token))
             self._server = await stack.enter_async_context(token_server(self._generate, self._tokenizer))
-            self._sandboxes = DockerSandboxes(proxy.socket_folder)
+            self._sandboxes = DockerSandboxes(proxy.socket_folder, labels=self._labels)
             stack.push_async_callback(self._sandboxes.close)
         except BaseException:
             await stack.aclose()
