@@ -36,7 +36,16 @@ from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.read import read_tasks
 from sandbox.tasks.task import Task, TaskError
 
-__all__ = ["Generate", "Generated", "Rollout", "Rollouts", "find_task"]
+__all__ = ["Generate", "Generated", "Rollout", "Rollouts", "Served", "find_task"]
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A vLLM server trajproxy calls itself, in tokens mode, instead of a trainer's generate call: where the
+    trainer serves its policy on vLLM's HTTP API (`trajproxy train`, TRL with an external server)."""
+
+    api_base: str  # http://HOST:PORT/v1
+    model: str  # its served model name
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,7 @@ class Rollout:
 class Rollouts:
     def __init__(
         self,
-        generate: Generate,
+        generate: Generate | Served,
         *,
         tokenizer: str,
         database_url: str | None = None,
@@ -66,10 +75,11 @@ class Rollouts:
         agent_timeout_s: float | None = None,
         labels: dict[str, str] | None = None,
     ) -> None:
-        """`tokenizer`: the served model's folder (its chat template and tokenizer); `sampling`: every episode's
-        sampling options, as vLLM names them (a run's own override them); `database_url`: where episodes are
-        recorded (default: a SQLite file in a temporary folder, removed at the end); `labels`: on every sandbox
-        container, besides trajproxy's own."""
+        """`generate`: the trainer's generate call (served to trajproxy by a token server), or a vLLM server that
+        trajproxy calls itself; `tokenizer`: the served model's folder (its chat template and tokenizer);
+        `sampling`: every episode's sampling options, as vLLM names them (a run's own override them);
+        `database_url`: where episodes are recorded (default: a SQLite file in a temporary folder, removed at the
+        end); `labels`: on every sandbox container, besides trajproxy's own."""
         self._generate = generate
         self._tokenizer = tokenizer
         self._database_url = database_url
@@ -94,7 +104,8 @@ class Rollouts:
                 self._database_url = f"sqlite:///{folder}/rollouts.db"
             proxy = await stack.enter_async_context(embedded_proxy(self._database_url))
             self.trainer = await stack.enter_async_context(AsyncTrainerClient(proxy.url, proxy.token))
-            self._server = await stack.enter_async_context(token_server(self._generate, self._tokenizer))
+            if not isinstance(self._generate, Served):
+                self._server = await stack.enter_async_context(token_server(self._generate, self._tokenizer))
             self._sandboxes = DockerSandboxes(proxy.socket_folder, labels=self._labels)
             stack.push_async_callback(self._sandboxes.close)
         except BaseException:
@@ -107,10 +118,14 @@ class Rollouts:
 
     def episode_options(self, key: str, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
         """The options an episode is created with to be answered through `generate` under `key`."""
-        assert self._server is not None, "use Rollouts as an async context manager"
-        options = {**self._options, **self._sampling, **(sampling or {}), "api_base": self._server.api_base(key)}
+        if isinstance(self._generate, Served):
+            api_base, model = self._generate.api_base, self._generate.model
+        else:
+            assert self._server is not None, "use Rollouts as an async context manager"
+            api_base, model = self._server.api_base(key), self._server.model
+        options = {**self._options, **self._sampling, **(sampling or {}), "api_base": api_base}
         return {
-            "policy": f"vllm:{self._server.model}",
+            "policy": f"vllm:{model}",
             "policy_options": options,
             "turn_timeout_s": self._turn_timeout_s,
         }
