@@ -1,0 +1,146 @@
+"""The slime adapter (integrations/slime.py) in slime's own environment, with slime's real `Sample`, `Dataset` and
+rollout code: an agent's sandboxed episode becomes Samples that are exactly the ids the engine was given and
+sampled, graded by the task; a rewritten history becomes one Sample per branch, sharing the episode's rollout id;
+an engine that aborts makes the episode's Samples ABORTED.
+
+SGLang needs a GPU: slime's router is stood in for by a small server in tests/integrations/slime_check.py speaking
+SGLang's `/generate` shape, answered by the real vLLM on the CPU. The script runs under slime's virtualenv
+(`$TRAJPROXY_TEST_SLIME_PYTHON`, else `.ci/trainer-venv slime` builds it) and prints what it saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_tokens_mode import three_turns
+
+pytestmark = pytest.mark.timeout(1200)  # the first run on a machine builds slime's environment and the agent's bundle
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = ROOT / "tests" / "integrations" / "slime_check.py"
+EXAMPLE = ROOT / "examples" / "tasks" / "calc" / "tasks.jsonl"
+SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # as .ci/trainers/slime.txt pins it
+# The model is random: every call is forced to think a word, then fix the bug (the grader's tests then pass).
+FIX = r"<think>[a-z]{1,6}</think>\n```bash\nsed -i 's/return a - b/return a \+ b/' calc\.py\n```"
+
+
+def slime_python() -> str:
+    """slime's virtualenv's python: `$TRAJPROXY_TEST_SLIME_PYTHON`, else built by `.ci/trainer-venv slime` from a
+    source tree of the pinned commit (made from the clone `$TRAJPROXY_SLIME_GIT` names, when it is missing)."""
+    if given := os.environ.get("TRAJPROXY_TEST_SLIME_PYTHON"):
+        return given
+    source = Path.home() / ".cache" / "trajproxy" / "sources" / f"slime-{SLIME_COMMIT}"
+    if not (source / "setup.py").exists():
+        clone = os.environ.get("TRAJPROXY_SLIME_GIT")
+        if not clone:
+            message = f"no slime source at {source}: set TRAJPROXY_SLIME_GIT to a clone of THUDM/slime"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        source.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", f"--git-dir={clone}", "archive", SLIME_COMMIT], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    built = subprocess.run(["bash", ".ci/trainer-venv", "slime"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return built.stdout.strip().splitlines()[-1]
+
+
+def check(mode: str, config: dict[str, Any], **env_vars: str) -> Any:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
+    done = subprocess.run(
+        [slime_python(), str(CHECK), mode, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
+    sys.stderr.write(done.stderr[-4000:])
+    assert done.returncode == 0, done.stderr[-4000:]
+    (result,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(result.removeprefix("RESULT "))
+
+
+def test_slimes_rollout_runs_a_sandboxed_episode_whose_samples_are_what_the_engine_saw_and_sampled(
+    vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
+    config = {
+        "vllm_url": vllm.base_url,
+        "model": vllm.served_name,
+        "model_dir": str(vllm.model_dir),
+        "tasks": str(EXAMPLE),
+        "agent": str(three_turns("minimal", tmp_path)),
+        "regex": FIX,
+    }
+    seen = check("sandbox", config, TRAJPROXY_SLIME_LABELS=json.dumps(dict([label.split("=")])))
+
+    (sample,) = seen["samples"]
+    (line,) = seen["lines"]
+    calls, turns = seen["calls"], seen["turns"]
+    assert len(calls) == len(turns) == 3 and {turn["branch"] for turn in turns} == {0}
+    # slime gave the sample its session id; every call was routed by it, as slime's router reads it
+    assert {call["routing_key"] for call in calls} == {sample["session_id"]} and sample["session_id"]
+    assert all(call["return_logprob"] is True for call in calls)
+    assert calls[0]["sampling_params"]["max_new_tokens"] == 160 and calls[0]["sampling_params"]["no_stop_trim"]
+    # what the engine was given and sampled is what trajproxy recorded, call by call
+    for call, turn in zip(calls, turns, strict=True):
+        assert (call["input_ids"], call["output_ids"]) == (turn["prompt_ids"], turn["completion_ids"])
+    # the Sample is the recorded line, field for field
+    assert sample["tokens"] == line["prompt_ids"] + line["completion_ids"]
+    assert sample["response_length"] == len(line["completion_ids"])
+    assert sample["loss_mask"] == line["loss_mask"] and sample["rollout_log_probs"] == line["logprobs"]
+    assert sample["rollout_id"] == line["rollout_id"] and (sample["index"], sample["group_index"]) == (0, 0)
+    assert sample["label"] == "add must add" and sample["status"] == "completed" and not sample["remove_sample"]
+    assert sample["metadata"]["trajproxy"]["episode_id"] == line["episode_id"]
+    assert "sed -i" in sample["response"]  # the sampled text, decoded
+    # the ids under loss are exactly what the engine sampled, with its logprobs; the rest are the prompts' own
+    prompt_length = len(line["prompt_ids"])
+    trained = [token for token, mask in zip(sample["tokens"][prompt_length:], sample["loss_mask"], strict=True) if mask]
+    assert trained == [token for call in calls for token in call["output_ids"]]
+    logprobs = [lp for lp, mask in zip(sample["rollout_log_probs"], sample["loss_mask"], strict=True) if mask]
+    assert logprobs == [lp for call in calls for lp in call["logprobs"]]
+    for call, span in zip(calls, line["turns"], strict=True):
+        assert sample["tokens"][: prompt_length + span["start"]] == call["input_ids"]
+    # graded by the task: the forced fix makes its tests pass
+    assert {"name": "reward", "value": 1.0, "source": "grader"} in seen["rewards"]
+    assert sample["reward"] == line["reward_split"] == 1.0
+    assert not engine.containers.list(all=True, filters={"label": label})
+
+
+def test_a_rewritten_history_is_one_sample_per_branch_and_an_aborting_engine_makes_them_aborted(vllm: Any) -> None:
+    seen = check("branches", {"vllm_url": vllm.base_url, "model": vllm.served_name, "model_dir": str(vllm.model_dir)})
+
+    rewritten, aborted = seen["rewritten"], seen["aborted"]
+    assert [call["routing_key"] for call in seen["calls"]] == ["rewrite-key"] * 3 + ["abort-key"]
+    lines, samples = rewritten["lines"], rewritten["samples"]
+    assert [line["branch"] for line in lines] == [0, 1] and len(samples) == 2
+    assert [len(line["turn_ids"]) for line in lines] == [2, 1]
+    for line, sample in zip(lines, samples, strict=True):
+        assert sample["tokens"] == line["prompt_ids"] + line["completion_ids"]
+        assert sample["response_length"] == len(line["completion_ids"])
+        assert sample["loss_mask"] == line["loss_mask"] and sum(sample["loss_mask"]) > 0
+        assert sample["rollout_log_probs"] == line["logprobs"]
+        assert sample["reward"] == line["reward_split"] == 0.5  # the grader's 1.0 split over the two lines
+        assert sample["rollout_id"] == line["rollout_id"] == lines[0]["rollout_id"]  # one rollout: counted once
+        assert (sample["index"], sample["group_index"], sample["session_id"]) == (3, 1, "rewrite-key")
+        assert sample["status"] == "completed" and sample["metadata"]["m"] == 1
+        assert sample["metadata"]["trajproxy"]["turn_ids"] == line["turn_ids"]
+    # every sampled id is trained once, in its branch
+    sampled = [call["output_ids"] for call in seen["calls"][:3]]
+    assert sum(sum(sample["loss_mask"]) for sample in samples) == sum(map(len, sampled))
+
+    assert seen["agent_error"] >= 500  # the aborted call failed the agent's call
+    assert [turn["status"] for turn in aborted["turns"]] == ["answered", "failed"]
+    (line,) = aborted["lines"]
+    (sample,) = aborted["samples"]
+    assert line["infrastructure_failure"] is True and line["failure_reason"]
+    assert sample["status"] == "aborted" and sample["remove_sample"] is True and sample["reward"] == 0.0
+    assert sample["tokens"] == line["prompt_ids"] + line["completion_ids"]
+    assert sample["loss_mask"] == [0] * len(line["completion_ids"])  # dropped, never trained
+    assert sample["metadata"]["trajproxy"]["failure_reason"] == line["failure_reason"]
