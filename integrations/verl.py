@@ -1,0 +1,339 @@
+"""verl's agent loop for trajproxy: a dataset row names a task and an agent; the loop runs that unmodified agent on the
+task in a Docker sandbox, answers each of its LLM calls with verl's own `server_manager.generate` (token in, token
+out: trajproxy renders and continues the prompt ids, verl's engine samples them), grades it, and hands verl the
+episode's recorded ids as an `AgentLoopOutput`.
+
+    # agent_loops.yaml, named by actor_rollout_ref.rollout.agent.agent_loop_config_path
+    - name: trajproxy
+      _target_: integrations.verl.TrajproxyAgentLoop
+      database_dir: /data/trajproxy        # optional: where each worker's SQLite file lies (default: a temp folder)
+
+    # a dataset row: agent_name "trajproxy", extra_info {"tasks": "/data/tasks.jsonl", "task_id": "calc-1",
+    #                 "agent": "mini-swe-agent"}
+
+What verl gets (`agent_loop_output`, a plain function of the episode's sample lines,
+`proxy/storage/sample.schema.json`): prompt_ids, response_ids (completion_ids), response_mask (loss_mask: 1 on ids
+verl's engine sampled, 0 on the ids the environment and the chat template added), response_logprobs (the engine's,
+when verl asks for them), reward_score (the grader's), num_turns, metrics and `extra_fields["trajproxy"]` (episode id,
+branch, turn ids, policy versions, cuts, infrastructure failure, the lines not trained). docs/trainers/verl.md says
+what a verl user sets and what is lost.
+
+verl's classic worker takes one sequence per `run`: an episode whose agent rewrote its history (several lines) trains
+its line with the most sampled ids and reports the others, untrained, in extra_fields; `branches: all` returns every
+line as a list, for verl's TransferQueue (v1) worker, which takes several outputs per run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from sandbox.tasks.task import Task
+
+__all__ = ["TrajproxyAgentLoop", "agent_loop_output", "agent_loop_outputs", "close"]
+
+# verl's sampling options that the episode takes as they are (vLLM spells them alike); verl's win over a row's own
+VERL_SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+def agent_loop_output(
+    line: dict[str, Any], *, prompt_length: int, response_length: int, logprobs: bool
+) -> dict[str, Any]:
+    """The fields of verl's AgentLoopOutput for one sample line (all but metrics): the line's ids as they are, the
+    prompt left-cut to `prompt_length` (as verl cuts its own), the response cut to `response_length` (verl pads to it
+    and cannot take more: the cut ids are lost, counted in `response_cut`). An infrastructure failure keeps its ids
+    with no loss and reward 0.0 (verl has no status to drop a sequence by): flagged, for a filter to drop it."""
+    prompt, completion = list(line["prompt_ids"]), list(line["completion_ids"])
+    failed = bool(line["infrastructure_failure"])
+    mask = [0] * len(completion) if failed else list(line["loss_mask"])
+    rollout_logprobs = line["logprobs"] if line["logprobs"] is not None else [0.0] * len(completion)
+    reward = 0.0 if failed else line["reward"]
+    prompt_cut = max(0, len(prompt) - prompt_length)
+    response_cut = max(0, len(completion) - response_length)
+    info = {
+        "episode_id": line["episode_id"],
+        "rollout_id": line["rollout_id"],
+        "status": line["status"],
+        "branch": line["branch"],
+        "turn_ids": list(line["turn_ids"]),
+        "policy_versions": list(line["policy_versions"]),
+        "stop_reason": "length" if response_cut else line["stop_reason"],
+        "rewards": dict(line["rewards"]),
+        "reward_split": line["reward_split"],
+        "drifts": len(line["drifts"]),
+        "stale_turns": line["stale_turns"],
+        "prompt_cut": prompt_cut,
+        "response_cut": response_cut,
+        "trained_cut": sum(mask[response_length:]),
+        "infrastructure_failure": failed,
+        "failure_reason": line["failure_reason"],
+    }
+    return {
+        "prompt_ids": prompt[prompt_cut:],
+        "response_ids": completion[:response_length],
+        "response_mask": mask[:response_length],
+        "response_logprobs": rollout_logprobs[:response_length] if logprobs else None,
+        "reward_score": reward,
+        "num_turns": 2 * len(line["turns"]),  # each call: the messages before it, and its reply
+        "extra_fields": {"trajproxy": info},
+    }
+
+
+def agent_loop_outputs(
+    rollout: Rollout,
+    *,
+    prompt_length: int,
+    response_length: int,
+    logprobs: bool,
+    branches: str = "main",
+    fallback_prompt_ids: list[int] | None = None,
+    pad_id: int = 0,
+) -> list[dict[str, Any]]:
+    """The AgentLoopOutput fields of a rollout: with `branches="main"` one, its line with the most sampled ids (the
+    earliest of equals), the others named in `untrained_lines`; with "all" one per line, in order. A rollout without
+    any line (its sandbox or task failed before the agent's first call) is one failed sequence: the fallback prompt,
+    one pad id at no loss, reward 0.0."""
+    lines = rollout.samples
+    if not lines:
+        prompt = list(fallback_prompt_ids or [pad_id])
+        line = {
+            "prompt_ids": prompt,
+            "completion_ids": [pad_id],
+            "loss_mask": [0],
+            "logprobs": [0.0],
+            "turns": [],
+            "turn_ids": [],
+            "policy_versions": [],
+            "branch": 0,
+            "stop_reason": None,
+            "drifts": [],
+            "stale_turns": 0,
+            "reward": None,
+            "reward_split": None,
+            "rewards": {},
+            "rollout_id": None,
+            "episode_id": rollout.episode_id,
+            "status": rollout.status,
+            "infrastructure_failure": True,
+            "failure_reason": rollout.reason or f"the episode {rollout.status} before any call",
+        }
+        lines = [line]
+    if branches == "all":
+        chosen = lines
+    elif branches == "main":
+        chosen = [max(lines, key=lambda line: (sum(line["loss_mask"]), -lines.index(line)))]
+    else:
+        raise ValueError(f"branches: 'main' or 'all', not {branches!r}")
+    outputs = [
+        agent_loop_output(line, prompt_length=prompt_length, response_length=response_length, logprobs=logprobs)
+        for line in chosen
+    ]
+    untrained = [
+        {"branch": line["branch"], "turn_ids": list(line["turn_ids"]), "sampled_ids": sum(line["loss_mask"])}
+        for line in lines
+        if not any(line is kept for kept in chosen)
+    ]
+    for output in outputs:
+        output["extra_fields"]["trajproxy"]["lines"] = len(rollout.samples)
+        output["extra_fields"]["trajproxy"]["untrained_lines"] = untrained
+    return outputs
+
+
+@dataclass
+class _Calls:
+    """One rollout's calls into verl's engine: how long they took, where its response budget stands, which weights
+    (verl's global steps) answered them."""
+
+    loop: TrajproxyAgentLoop
+    sampling: dict[str, Any]
+    generate_s: float = 0.0
+    preempted: int = 0
+    first_prompt: list[int] | None = None
+    global_steps: list[int] = field(default_factory=list)
+
+
+class _Worker:
+    """What one verl agent-loop worker process holds across the loops it makes (verl makes a loop per row): one
+    `Rollouts` (an embedded trajproxy, the Docker sandboxes, the token server), the tasks read, and each running
+    rollout's calls by key, through which `generate` reaches the `server_manager` of the loop that runs it."""
+
+    def __init__(self) -> None:
+        self.rollouts: Rollouts | None = None
+        self.calls: dict[str, _Calls] = {}
+        self.tasks: dict[tuple[str, str | None, str | None], Task] = {}
+        self.opening = asyncio.Lock()
+
+    async def open(self, loop: TrajproxyAgentLoop) -> Rollouts:
+        async with self.opening:
+            if self.rollouts is None:
+                rollouts = Rollouts(self.generate, **loop.rollouts_options())
+                self.rollouts = await rollouts.__aenter__()  # held for the worker's life: verl has no close hook
+            return self.rollouts
+
+    async def generate(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
+        calls = self.calls[key]
+        loop = calls.loop
+        response_length = loop.rollout_config.response_length
+        if calls.first_prompt is None:
+            calls.first_prompt = list(prompt_ids)
+        first = calls.first_prompt
+        extends = prompt_ids[: len(first)] == first
+        left = response_length - (len(prompt_ids) - len(first)) if extends else response_length
+        max_tokens = max(1, min(int(sampling.get("max_tokens") or response_length), left))
+        params = {**sampling, **calls.sampling, "max_tokens": max_tokens}
+        began = time.perf_counter()
+        try:
+            output = await loop.server_manager.generate(request_id=key, prompt_ids=prompt_ids, sampling_params=params)
+        finally:
+            calls.generate_s += time.perf_counter() - began
+        calls.preempted += output.num_preempted or 0
+        for name in ("min_global_steps", "max_global_steps", "global_steps"):
+            if isinstance(output.extra_fields.get(name), int):
+                calls.global_steps.append(output.extra_fields[name])
+        ids = list(output.token_ids)
+        if output.stop_reason in ("aborted", "abort"):
+            finish = "abort"
+        elif output.stop_reason == "length" or len(ids) >= max_tokens:
+            finish = "length"
+        else:
+            finish = "stop"
+        return Generated(ids, list(output.log_probs) if output.log_probs is not None else None, finish)
+
+
+_worker: _Worker | None = None  # one per process: verl builds agent loops per row, with no place to keep a Rollouts
+
+
+def _this_worker() -> _Worker:
+    global _worker
+    if _worker is None:
+        _worker = _Worker()
+    return _worker
+
+
+async def close() -> None:
+    """Closes this process's Rollouts (its trajproxy, sandboxes and token server), for a program that drives the loop
+    itself and ends; verl's workers have no hook for it, and their processes simply end."""
+    global _worker
+    worker, _worker = _worker, None
+    if worker is not None and worker.rollouts is not None:
+        await worker.rollouts.__aexit__(None, None, None)
+
+
+@register("trajproxy")
+class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
+    """Runs the row's task with the row's agent through trajproxy; see the module's docstring."""
+
+    def __init__(
+        self,
+        *args: Any,
+        database_dir: str | None = None,
+        database_url: str | None = None,
+        agent: str | None = None,
+        branches: str = "main",
+        tool_parser: str = "hermes",
+        sampling: dict[str, Any] | None = None,
+        turn_timeout_s: float = 600.0,
+        agent_timeout_s: float | None = None,
+        labels: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Options come from the loop's entry in verl's agent-loop config file; verl passes the rest."""
+        super().__init__(*args, **kwargs)
+        self.database_dir = database_dir
+        self.database_url = database_url
+        self.agent = agent
+        self.branches = branches
+        self.tool_parser = tool_parser
+        self.sampling = _plain(sampling or {})
+        self.turn_timeout_s = turn_timeout_s
+        self.agent_timeout_s = agent_timeout_s
+        self.labels = _plain(labels or {})
+
+    def rollouts_options(self) -> dict[str, Any]:
+        """The worker's Rollouts: the tokenizer verl loaded (its local folder), this loop's database and options."""
+        database_url = self.database_url
+        if database_url is None and self.database_dir is not None:
+            Path(self.database_dir).mkdir(parents=True, exist_ok=True)
+            database_url = f"sqlite:///{Path(self.database_dir).resolve()}/rollouts-{os.getpid()}.db"
+        kwargs = self.apply_chat_template_kwargs
+        return {
+            "tokenizer": self.tokenizer.name_or_path,
+            "database_url": database_url,
+            "tool_parser": self.tool_parser,
+            "sampling": self.sampling,
+            "chat_template_kwargs": dict(kwargs) if kwargs else None,
+            "turn_timeout_s": self.turn_timeout_s,
+            "agent_timeout_s": self.agent_timeout_s,
+            "labels": self.labels,
+        }
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """One sandboxed, graded episode of the row's task (`extra_info`: tasks, task_id, agent, image, sampling)."""
+        worker = _this_worker()
+        rollouts = await worker.open(self)
+        row = _plain(kwargs.get("extra_info") or {})
+        agent = row.get("agent") or self.agent
+        if not row.get("tasks") or not agent:
+            raise ValueError("a trajproxy row needs extra_info.tasks and an agent (extra_info.agent or the loop's)")
+        task = await self.task(worker, str(row["tasks"]), row.get("task_id"), row.get("image"))
+        sampling = {**dict(row.get("sampling") or {}), **_vllm_sampling(sampling_params)}
+        key = uuid.uuid4().hex
+        calls = worker.calls[key] = _Calls(self, {"logprobs": bool(sampling_params.get("logprobs"))})
+        began = time.perf_counter()
+        try:
+            metadata = {"verl": {k: _plain(kwargs.get(k)) for k in ("index", "uid", "data_source") if k in kwargs}}
+            rollout = await rollouts.run(task, str(agent), key=key, sampling=sampling, metadata=metadata)
+        finally:
+            del worker.calls[key]
+        wall_s = time.perf_counter() - began
+        fields = agent_loop_outputs(
+            rollout,
+            prompt_length=self.rollout_config.prompt_length,
+            response_length=self.rollout_config.response_length,
+            logprobs=bool(sampling_params.get("logprobs")),
+            branches=self.branches,
+            fallback_prompt_ids=self.tokenizer.encode(task.prompt),
+            pad_id=self.tokenizer.pad_token_id or 0,
+        )
+        metrics = AgentLoopMetrics(
+            generate_sequences=calls.generate_s, tool_calls=max(0.0, wall_s - calls.generate_s), num_preempted=-1
+        )
+        outputs = []
+        for output in fields:
+            if calls.global_steps:
+                output["extra_fields"]["min_global_steps"] = min(calls.global_steps)
+                output["extra_fields"]["max_global_steps"] = max(calls.global_steps)
+            outputs.append(AgentLoopOutput(**output, metrics=metrics))
+        return outputs if self.branches == "all" else outputs[0]
+
+    async def task(self, worker: _Worker, tasks: str, task_id: str | None, image: str | None) -> Task:
+        """The row's task, read once per worker."""
+        found = worker.tasks.get((tasks, task_id, image))
+        if found is None:
+            found = worker.tasks[(tasks, task_id, image)] = await asyncio.to_thread(find_task, tasks, task_id, image)
+        return found
+
+
+def _vllm_sampling(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """verl's sampling options for the episode, as vLLM names them (the same names; verl's `logprobs` flag is the
+    adapter's to honour, not the episode's)."""
+    return {name: sampling_params[name] for name in VERL_SAMPLING if sampling_params.get(name) is not None}
+
+
+def _plain(value: Any) -> Any:
+    """A value from verl (an omegaconf mapping or list from its config, a numpy scalar from its batch) as the plain
+    value JSON can hold."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return _plain(value.tolist()) if hasattr(value, "tolist") else value  # numpy: arrays and scalars
