@@ -74,12 +74,14 @@ class Rollouts:
         turn_timeout_s: float = 600.0,
         agent_timeout_s: float | None = None,
         labels: dict[str, str] | None = None,
+        episode: dict[str, Any] | None = None,
     ) -> None:
         """`generate`: the trainer's generate call (served to trajproxy by a token server), or a vLLM server that
         trajproxy calls itself; `tokenizer`: the served model's folder (its chat template and tokenizer);
         `sampling`: every episode's sampling options, as vLLM names them (a run's own override them);
         `database_url`: where episodes are recorded (default: a SQLite file in a temporary folder, removed at the
-        end); `labels`: on every sandbox container, besides trajproxy's own."""
+        end); `labels`: on every sandbox container, besides trajproxy's own; `episode`: more of every episode's
+        options (the API's: max_turns, max_tokens, deadline_s, max_staleness, ...)."""
         self._generate = generate
         self._tokenizer = tokenizer
         self._database_url = database_url
@@ -90,6 +92,7 @@ class Rollouts:
         self._turn_timeout_s = turn_timeout_s
         self._agent_timeout_s = agent_timeout_s
         self._labels = labels or {}
+        self._episode = dict(episode or {})
         self._agents: dict[str, InjectedAgent] = {}
         self._stack = contextlib.AsyncExitStack()
         self._server: TokenServer | None = None
@@ -125,6 +128,7 @@ class Rollouts:
             api_base, model = self._server.api_base(key), self._server.model
         options = {**self._options, **self._sampling, **(sampling or {}), "api_base": api_base}
         return {
+            **self._episode,
             "policy": f"vllm:{model}",
             "policy_options": options,
             "turn_timeout_s": self._turn_timeout_s,

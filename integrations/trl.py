@@ -43,20 +43,24 @@ class TrlRollouts:
         *,
         concurrency: int = 4,
         run: str = "train",
+        seed: int | None = None,
         on_rollout: Callable[[str, Rollout], None] = lambda _key, _rollout: None,
     ) -> None:
         """`rollouts`: makes the Rollouts the episodes run in (entered on this object's own loop); `tasks`: by id;
-        `agent`: a preset's name or a manifest's path; `run`: the first part of every episode's key."""
+        `agent`: a preset's name or a manifest's path; `run`: the first part of every episode's key; `seed`: each
+        episode's sampling seed is drawn from it, its step and its place in the batch (None: unseeded)."""
         self.tasks = dict(tasks)
         self._agent = agent
         self._concurrency = concurrency
         self._run = run
+        self._seed = seed
         self._on_rollout = on_rollout
+        self._running: set[asyncio.Task[Rollout]] = set()
         self.rollouts: list[Rollout] = []  # every rollout handed to TRL, in order
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trajproxy-rollouts", daemon=True)
         self._thread.start()
-        self._env: Rollouts = self._wait(_enter(rollouts()))
+        self.env: Rollouts = self.call(_enter(rollouts()))
 
     def dataset(self) -> list[dict[str, str]]:
         """TRL's train dataset: a row per task, its `prompt` the task's id (`datasets.Dataset.from_list` it)."""
@@ -67,31 +71,50 @@ class TrlRollouts:
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
         group_size = int(getattr(trainer, "num_generations", 1) or 1)
         keys = [f"{self._run}/step-{step}/{i}" for i in range(len(prompts))]
-        done = self._wait(self._run_all([str(p) for p in prompts], keys))
+        seeds = [
+            None if self._seed is None else (self._seed * 1_000_003 + step * 10_007 + i) % 2**31
+            for i in range(len(keys))
+        ]
+        done = self.call(self._run_all([str(p) for p in prompts], keys, seeds))
         self.rollouts.extend(done)
         return to_trl(done, group_size, eos=_eos(trainer))
 
-    async def _run_all(self, task_ids: list[str], keys: list[str]) -> list[Rollout]:
+    async def _run_all(self, task_ids: list[str], keys: list[str], seeds: list[int | None]) -> list[Rollout]:
         gate = asyncio.Semaphore(self._concurrency)
 
-        async def one(task_id: str, key: str) -> Rollout:
+        async def one(task_id: str, key: str, seed: int | None) -> Rollout:
             async with gate:
-                rollout = await self._env.run(self.tasks[task_id], self._agent, key=key, metadata={"task": task_id})
+                sampling = {"seed": seed} if seed is not None else None
+                task = self.tasks[task_id]
+                rollout = await self.env.run(task, self._agent, key=key, sampling=sampling, metadata={"task": task_id})
             self._on_rollout(key, rollout)
             return rollout
 
-        return list(await asyncio.gather(*(one(t, k) for t, k in zip(task_ids, keys, strict=True))))
+        runs = [asyncio.create_task(one(*given)) for given in zip(task_ids, keys, seeds, strict=True)]
+        self._running.update(runs)
+        try:
+            return list(await asyncio.gather(*runs))
+        finally:
+            self._running.difference_update(runs)
 
     def close(self) -> None:
         """End the episodes' Rollouts (its trajproxy and sandboxes) and the loop's thread."""
         if self._thread.is_alive():
             try:
-                self._wait(self._env.__aexit__(None, None, None))
+                self.call(self._cancel())  # episodes in flight (Ctrl-C): recorded cancelled, sandboxes removed
+                self.call(self.env.__aexit__(None, None, None))
             finally:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._thread.join(timeout=30)
 
-    def _wait(self, coroutine: Coroutine[Any, Any, T]) -> T:
+    async def _cancel(self) -> None:
+        running = list(self._running)
+        for run in running:
+            run.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the episodes' loop (e.g. `self.env.trainer.pause()`) and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
 

@@ -1,0 +1,383 @@
+"""SkyRL's generator for unmodified agents in sandboxes: each trajectory of a batch is one graded episode of an agent on
+a task, every call the agent makes answered by SkyRL's own inference engine client, and the episode's recorded ids
+handed back as SkyRL's `GeneratorOutput`.
+
+    generator = TrajproxyGenerator(inference_engine_client, tokenizer="/models/qwen3-0.6b", agent="mini-swe-agent")
+    output = await generator.generate(generator_input)      # SkyRL's trainer calls this every step
+
+What a batch's rows say (`env_extras`, the dataset's columns besides `prompt` and `env_class`):
+    tasks     a path `trajproxy run` takes (a JSONL file, a Harbor task folder, a folder of them): required
+    task_id   which task in it (needed when it holds several)
+    agent     the agent for this row (a preset's name or a manifest's path; default: the generator's)
+The row's `prompt` is not sent anywhere: the agent reads the task's own instruction, as it would outside training.
+
+Each turn's prompt ids are built by trajproxy (the chat template, the continuation of the agent's previous call, tool
+parsing) and sampled by `InferenceEngineClient.generate` with the trajectory's episode key as its session id (sticky
+routing) and a prefix-cache salt of the weights' version; the ids and logprobs it returns are what is recorded and
+trained. An episode's key is `<run>-<phase>-step<global step>-<instance id>_<repetition>`: SkyRL's trajectory ids
+repeat from step to step, the keys do not.
+
+How sample lines (`proxy/storage/sample.schema.json`) become rows (`generator_output`, a plain function):
+- one line per trajectory (an agent that never rewrote its history): one row, its ids, mask and logprobs as recorded.
+- several lines (a rewritten history, a compaction, a sub-agent): with SkyRL's step-wise training
+  (`generator.step_wise_trajectories=true`) every line is a row of that trajectory, in order, `is_last_step` on the
+  last; SkyRL broadcasts the trajectory's advantage to all of them, and a sampled id shared by two lines carries loss
+  in one only. Without it SkyRL takes exactly one row per trajectory: the line with the most trainable ids is
+  trained, the others are not (`rollout_metrics` counts them: `trajproxy/untrained_lines`, `.../untrained_ids`).
+- an infrastructure failure (a lost sandbox, an engine that aborted, a passed deadline: the line's
+  `infrastructure_failure`), an episode with no reward, or a rollout that raised: the trajectory is masked as SkyRL's
+  Harbor generator masks a timeout, one placeholder row with loss mask [0] and reward 0.0, and by default so is every
+  other trajectory of its prompt (a GRPO group scored against a missing member would be skewed).
+- rewards are the episode's return (per trajectory; in step-wise rows, on the last row, 0.0 on the others), stop
+  reasons SkyRL's vocabulary: `length` where the last call was cut by max_tokens, `stop` otherwise, `error` masked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from sandbox.tasks.task import Task
+
+EXTRA_TASKS, EXTRA_TASK_ID, EXTRA_AGENT = "tasks", "task_id", "agent"
+PLACEHOLDER_ID = 0  # a masked trajectory's one token (as SkyRL's Harbor generator writes it)
+# SkyRL's sampling parameters that only shape the text it would decode, not what is sampled
+_NOT_SAMPLING = frozenset({"logprobs", "skip_special_tokens", "n"})
+
+
+def _import_skyrl() -> Any:
+    """SkyRL's generator base class, or None where SkyRL is not installed (the mapping needs none of it).
+
+    skyrl 0.3.0 declares Python 3.11 but its tinker types put `typing.TypedDict`s in pydantic models, which pydantic
+    refuses below 3.12 (0.4 requires 3.12); typing_extensions' TypedDict stands in while its package is imported."""
+    try:
+        if sys.version_info < (3, 12) and "skyrl.backends" not in sys.modules:
+            import typing
+
+            import typing_extensions
+
+            standard = typing.TypedDict
+            typing.TypedDict = typing_extensions.TypedDict
+            try:
+                import skyrl.backends  # noqa: F401
+            finally:
+                typing.TypedDict = standard
+        from skyrl.train.generators.base import GeneratorInterface
+    except ImportError:
+        return None
+    return GeneratorInterface
+
+
+_GeneratorInterface = _import_skyrl()
+if TYPE_CHECKING:
+    _Base = object
+else:
+    _Base = _GeneratorInterface or object
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float] | None
+    reward: float
+    stop_reason: str
+    trajectory_id: Any
+    last: bool
+    seconds: float | None
+
+
+def _masked(trajectory_id: Any, seconds: float | None) -> _Row:
+    one = [PLACEHOLDER_ID]
+    return _Row(one, one, [0], [0.0], 0.0, "error", trajectory_id, True, seconds)
+
+
+def _failed(rollout: Rollout) -> str | None:
+    """Why this trajectory cannot be scored (None when it can)."""
+    if not rollout.samples:
+        return rollout.reason or f"no sample lines ({rollout.status})"
+    for line in rollout.samples:
+        if line["infrastructure_failure"]:
+            return str(line["failure_reason"])
+    if rollout.samples[0]["reward"] is None:
+        return "no reward"
+    return None
+
+
+def _stop_reason(line: dict[str, Any]) -> str:
+    return "length" if line["stop_reason"] == "length" else "stop"
+
+
+def _instance(trajectory_id: Any) -> Any:
+    return getattr(trajectory_id, "instance_id", trajectory_id)
+
+
+def generator_output(
+    rollouts: Sequence[Rollout],
+    trajectory_ids: Sequence[Any],
+    *,
+    step_wise: bool = False,
+    mask_failed_groups: bool = True,
+    overlong_filtering: bool = False,
+    seconds: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """SkyRL's `GeneratorOutput` (as a dict) for rollouts aligned with `trajectory_ids` (SkyRL's `TrajectoryID`s, or
+    any values: a value's `instance_id` names its prompt group, else the value itself); the module's docstring says
+    how lines become rows. `overlong_filtering`: SkyRL's `apply_overlong_filtering`, no loss on rows cut by length.
+    `seconds`: each trajectory's wall time (SkyRL's `trajectory_generation_times`)."""
+    assert len(rollouts) == len(trajectory_ids), "one rollout per trajectory"
+    failures = [_failed(rollout) for rollout in rollouts]
+    masked_groups = (
+        {_instance(t) for t, why in zip(trajectory_ids, failures, strict=True) if why}
+        if (mask_failed_groups)
+        else set()
+    )
+    rows: list[_Row] = []
+    untrained_lines = untrained_ids = 0
+    for index, (rollout, trajectory_id) in enumerate(zip(rollouts, trajectory_ids, strict=True)):
+        wall = seconds[index] if seconds is not None else None
+        if failures[index] or _instance(trajectory_id) in masked_groups:
+            rows.append(_masked(trajectory_id, wall))
+            continue
+        lines = rollout.samples
+        if not step_wise:
+            chosen = max(range(len(lines)), key=lambda i: (sum(lines[i]["loss_mask"]), -i))
+            untrained_lines += len(lines) - 1
+            untrained_ids += sum(sum(line["loss_mask"]) for i, line in enumerate(lines) if i != chosen)
+            lines = [lines[chosen]]
+        for position, line in enumerate(lines):
+            last = position == len(lines) - 1
+            stop = _stop_reason(line)
+            mask = list(line["loss_mask"])
+            if overlong_filtering and stop != "stop":
+                mask = [0] * len(mask)
+            reward = float(line["reward"]) if last or not step_wise else 0.0
+            ids = line["prompt_ids"], line["completion_ids"]
+            rows.append(_Row(*ids, mask, line["logprobs"], reward, stop, trajectory_id, last, wall))
+    logprobs_whole = all(row.logprobs is not None for row in rows)
+    return {
+        "prompt_token_ids": [row.prompt_ids for row in rows],
+        "response_ids": [row.response_ids for row in rows],
+        "rewards": [row.reward for row in rows],
+        "loss_masks": [row.loss_mask for row in rows],
+        "stop_reasons": [row.stop_reason for row in rows],
+        # SkyRL takes logprobs for every row or for none: one line without them drops them from the batch
+        "rollout_logprobs": [row.logprobs for row in rows] if logprobs_whole else None,
+        "trajectory_ids": [row.trajectory_id for row in rows],
+        "is_last_step": [row.last for row in rows] if step_wise else None,
+        "trajectory_generation_times": [row.seconds for row in rows] if seconds is not None else None,
+        "rollout_metrics": {
+            "trajproxy/trajectories": len(rollouts),
+            "trajproxy/failed_trajectories": sum(1 for why in failures if why),
+            "trajproxy/masked_trajectories": sum(
+                1 for t, why in zip(trajectory_ids, failures, strict=True) if why or _instance(t) in masked_groups
+            ),
+            "trajproxy/lines": sum(len(rollout.samples) for rollout in rollouts),
+            "trajproxy/untrained_lines": untrained_lines,
+            "trajproxy/untrained_ids": untrained_ids,
+            "trajproxy/rows_without_logprobs": sum(1 for row in rows if row.logprobs is None),
+        },
+    }
+
+
+def episode_sampling(sampling_params: dict[str, Any] | None) -> dict[str, Any]:
+    """A batch's sampling parameters (vLLM's names, as SkyRL's `get_sampling_params_for_backend` gives them) as an
+    episode's sampling options: unset ones and those that only shape decoded text left out."""
+    return {k: v for k, v in (sampling_params or {}).items() if v is not None and k not in _NOT_SAMPLING}
+
+
+class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
+    """SkyRL's `GeneratorInterface`: `generate` runs each trajectory of a batch as a sandboxed, graded episode whose
+    calls `inference_engine_client` answers, and maps the episodes' sample lines to a `GeneratorOutput`.
+
+    The embedded trajproxy, its token server and the Docker sandboxes start at the first batch, on the trainer's
+    event loop, and serve every later one; `aclose` ends them. Episodes are recorded in `database_url` (default: a
+    SQLite file in a temporary folder that `aclose` removes: give one to keep them)."""
+
+    def __init__(
+        self,
+        inference_engine_client: Any,
+        *,
+        tokenizer: str,
+        agent: str = "minimal",
+        run_name: str = "skyrl",
+        model: str | None = None,
+        step_wise: bool = False,
+        mask_failed_groups: bool = True,
+        overlong_filtering: bool = False,
+        use_cache_salt: bool = True,
+        max_concurrency: int | None = None,
+        database_url: str | None = None,
+        tool_parser: str = "hermes",
+        chat_template_kwargs: dict[str, Any] | None = None,
+        turn_timeout_s: float = 600.0,
+        agent_timeout_s: float | None = None,
+    ) -> None:
+        """`inference_engine_client`: SkyRL's (`InferenceEngineInterface`, e.g. `RemoteInferenceClient`);
+        `tokenizer`: the policy's folder (its chat template); `agent`: the rows' agent unless a row names one;
+        `model`: the engine's model or LoRA adapter to sample (default: the client's); `step_wise`,
+        `overlong_filtering`: SkyRL's `generator.step_wise_trajectories` and `generator.apply_overlong_filtering`;
+        `use_cache_salt`: salt the engine's prefix cache with the weights' version, as SkyRL's generators do."""
+        if _GeneratorInterface is None:
+            raise ImportError("TrajproxyGenerator needs SkyRL: pip install skyrl")
+        self._client = inference_engine_client
+        self._model = model
+        self._agent = agent
+        self._run_name = run_name
+        self._step_wise = step_wise
+        self._mask_failed_groups = mask_failed_groups
+        self._overlong_filtering = overlong_filtering
+        self._use_cache_salt = use_cache_salt
+        self._limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._rollouts_options: dict[str, Any] = {
+            "tokenizer": tokenizer,
+            "database_url": database_url,
+            "tool_parser": tool_parser,
+            "chat_template_kwargs": chat_template_kwargs,
+            "turn_timeout_s": turn_timeout_s,
+            "agent_timeout_s": agent_timeout_s,
+        }
+        self._rollouts: Rollouts | None = None
+        self._opening = asyncio.Lock()
+        self._tasks: dict[tuple[str, str | None], Task] = {}
+        self._salt: str | None = None
+        self._batches = 0
+
+    async def generate(self, input_batch: Any) -> Any:
+        """SkyRL's `generate(GeneratorInput) -> GeneratorOutput`, in the order of the input's trajectories."""
+        count = len(input_batch["prompts"])
+        extras = input_batch.get("env_extras") or [{} for _ in range(count)]
+        trajectory_ids = input_batch.get("trajectory_ids") or list(range(count))
+        metadata = input_batch.get("batch_metadata")
+        step = metadata.global_step if metadata is not None else self._batches
+        phase = metadata.training_phase if metadata is not None else "train"
+        self._batches += 1
+        sampling = episode_sampling(input_batch.get("sampling_params"))
+        self._salt = self._cache_salt()
+        rollouts = await self._open()
+        runs = [
+            self._trajectory(rollouts, extra, trajectory_id, step, phase, sampling)
+            for extra, trajectory_id in zip(extras, trajectory_ids, strict=True)
+        ]
+        done = await asyncio.gather(*runs)
+        output = generator_output(
+            [rollout for rollout, _ in done],
+            trajectory_ids,
+            step_wise=self._step_wise,
+            mask_failed_groups=self._mask_failed_groups,
+            overlong_filtering=self._overlong_filtering,
+            seconds=[wall for _, wall in done],
+        )
+        output["rollout_metrics"] = {**_skyrl_metrics(output), **output["rollout_metrics"]}
+        return output
+
+    async def aclose(self) -> None:
+        """End the embedded trajproxy, its token server and sandboxes (the next batch would start them again)."""
+        if self._rollouts is not None:
+            rollouts, self._rollouts = self._rollouts, None
+            await rollouts.__aexit__(None, None, None)
+
+    def key(self, trajectory_id: Any, step: int, phase: str) -> str:
+        """The episode's key and the engine's session id: unique across steps, readable in trajproxy's UI."""
+        name = trajectory_id.to_string() if hasattr(trajectory_id, "to_string") else str(trajectory_id)
+        return f"{self._run_name}-{phase}-step{step}-{name}"
+
+    async def _trajectory(
+        self, rollouts: Rollouts, extra: dict[str, Any], trajectory_id: Any, step: int, phase: str, sampling: Any
+    ) -> tuple[Rollout, float]:
+        key = self.key(trajectory_id, step, phase)
+        began = time.monotonic()
+        try:
+            if self._limit is not None:
+                async with self._limit:
+                    rollout = await self._run(rollouts, extra, trajectory_id, key, step, phase, sampling)
+            else:
+                rollout = await self._run(rollouts, extra, trajectory_id, key, step, phase, sampling)
+        except Exception as e:  # the trajectory is masked, as SkyRL's generators mask a failed trial; the batch goes on
+            rollout = Rollout(key, None, "failed", None, f"the rollout raised {type(e).__name__}: {e}", [])
+        finally:
+            await self._client.finish_session(key)
+        return rollout, time.monotonic() - began
+
+    async def _run(
+        self,
+        rollouts: Rollouts,
+        extra: dict[str, Any],
+        trajectory_id: Any,
+        key: str,
+        step: int,
+        phase: str,
+        sampling: dict[str, Any],
+    ) -> Rollout:
+        task = await self._task(extra)
+        described = {
+            "run": self._run_name,
+            "global_step": step,
+            "phase": phase,
+            "trajectory_id": trajectory_id.to_string() if hasattr(trajectory_id, "to_string") else str(trajectory_id),
+            "weights": self._salt,
+        }
+        agent = str(extra.get(EXTRA_AGENT) or self._agent)
+        return await rollouts.run(task, agent, key=key, sampling=sampling, metadata={"skyrl": described})
+
+    async def _task(self, extra: dict[str, Any]) -> Task:
+        if EXTRA_TASKS not in extra:
+            raise ValueError(f"env_extras has no {EXTRA_TASKS!r}: the tasks' path (and {EXTRA_TASK_ID!r}) is needed")
+        where = (str(extra[EXTRA_TASKS]), str(extra[EXTRA_TASK_ID]) if extra.get(EXTRA_TASK_ID) is not None else None)
+        if where not in self._tasks:
+            self._tasks[where] = await asyncio.to_thread(find_task, *where)
+        return self._tasks[where]
+
+    async def _open(self) -> Rollouts:
+        async with self._opening:
+            if self._rollouts is None:
+                rollouts = Rollouts(self._sample, **self._rollouts_options)
+                self._rollouts = await rollouts.__aenter__()
+            return self._rollouts
+
+    async def _sample(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
+        """One parked turn, sampled by SkyRL's engine: token ids in, token ids and their logprobs out."""
+        request = {
+            "prompt_token_ids": [prompt_ids],
+            "sampling_params": {**sampling, "logprobs": 0},
+            "session_ids": [key],
+            "cache_salt": self._salt,
+        }
+        out = await self._client.generate(request, model=self._model)
+        logprobs = out.get("response_logprobs")
+        reason = out["stop_reasons"][0]
+        return Generated(
+            list(out["response_ids"][0]),
+            list(logprobs[0]) if logprobs and logprobs[0] is not None else None,
+            reason if reason in ("stop", "length", "abort") else "stop",
+        )
+
+    def _cache_salt(self) -> str | None:
+        """The weights' version as a prefix-cache salt (vLLM refuses '@' and '/' in one), or None."""
+        version = getattr(self._client, "weight_version", None)
+        if not self._use_cache_salt or version is None:
+            return None
+        name = str(self._model or getattr(self._client, "model_name", "policy"))
+        return f"{''.join(c if c.isalnum() or c in '-_.' else '-' for c in name)}-v{version}"
+
+
+def _skyrl_metrics(output: dict[str, Any]) -> dict[str, Any]:
+    """SkyRL's own rollout metrics (lengths, rewards, times), over each trajectory's last row."""
+    from skyrl.train.generators.utils import get_rollout_metrics
+
+    last = output["is_last_step"] or [True] * len(output["response_ids"])
+    keep = [i for i, is_last in enumerate(last) if is_last]
+    times = output["trajectory_generation_times"]
+    metrics: dict[str, Any] = get_rollout_metrics(
+        [output["response_ids"][i] for i in keep],
+        [output["rewards"][i] for i in keep],
+        loss_masks=[output["loss_masks"][i] for i in keep],
+        trajectory_completion_times=[times[i] for i in keep] if times else None,
+    )
+    return metrics
