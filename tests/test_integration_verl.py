@@ -122,6 +122,20 @@ def test_the_agent_loop_runs_a_sandboxed_agent_through_verls_engine_and_returns_
     # verl's own padding into its batch keeps the masks
     assert_padded(got["padded"], 0, output)
     assert got["padded"]["extra"][0]["episode_id"] == info["episode_id"]
+
+    # and verl's worker, given a batch of one such row, runs a second episode through the loop: its row holds
+    # exactly what the engine sampled, at loss, and the grader's reward
+    batch = got["batch"]
+    (again,) = batch["extra"]
+    assert again["episode_id"] != info["episode_id"] and again["infrastructure_failure"] is False
+    tensors, requests = batch["tensors"], batch["requests"]
+    assert len(requests) == 3 and len({r["request_id"] for r in requests}) == 1
+    assert requests[0]["request_id"] != got["requests"][0]["request_id"]  # a key of its own
+    n = sum(tensors["attention_mask"][0]) - len(requests[0]["prompt_ids"])
+    response, mask = tensors["responses"][0][:n], tensors["response_mask"][0]
+    assert mask[n:] == [0] * (RESPONSE_LENGTH - n)
+    assert mask[:n] == spans_of(requests, requests[0]["prompt_ids"], response)
+    assert tensors["rm_scores"][0][n - 1] == 0.0 and "rollout_log_probs" in tensors
     assert not engine.containers.list(all=True, filters={"label": label})
 
 

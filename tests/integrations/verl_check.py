@@ -29,6 +29,7 @@ from verl.experimental.agent_loop.agent_loop import (
     ToolListWrap,
     _agent_loop_registry,
 )
+from verl.protocol import DataProto
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
@@ -167,17 +168,25 @@ async def loop_check(args: dict[str, Any]) -> dict[str, Any]:
     }
     try:
         output = await loop.run(sampling_params(worker), **row)
+        info = output.extra_fields["trajproxy"]
+        (database,) = (folder / "db").glob("rollouts-*.db")
+        result = {
+            "type": type(loop).__qualname__,
+            "output": output.model_dump(),
+            "requests": list(manager.requests),
+            "recorded": recorded(database, info["episode_id"]),
+            "padded": await padded(worker, [output], row),
+        }
+        # verl's whole path for a batch of one row: its worker picks the loop by the row's agent_name
+        manager.requests.clear()
+        batch = DataProto(non_tensor_batch={k: np.array([v], dtype=object) for k, v in row.items()})
+        batch.non_tensor_batch["agent_name"] = np.array(["trajproxy"], dtype=object)
+        generated = await worker.generate_sequences(batch)
     finally:
         await close()
-    info = output.extra_fields["trajproxy"]
-    (database,) = (folder / "db").glob("rollouts-*.db")
-    return {
-        "type": type(loop).__qualname__,
-        "output": output.model_dump(),
-        "requests": manager.requests,
-        "recorded": recorded(database, info["episode_id"]),
-        "padded": await padded(worker, [output], row),
-    }
+    tensors = {name: generated.batch[name].tolist() for name in generated.batch.keys()}  # noqa: SIM118
+    extra = _jsonable(generated.non_tensor_batch["trajproxy"].tolist())
+    return {**result, "batch": {"tensors": tensors, "extra": extra, "requests": manager.requests}}
 
 
 async def host_agent(rollouts: Rollouts) -> Rollout:
