@@ -105,6 +105,7 @@ def slime_args(port: int, config: dict[str, Any]) -> Namespace:
         mask_offpolicy_in_partial_rollout=False,
         group_rm=False,
         rollout_sample_hook_path=None,
+        custom_rm_path=None,  # the rewards are the graders': slime's reward models see no sample
         apply_chat_template_kwargs=None,
         ci_test=False,
     )
