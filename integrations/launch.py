@@ -35,6 +35,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="a sampling option for every call, as vLLM names it (JSON values: temperature=1.0, max_tokens=256, "
         'structured_outputs={"regex": "..."}); repeatable',
     )
+    train.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="a Docker label on every sandbox (repeatable)"
+    )
     train.add_argument("--tool-parser", default="hermes", help="the model family's tool-call parser (hermes)")
     train.add_argument(
         "--max-turns", type=int, help="each episode's calls at most: the next one is refused and the agent stops"

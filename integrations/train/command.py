@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ def train(args: argparse.Namespace) -> int:
     if not (model_dir / "config.json").is_file():
         raise Refused(f"--model {args.model}: no config.json there (a model's folder is expected)")
     sampling = _sampling(args.sampling)
+    labels = dict(label.partition("=")[::2] for label in args.label)
+    if any(not key or not value for key, value in labels.items()):
+        raise Refused("--label: KEY=VALUE is expected")
     try:
         tasks = {task.id: task for task in tasks_of(args.tasks)}
     except (OSError, ValueError) as e:
@@ -69,7 +73,7 @@ def train(args: argparse.Namespace) -> int:
     # SIGTERM stops the run as Ctrl-C does: everything started is ended on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _train(args, model_dir, out, tasks, sampling, vllm_python, summary)
+        _train(args, model_dir, out, tasks, sampling, labels, vllm_python, summary)
     finally:
         summary.write(Path(args.summary) if args.summary else out / "summary.json")
         if summary.steps:
@@ -83,6 +87,7 @@ def _train(
     out: Path,
     tasks: dict[str, Any],
     sampling: dict[str, Any],
+    labels: dict[str, str],
     vllm_python: str,
     summary: Summary,
 ) -> None:
@@ -91,7 +96,7 @@ def _train(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from integrations.train.weights import drift, save_weights, served_copy
+    from integrations.train.weights import save_weights, served_copy, served_logprobs, trainer_logprobs
     from integrations.trl import TrlRollouts, graded_reward
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
@@ -116,6 +121,7 @@ def _train(
                 sampling=sampling,
                 agent_timeout_s=options.agent_timeout_s,
                 episode={"max_turns": options.max_turns} if options.max_turns else None,
+                labels=labels,
             )
 
         began = time.monotonic()
@@ -135,13 +141,19 @@ def _train(
                     paused = rollouts.call(rollouts.env.trainer.pause("hold", drain_s=60))
                     if paused.in_flight:
                         raise RuntimeError(f"{paused.in_flight} call(s) still in flight after 60 s of draining")
+                    probe = _probe(done)
+                    before = served_logprobs(server, probe[0]) if probe else None
                     try:
                         save_weights(model, served)
                         reload_weights(server, version=version)
                     finally:
                         rollouts.call(rollouts.env.trainer.resume(version))
-                    delta = _drift(model, server, done, drift)
-                    step = Step.of(state.global_step, done, delta, time.monotonic() - began)
+                    delta = moved = None
+                    if probe and before:
+                        after = served_logprobs(server, probe[0])
+                        delta = _largest(after, trainer_logprobs(model, probe[0]), probe[1])
+                        moved = _largest(after, before[1:], probe[1])
+                    step = Step.of(state.global_step, done, delta, moved, time.monotonic() - began)
                     summary.steps.append(step)
                     print(step_line(step, options.steps), flush=True)
                     began = time.monotonic()
@@ -186,14 +198,19 @@ def _train(
             rollouts.close()
 
 
-def _drift(model: Any, server: Any, done: list[Rollout], drift: Any) -> float | None:
-    """The served-vs-trainer logprob difference on the step's first trainable line, after the sync."""
+def _probe(done: list[Rollout]) -> tuple[list[int], int] | None:
+    """A sampled line of the step's (its ids, where its completion starts), to check the sync on."""
     for rollout in done:
         for line in rollout.samples:
             if any(line["loss_mask"]) and not line["infrastructure_failure"]:
-                ids = line["prompt_ids"] + line["completion_ids"]
-                return float(drift(model, server, ids, len(line["prompt_ids"])))
+                return line["prompt_ids"] + line["completion_ids"], len(line["prompt_ids"])
     return None
+
+
+def _largest(served: Sequence[float | None], other: Sequence[float | None], start: int) -> float:
+    """max |served - other| over the completion's ids: `served` holds a None for the first id, `other` does not."""
+    pairs = zip(served[start:], other[start - 1 :], strict=True)
+    return max(abs(a - b) for a, b in pairs if a is not None and b is not None)
 
 
 def _sampling(given: list[str]) -> dict[str, Any]:
@@ -204,8 +221,10 @@ def _sampling(given: list[str]) -> dict[str, Any]:
             raise Refused(f"--sampling {item}: KEY=VALUE is expected")
         try:
             options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
+        except json.JSONDecodeError as e:
+            if value.lstrip()[:1] in ("{", "[", '"'):
+                raise Refused(f"--sampling {key}: not valid JSON ({e})") from None
+            options[key] = value  # a plain word: a string
     return options
 
 

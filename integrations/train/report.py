@@ -23,10 +23,11 @@ class Step:
     trained_ids: int  # sampled ids with loss, over the lines TRL trained
     policy_versions: dict[str, int]  # the version each turn was answered with, counted
     drift: float | None  # max |served - trainer| logprob on a sampled line after the sync (nats)
+    moved: float | None  # max |served after - served before| logprob on that line: the sync changed the policy
     seconds: float
 
     @classmethod
-    def of(cls, step: int, done: list[Rollout], drift: float | None, seconds: float) -> Step:
+    def of(cls, step: int, done: list[Rollout], drift: float | None, moved: float | None, seconds: float) -> Step:
         failed = [not r.samples or r.samples[0]["infrastructure_failure"] or r.reward is None for r in done]
         rewards = [None if bad else r.reward for r, bad in zip(done, failed, strict=True)]
         scored = [reward for reward in rewards if reward is not None]
@@ -46,6 +47,7 @@ class Step:
             trained,
             dict(versions),
             drift,
+            moved,
             round(seconds, 2),
         )
 
@@ -74,10 +76,12 @@ class Summary:
 def step_line(step: Step, steps: int) -> str:
     reward = "n/a" if step.mean_reward is None else f"{step.mean_reward:.2f}"
     drift = "n/a" if step.drift is None else f"{step.drift:.1e}"
+    moved = "n/a" if step.moved is None else f"{step.moved:.2g}"
     versions = ", ".join(f"{v} x{n}" for v, n in sorted(step.policy_versions.items()))
     return (
         f"step {step.step}/{steps}  reward {reward}  episodes {len(step.rewards)}  turns {step.turns}  "
-        f"trained ids {step.trained_ids}  versions [{versions}]  drift {drift}  {step.seconds:.0f} s"
+        f"trained ids {step.trained_ids}  versions [{versions}]  logprobs moved {moved}, drift {drift}  "
+        f"{step.seconds:.0f} s"
     )
 
 

@@ -3,7 +3,7 @@ logprobs of a sampled sequence against the trainer's own.
 
     served_copy(model_dir, served_dir)              # a copy vLLM can reload in place (output layer untied)
     save_weights(model, served_dir)                 # new safetensors, file by file with a rename
-    drift(model, server, ids, start)                # max |logp served - logp trainer| over ids[start:]
+    served_logprobs(server, ids), trainer_logprobs(model, ids)   # each id's logprob, given those before it
 """
 
 from __future__ import annotations
@@ -75,11 +75,3 @@ def trainer_logprobs(model: Any, ids: list[int]) -> list[float]:
         logits = model(tokens).logits[0, :-1].float()
         scored: list[float] = torch.log_softmax(logits, dim=-1).gather(1, tokens[0, 1:, None])[:, 0].tolist()
     return scored
-
-
-def drift(model: Any, server: VllmServer, ids: list[int], start: int) -> float:
-    """max |served - trainer| logprob over ids[start:] (start ≥ 1): 0 up to float noise when both hold the same
-    weights."""
-    served = served_logprobs(server, ids)
-    mine = trainer_logprobs(model, ids)
-    return max(abs(s - m) for s, m in zip(served[start:], mine[start - 1 :], strict=True) if s is not None)

@@ -1,0 +1,118 @@
+"""`trajproxy train` end to end on the CPU: the tiny model served by a real vLLM, the minimal agent in Docker
+sandboxes on the example task, TRL's GRPO trainer, the weights loaded into vLLM after every step; and a run stopped
+by SIGTERM leaves nothing running. The train extra lives in a venv of its own (`.ci/trainer-venv train`), cached."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.storage.export import Filters, export, source
+from tests.vllm_server import build_tiny_model
+
+pytestmark = pytest.mark.timeout(900)
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tasks" / "calc" / "tasks.jsonl"
+# The choice the tiny model learns: one command of three, one of which fixes the bug (examples/train/README.md)
+CHOICE = r'```bash\n(ls|pwd|sed -i "s/a - b/a \+ b/" calc\.py)\n```'
+
+
+@pytest.fixture(scope="module")
+def trajproxy_train() -> Iterator[Path]:
+    """`trajproxy` in the train extra's venv: $TRAJPROXY_TEST_TRAIN_PYTHON's, else the one .ci/trainer-venv builds."""
+    python = os.environ.get("TRAJPROXY_TEST_TRAIN_PYTHON")
+    if not python:
+        built = subprocess.run(
+            ["bash", str(ROOT / ".ci" / "trainer-venv"), "train"], stdout=subprocess.PIPE, text=True, check=True
+        )
+        python = built.stdout.strip().splitlines()[-1]
+    yield Path(python).parent / "trajproxy"
+
+
+def command(train: Path, out: Path, label: str, steps: int) -> list[str]:
+    return [
+        str(train), "train", str(EXAMPLE), "--agent", "minimal", "--model", str(build_tiny_model()),
+        "--steps", str(steps), "--group-size", "4", "--max-turns", "1", "--seed", "0",
+        "--sampling", "max_tokens=64", "--sampling", "structured_outputs=" + json.dumps({"regex": CHOICE}),
+        "--out", str(out), "--label", label,
+    ]  # fmt: skip
+
+
+def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_weights(
+    trajproxy_train: Path, tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run(command(trajproxy_train, out, label, 2), capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] and len(summary["steps"]) == 2
+    for number, step in enumerate(summary["steps"], start=1):
+        assert step["policy_versions"] == {f"step-{number - 1}": 4}  # every turn answered by the weights of its step
+        assert len(step["rewards"]) == 4 and all(reward in (0.0, 1.0) for reward in step["rewards"])
+        assert step["drift"] is not None and step["drift"] < 1e-3  # vLLM serves what the trainer holds
+        assert step["moved"] is not None and step["moved"] > 1e-4  # and what it holds changed
+    assert (out / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "checkpoint").glob("*.safetensors"))
+    # every sampled id recorded as vLLM sampled it, and trained in the export
+    with sqlite3.connect(out / "trajproxy.db") as db:
+        replies = [json.loads(reply) for (reply,) in db.execute("SELECT reply FROM turn ORDER BY created_at")]
+    assert len(replies) == 8
+    for reply in replies:
+        assert reply["completion_token_ids"] == reply["served"]["response"]["choices"][0]["token_ids"]
+    engine_ = source(f"sqlite:///{out / 'trajproxy.db'}")
+    try:
+        exported = io.BytesIO()
+        export(engine_, exported, "tokens", Filters())
+    finally:
+        engine_.dispose()
+    samples = [json.loads(line) for line in exported.getvalue().splitlines()]
+    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(r["completion_token_ids"]) for r in replies)
+    assert not engine.containers.list(all=True, filters={"label": label})
+
+
+def test_sigterm_stops_a_training_run_with_nothing_left_running(
+    trajproxy_train: Path, tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
+    out = tmp_path / "run"
+    log = (tmp_path / "train.log").open("w")
+    run = subprocess.Popen(command(trajproxy_train, out, label, 50), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not engine.containers.list(filters={"label": label}):  # an episode's sandbox is up: mid-rollout
+            assert run.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=120) == 130
+    finally:
+        if run.poll() is None:
+            run.kill()
+        log.close()
+    said = (tmp_path / "train.log").read_text()
+    assert "trajproxy train: stopped" in said and "Traceback" not in said
+    assert not engine.containers.list(all=True, filters={"label": label})
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and str(out) in _cmdline(pid)]  # vLLM is gone
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is False
+    with sqlite3.connect(out / "trajproxy.db") as db:
+        statuses = {status for (status,) in db.execute("SELECT status FROM episode")}
+    assert "running" not in statuses and "cancelled" in statuses  # the episodes in flight were closed, not lost
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
