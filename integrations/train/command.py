@@ -28,6 +28,8 @@ from integrations.train.report import Step, Summary, plot, step_line
 from integrations.train.vllm import SERVER_FLAGS, reload_weights, vllm_server
 
 SERVED_NAME = "policy"
+# On a GPU, vLLM shares it with the trainer: a third of its memory for the engine
+GPU_FLAGS = ("--gpu-memory-utilization", "0.3", "--enable-prefix-caching")
 
 
 class Refused(Exception):
@@ -107,8 +109,9 @@ def _train(
     tokenizer = AutoTokenizer.from_pretrained(served)
     database = out / "trajproxy.db"
     database.unlink(missing_ok=True)
+    flags = GPU_FLAGS if torch.cuda.is_available() else SERVER_FLAGS  # the CPU's: float32, eager, a small KV cache
     with vllm_server(
-        served, vllm_python, served_name=SERVED_NAME, flags=SERVER_FLAGS, extra_args=options.vllm_arg, timeout=600
+        served, vllm_python, served_name=SERVED_NAME, flags=flags, extra_args=options.vllm_arg, timeout=600
     ) as server:
         print(f"vLLM serves {model_dir} at {server.base_url}; episodes recorded in {database}", flush=True)
 
