@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from integrations.rollouts import Rollout
 from integrations.skyrl import episode_sampling, generator_output
 from tests.conftest import EXAMPLE, ROOT
-from tests.vllm_server import VllmServer, vllm_server
+from tests.vllm_server import VllmServer
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds SkyRL's venv (.ci/trainer-venv skyrl) and starts vLLM
 CHECK = ROOT / "tests" / "integrations" / "skyrl_check.py"
@@ -38,16 +37,12 @@ def skyrl_python() -> str:
 
 
 @pytest.fixture(scope="module")
-def scale_out_vllm(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """A vLLM serving /inference/v1/generate, the endpoint SkyRL's RemoteInferenceClient samples from: the session's
-    server where it was started with --enable-scale-out, else one of this module's own."""
+def scale_out_vllm(vllm: VllmServer) -> VllmServer:
+    """The session's vLLM, which serves /inference/v1/generate, the endpoint SkyRL's RemoteInferenceClient samples
+    from (its flags carry --enable-scale-out)."""
     probe = httpx.post(f"{vllm.root_url}/inference/v1/generate", json={}, timeout=30)
-    if probe.status_code in (400, 422):  # the route is there and refuses an empty request (without it: 403 or 404)
-        yield vllm
-        return
-    model = shutil.copytree(vllm.model_dir, tmp_path_factory.mktemp("skyrl-model"), dirs_exist_ok=True)
-    with vllm_server(model, extra_args=["--enable-scale-out"]) as server:
-        yield server
+    assert probe.status_code in (400, 422), probe.text  # the route is there and refuses an empty request
+    return vllm
 
 
 def check(python: str, *args: str) -> dict[str, Any]:

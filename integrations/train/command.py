@@ -173,6 +173,7 @@ def _train(
                 per_device_train_batch_size=options.group_size * options.tasks_per_step,
                 gradient_accumulation_steps=1,
                 learning_rate=options.learning_rate,
+                lr_scheduler_type="constant",  # every step's update at the rate asked for (TRL's default decays it)
                 beta=0.0,
                 num_iterations=1,
                 use_cpu=not torch.cuda.is_available(),

@@ -45,6 +45,7 @@ SERVER_FLAGS = (
     "--kv-cache-memory-bytes", str(64 * 1024 * 1024),
     "--distributed-executor-backend", "uni",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    "--enable-scale-out",  # /inference/v1/generate, the token endpoint SkyRL's engine client samples from
 )  # fmt: skip
 SERVER_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
