@@ -20,7 +20,8 @@ What one step does:
 Two things the trainer must match to stay on-policy, both checked by max|Δlogp| (it stops above --max-drift):
 vLLM computes its logprobs after the regex's mask, so the trainer scores under the same constraint
 (ChoiceConstraint); and vLLM 0.32's weight reload misses a tied output layer, so the served copy is untied
-(served_copy). With an external vLLM (--vllm-url), serve an untied model.
+(integrations.train.weights.served_copy, as trajproxy train's). With an external vLLM (--vllm-url), serve an
+untied model.
 
 It starts vLLM (on a private, untied copy of the tiny model, which it overwrites) and `trajproxy serve` (SQLite in a
 temporary folder) on free ports unless given --vllm-url/--model-dir and --trajproxy-url/--trainer-token, and stops
@@ -41,7 +42,6 @@ import json
 import os
 import random
 import secrets
-import shutil
 import signal
 import sys
 import tempfile
@@ -69,6 +69,7 @@ from rollouts import (  # noqa: E402
 from tiny_model import build as build_tiny_model  # noqa: E402
 from weights import push_weights  # noqa: E402
 
+from integrations.train.weights import served_copy  # noqa: E402
 from tests.vllm_server import vllm_server  # noqa: E402
 
 # --- GRPO -------------------------------------------------------------------------------------------------------
@@ -158,24 +159,6 @@ def grpo_loss(new: torch.Tensor, b: dict[str, torch.Tensor], clip: float) -> tor
 
 
 # --- the run ----------------------------------------------------------------------------------------------------
-
-
-def served_copy(pristine: Path, model_dir: Path) -> None:
-    """Copies the tiny model into model_dir with its output layer untied from its input embedding.
-
-    Why: vLLM 0.32's in-place `reload_weights` (what push_weights calls) loads a tied model's new embedding but
-    leaves its `lm_head` at the old weights, so a server whose trainer changed the embedding samples from
-    another policy (max|Δlogp| of 0.3-0.7 nats after one step here). Untied, both are checkpoint tensors of
-    their own and both reload; the trainer trains the untied model too, so the two stay one and the same."""
-    from transformers import AutoModelForCausalLM
-
-    shutil.rmtree(model_dir, ignore_errors=True)
-    shutil.copytree(pristine, model_dir)
-    model = AutoModelForCausalLM.from_pretrained(pristine, dtype=torch.float32)
-    if model.config.tie_word_embeddings:
-        model.config.tie_word_embeddings = False
-        model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
-        model.save_pretrained(model_dir)
 
 
 def sync_weights(api: Trajproxy, model: torch.nn.Module, model_dir: Path, vllm_url: str, version: str) -> None:

@@ -13,42 +13,19 @@ it so), which adds the routes used here:
 
 On the CPU build this takes about 50 ms for the tiny model. Only the standard library is used for HTTP. A model
 whose output layer is tied to its input embedding is not fully reloaded on the CPU build (the output layer's
-prepacked matrix keeps the old weights): serve an untied copy (grpo.py's `served_copy`), or restart the server.
+prepacked matrix keeps the old weights): serve an untied copy (`integrations.train.weights.served_copy`), or
+restart the server.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.vllm_server import reload_weights  # the one recipe, shared with the tests
-
-WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json")
-
-
-def save_weights(model: Any, model_dir: str | os.PathLike[str]) -> None:
-    """Writes the model's weights as safetensors into model_dir, replacing the old ones file by file with a
-    rename (a reader sees the old file or the new one, never half of one). Config and tokenizer stay."""
-    model_dir = Path(model_dir)
-    with tempfile.TemporaryDirectory(prefix=".weights.", dir=model_dir.parent) as tmp:
-        if hasattr(model, "save_pretrained"):
-            model.save_pretrained(tmp, safe_serialization=True)  # handles tied weights and sharding
-        else:
-            from safetensors.torch import save_model
-
-            save_model(model, os.path.join(tmp, "model.safetensors"))
-        new = {p.name for pattern in WEIGHT_FILES for p in Path(tmp).glob(pattern)}
-        if not new:
-            raise RuntimeError(f"saving {type(model).__name__} wrote no safetensors")
-        for name in sorted(new):
-            os.replace(os.path.join(tmp, name), model_dir / name)
-        for pattern in WEIGHT_FILES:  # shards of an earlier, differently sharded save
-            for old in model_dir.glob(pattern):
-                if old.name not in new:
-                    old.unlink()
+from integrations.train.vllm import reload_weights  # the one recipe, shared with the tests and trajproxy train
+from integrations.train.weights import WEIGHT_FILES, save_weights
 
 
 def push_weights(model: Any, model_dir: str | os.PathLike[str], base_url: str, *, version: str | None = None) -> float:
