@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 import orjson
 import sqlalchemy
 
-from proxy.storage.sql import engine_url
+from proxy.storage.content import turns_of
+from proxy.storage.sql import engine_url, turns
 
 
 @dataclass(slots=True)
@@ -41,16 +42,15 @@ def recorded(database_url: str) -> list[Row]:
     engine = sqlalchemy.create_engine(engine_url(database_url))
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sqlalchemy.text("SELECT episode_id, seq, status, reason, wire, reply FROM turn")).all()
+            stored = turns_of(conn, conn.execute(sqlalchemy.select(turns)).all())
     finally:
         engine.dispose()
-    turns = []
-    for row in rows:
-        reply = orjson.loads(row.reply) if isinstance(row.reply, str | bytes) else row.reply
-        text = orjson.loads(bytes(row.wire))["messages"][-1]["content"]
-        said = reply["message"]["content"] if reply and reply.get("message") else None
-        turns.append(Row(row.episode_id, text, row.seq, row.status, said, row.reason))
-    return turns
+    rows = []
+    for turn in stored:
+        text = orjson.loads(turn.wire)["messages"][-1]["content"]
+        said = turn.reply.message["content"] if turn.reply and turn.reply.message else None
+        rows.append(Row(turn.episode_id, text, turn.seq, turn.status.value, said, turn.reason))
+    return rows
 
 
 def account(calls: list[Call], turns: list[Row]) -> tuple[Counter[str], list[str]]:

@@ -41,6 +41,7 @@ from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, repl
 from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, Trainer, chat, content_of, episodes
 from soak_ledger import Call, Row, account, recorded
 
+from proxy.storage.content import wire_bodies
 from proxy.storage.sql import engine_url
 
 REPLICAS = 3
@@ -246,7 +247,7 @@ def report(soak: Soak, turns: list[Row], seconds: float, settled: bool, complain
 
 
 _LOST = """SELECT id, seq, status, held_for, replica, deliveries, created_at, leased_at, lease_expires_at, ended_at,
-    reason, wire FROM turn WHERE episode_id = ANY(:episodes)"""
+    reason, base_id, whole_seq, wire_parts, request_parts, episode_id FROM turn WHERE episode_id = ANY(:episodes)"""
 
 
 def explain(soak: Soak, database_url: str, most: int = 20) -> None:
@@ -258,6 +259,7 @@ def explain(soak: Soak, database_url: str, most: int = 20) -> None:
         with engine.connect() as conn:
             episodes = list({c.episode_id for c in lost.values()})
             rows = conn.execute(sqlalchemy.text(_LOST), {"episodes": episodes}).all()
+            wires = dict(zip((row.id for row in rows), wire_bodies(conn, rows), strict=True))
     finally:
         engine.dispose()
     start = soak.lives[0][0]
@@ -268,7 +270,7 @@ def explain(soak: Soak, database_url: str, most: int = 20) -> None:
         return "-" if t is None else f"{t - start:.1f}"
 
     mine = [
-        (row, lost[text]) for row in rows if (text := orjson.loads(bytes(row.wire))["messages"][-1]["content"]) in lost
+        (row, lost[text]) for row in rows if (text := orjson.loads(wires[row.id])["messages"][-1]["content"]) in lost
     ]
     kinds = Counter((row.status, row.held_for, "killed" if row.replica in ends else "alive") for row, _ in mine)
     print("lost turns by (status, held_for, holder): " + ", ".join(f"{n} {k}" for k, n in kinds.most_common()))

@@ -44,6 +44,7 @@ from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject, episode_return, text_of
 from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
+from proxy.storage.content import CHAIN_COLUMNS, with_requests
 from proxy.storage.database_lock import database_url, one_line
 from proxy.storage.samples import sample_lines, turn_failure
 from proxy.storage.sql import engine_url, episodes, rewards, turns
@@ -218,7 +219,8 @@ def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Itera
     """The answered turns of these episodes, episode by episode (every id yields, with no turns if none)."""
     if not ids:
         return
-    columns = [turns.c[name] for name in ("id", "episode_id", "seq", "branch", "request", "reply", "trainable")]
+    columns = [turns.c[name] for name in ("id", "episode_id", "seq", "branch", "reply", "trainable")]
+    columns += CHAIN_COLUMNS
     columns += [turns.c[name] for name in ("policy_version", "answered_by", "created_at", "answered_at", "model")]
     columns += [turns.c.prompt_tokens, turns.c.completion_tokens, turns.c.cost_usd]
     query = select(*columns).where(turns.c.episode_id.in_(ids), turns.c.status == "answered")
@@ -228,7 +230,7 @@ def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Itera
     seen = set()
     for episode_id, answered in groupby(rows, key=attrgetter("episode_id")):
         seen.add(episode_id)
-        yield episode_id, list(answered)
+        yield episode_id, with_requests(conn, list(answered))
     yield from ((episode_id, []) for episode_id in ids if episode_id not in seen)
 
 

@@ -18,10 +18,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.core.errors import StorageError
 from proxy.core.values import Turn, TurnStatus
+from proxy.storage.content import turns_of
 from proxy.storage.database_lock import driver_url
 from proxy.storage.notifications import Listener
 from proxy.storage.sql import SqlStore, turns
-from proxy.storage.tables import TURN_SETTLED, turn_from, turn_row, turn_state
+from proxy.storage.tables import TURN_SETTLED, turn_state
 
 log = logging.getLogger("trajproxy.storage")
 
@@ -164,8 +165,11 @@ class PostgresQueue:
 
     def add_turn(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
         shared = {"replica": self.replica, "wire_hash": wire_hash(turn.wire), "held_for": held_for}
-        row = dict.fromkeys(_COLUMNS) | turn_row(turn) | shared
-        return self._store.write((_ADD_TURN, [{f"a_{column}": value for column, value in row.items()}]))
+
+        def shape(row: dict[str, Any]) -> dict[str, Any]:
+            return {f"a_{column}": value for column, value in (dict.fromkeys(_COLUMNS) | row | shared).items()}
+
+        return self._store.write(self._store.contents.write(turn, _ADD_TURN, shape))
 
     async def lease(
         self, episode_id: str | None, max_turns: int, lease_s: float, now: float
@@ -174,16 +178,16 @@ class PostgresQueue:
         if episode_id is not None:
             params["episode_id"] = episode_id
 
-        def run(conn: Connection) -> tuple[list[Any], float | None]:
+        def run(conn: Connection) -> tuple[list[Turn], float | None]:
             conn.execute(_LIGHTLY)
             rows = list(conn.execute(_LEASE_ANY if episode_id is None else _LEASE_EPISODE, params))
             if rows:
-                return rows, None
+                return turns_of(conn, rows), None
             ends = conn.execute(_LEASE_ENDS_ANY if episode_id is None else _LEASE_ENDS_EPISODE, params).scalar()
-            return rows, None if ends is None else max(0.0, float(ends))
+            return [], None if ends is None else max(0.0, float(ends))
 
-        rows, ends_in_s = await self._transaction(run)
-        return sorted((turn_from(row) for row in rows), key=lambda turn: (turn.created_at, turn.id)), ends_in_s
+        leased, ends_in_s = await self._transaction(run)
+        return sorted(leased, key=lambda turn: (turn.created_at, turn.id)), ends_in_s
 
     def release(self, leased: Sequence[Turn]) -> Awaitable[None]:
         def run(conn: Connection) -> None:
@@ -220,32 +224,32 @@ class PostgresQueue:
 
     async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]:
         stmt = select(turns).where(turns.c.id.in_([turn_id for turn_id in turn_ids if "\x00" not in turn_id]))
-        rows = await self._transaction(lambda conn: list(conn.execute(stmt)))
-        return {row.id: turn_from(row) for row in rows}
+        found = await self._transaction(lambda conn: turns_of(conn, conn.execute(stmt).all()))
+        return {turn.id: turn for turn in found}
 
     async def attach(self, episode_id: str, wire: bytes) -> Turn | None:
         params = {"me": self.replica, "episode_id": episode_id, "wire_hash": wire_hash(wire)}
 
-        def run(conn: Connection) -> list[Any]:
+        def run(conn: Connection) -> list[Turn]:
             rows = list(conn.execute(_ATTACH, params))
             if rows:  # it may have been out of the queue while its agent was away
                 conn.execute(_NOTIFY, _notice("parked", episode_id))
-            return rows
+            return turns_of(conn, rows)
 
-        rows = await self._transaction(run)
-        return turn_from(rows[0]) if rows else None
+        found = await self._transaction(run)
+        return found[0] if found else None
 
     async def beat(self) -> list[tuple[Turn, str | None]]:
-        def run(conn: Connection) -> list[Any]:
+        def run(conn: Connection) -> list[tuple[Turn, str | None]]:
             conn.execute(_LIGHTLY)
             conn.execute(_BEAT, {"me": self.replica})
             conn.execute(_BURY, {"me": self.replica, "dead_after_s": self._dead_after_s})
             taken = list(conn.execute(_TAKE_OVER, {"me": self.replica}))
             if taken:  # pullable again, those that waited for their agent on the dead replica
                 conn.execute(_NOTIFY, _notice("parked", "*"))
-            return taken
+            return list(zip(turns_of(conn, taken), (row.held_for for row in taken), strict=True))
 
-        return [(turn_from(row), row.held_for) for row in await self._transaction(run)]
+        return await self._transaction(run)
 
     async def episode_closed(self, episode_id: str, why: str, now: float) -> None:
         def run(conn: Connection) -> None:

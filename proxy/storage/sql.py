@@ -41,6 +41,7 @@ from sqlmodel import SQLModel
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
 from proxy.core.errors import StorageError
 from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
+from proxy.storage.content import Contents, turns_of
 from proxy.storage.database_lock import DatabaseLock
 from proxy.storage.tables import (
     TURN_SETTLED,
@@ -54,11 +55,10 @@ from proxy.storage.tables import (
     episode_row,
     reward_from,
     reward_row,
-    turn_from,
-    turn_row,
     turn_state,
 )
-from proxy.storage.writer import Op, Writer
+from proxy.storage.upgrade import upgrade
+from proxy.storage.writer import Write, Writer
 
 log = logging.getLogger("trajproxy.storage")
 
@@ -127,6 +127,7 @@ class SqlStore:
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
         self._engine: Engine | None = None
         self._writer: Writer | None = None
+        self._contents: Contents | None = None  # what the writer thread knows of the pieces it wrote
         self._database_lock = DatabaseLock(self.url, shared=replica is not None)
 
     async def open(self) -> None:
@@ -138,6 +139,7 @@ class SqlStore:
         except BaseException:
             self._database_lock.release()
             raise
+        self._contents = Contents(self._engine.dialect.name)
         self._writer = Writer(self._engine, self._on_commit)
 
     @property
@@ -165,7 +167,13 @@ class SqlStore:
         return self._write((statement, [_bound(episode_row(episode))]))
 
     def add_turn(self, turn: Turn) -> Awaitable[None]:
-        return self._write((_ADD_TURN, [turn_row(turn)]))
+        return self._write(self.contents.write(turn, _ADD_TURN, _as_is))
+
+    @property
+    def contents(self) -> Contents:
+        """The pieces' bookkeeping of the writer thread, for writes of new turns (`proxy.storage.content`)."""
+        assert self._contents is not None, "SqlStore.open() was not awaited"
+        return self._contents
 
     def save_turns(self, batch: Sequence[Turn]) -> Awaitable[None]:
         if not batch:
@@ -201,12 +209,13 @@ class SqlStore:
     async def turn(self, turn_id: str) -> Turn | None:
         if "\x00" in turn_id:  # no id holds U+0000, and Postgres refuses it in a parameter
             return None
-        rows = await self._read(lambda conn: conn.execute(select(turns).where(turns.c.id == turn_id)))
-        return turn_from(rows[0]) if rows else None
+        stmt = select(turns).where(turns.c.id == turn_id)
+        found = await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
+        return found[0] if found else None
 
     async def turns(self, episode_id: str) -> list[Turn]:
         stmt = select(turns).where(turns.c.episode_id == episode_id).order_by(turns.c.seq)
-        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+        return await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
 
     async def tally(self, episode_id: str) -> Tally:
         stmt = select(
@@ -230,7 +239,7 @@ class SqlStore:
             .limit(limit)
         )
         stmt = select(turns).where(turns.c.episode_id == episode_id, turns.c.seq.in_(latest)).order_by(turns.c.branch)
-        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+        return await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
 
     async def open_turns(self) -> list[Turn]:
         stmt = (
@@ -238,7 +247,7 @@ class SqlStore:
             .where(turns.c.status.in_([TurnStatus.PARKED.value, TurnStatus.LEASED.value]))
             .order_by(turns.c.episode_id, turns.c.seq)
         )
-        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+        return await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
 
     async def latest_answered(self, episode_id: str, limit: int) -> list[Turn]:
         stmt = (
@@ -247,7 +256,7 @@ class SqlStore:
             .order_by(turns.c.answered_at.desc(), turns.c.seq.desc())
             .limit(limit)
         )
-        return [turn_from(row) for row in await self._read(lambda conn: conn.execute(stmt))]
+        return await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
 
     async def rewards(self, episode_id: str) -> list[Reward]:
         stmt = select(rewards).where(rewards.c.episode_id == episode_id).order_by(rewards.c.created_at)
@@ -343,6 +352,7 @@ class SqlStore:
                     f"CREATE INDEX IF NOT EXISTS ix_episode_fork_parent ON episode (({_FORK_PARENT[dialect]}))"
                 )
                 conn.execute(text(fork_parent))
+            upgrade(engine)  # turns written whole by an earlier version, to pieces (resumed if it was stopped)
         except SQLAlchemyError as e:
             where = engine.url if engine is not None else self.url.split("@")[-1]
             if engine is not None:
@@ -350,7 +360,7 @@ class SqlStore:
             raise StorageError(f"cannot open the database at {where!r}: {e}") from e
         return engine
 
-    def _write(self, op: Op) -> asyncio.Future[None]:
+    def _write(self, op: Write) -> asyncio.Future[None]:
         assert self._writer is not None, "SqlStore.open() was not awaited"
         return self._writer.write(op)
 
@@ -381,6 +391,10 @@ def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+def _as_is(row: dict[str, Any]) -> dict[str, Any]:
+    return row
 
 
 def _done() -> asyncio.Future[None]:

@@ -72,8 +72,13 @@ class TurnRow(SQLModel, table=True):
     status: str
     stream: bool
     model: str | None = None
-    wire: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
-    request: JsonObject = Field(sa_column=Column(Json, nullable=False))
+    # The wire body and the request, as lists of piece hashes (`proxy.storage.pieces`), each written as a
+    # difference from the lists of the episode's turn `base_id` (none: written whole); `whole_seq` is the seq of the
+    # turn whose lists are whole that this one's chain of bases starts from, so a reader finds the chain in one range.
+    base_id: str | None = None
+    whole_seq: int | None = None
+    wire_parts: bytes | None = Field(default=None, sa_column=Column(LargeBinary))  # NULL only before the upgrade
+    request_parts: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
     reply: JsonObject | None = Field(default=None, sa_column=Column(Json))
     answered_by: str | None = None
     prompt_tokens: int | None = None
@@ -96,6 +101,15 @@ class TurnRow(SQLModel, table=True):
     lease_expires_at: float | None = None
     held_for: str | None = None
     wire_hash: str | None = None
+
+
+class PieceRow(SQLModel, table=True):
+    """A piece of turns' wire bodies and requests, stored once by its sha256 (`proxy.storage.pieces`)."""
+
+    __tablename__ = "piece"
+
+    hash: bytes = Field(sa_column=Column(LargeBinary, primary_key=True))
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 class ReplicaRow(SQLModel, table=True):
@@ -222,6 +236,7 @@ TURN_SETTLED = tuple(column for column in TURN_STATE if column not in ("id", "de
 
 
 def turn_row(turn: Turn) -> dict[str, Any]:
+    """The turn's columns but its wire body and request, which are stored as pieces (`proxy.storage.content`)."""
     return {
         **turn_state(turn),
         "episode_id": turn.episode_id,
@@ -229,8 +244,6 @@ def turn_row(turn: Turn) -> dict[str, Any]:
         "dialect": turn.dialect,
         "stream": turn.stream,
         "model": turn.model,
-        "wire": turn.wire,
-        "request": turn.request,
         "created_at": turn.created_at,
         "trainable": turn.trainable,
         "branch": turn.branch,
@@ -238,14 +251,15 @@ def turn_row(turn: Turn) -> dict[str, Any]:
     }
 
 
-def turn_from(row: Any) -> Turn:
+def turn_from(row: Any, wire: bytes, request: JsonObject) -> Turn:
+    """The turn a row holds, given its wire body and request put back together from their pieces."""
     return Turn(
         id=row.id,
         episode_id=row.episode_id,
         seq=row.seq,
         dialect=row.dialect,
-        request=row.request,
-        wire=bytes(row.wire),
+        request=request,
+        wire=wire,
         stream=row.stream,
         status=TurnStatus(row.status),
         created_at=row.created_at,

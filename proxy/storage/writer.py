@@ -3,7 +3,11 @@ one transaction, so many turns share one fsync; each write's future resolves onl
 committed. Writes are data (a prebuilt statement and its rows), so a run of writes with one statement (many
 agents' turns parked at once) executes as one executemany. A batch that fails is retried write by write, so one
 bad write fails alone and the writer lives on; one that fails on a key taken first (shared mode) is retried as one
-transaction with a savepoint per write, so the others still share a commit."""
+transaction with a savepoint per write, so the others still share a commit.
+
+A write may be deferred (`Deferred`): its statements are built on this thread when its batch commits (a new turn is
+cut into pieces here, not on the serving loop), some to run before every other write of the batch (pieces, which
+nothing else refers to until the turn that names them is written), and it is told once it has committed."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from itertools import groupby
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
@@ -25,6 +29,19 @@ from proxy.core.errors import Stale, StorageError
 log = logging.getLogger("trajproxy.storage")
 
 Op = tuple[Executable, list[dict[str, Any]]]  # a statement and the rows it writes
+
+
+class Deferred(Protocol):
+    def ops(self) -> tuple[list[Op], list[Op]]:
+        """The writes to run first in the batch, and the write itself (built on the writer thread)."""
+        ...
+
+    def committed(self) -> None:
+        """Its transaction committed (on the writer thread)."""
+        ...
+
+
+Write = Op | Deferred
 _MAX_BATCH = 1024
 
 
@@ -33,11 +50,11 @@ class Writer:
         self._engine = engine
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
         self._loop = asyncio.get_running_loop()
-        self._queue: queue.SimpleQueue[tuple[Op, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Write, asyncio.Future[None]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trajproxy-writer", daemon=True)
         self._thread.start()
 
-    def write(self, op: Op) -> asyncio.Future[None]:
+    def write(self, op: Write) -> asyncio.Future[None]:
         """Queue a write; the future resolves once its transaction has committed (or fails with why not)."""
         future = self._loop.create_future()
         self._queue.put((op, future))
@@ -74,12 +91,18 @@ class Writer:
                 outcomes = [StorageError(f"the database could not record this change: {e}")] * len(batch)
             self._loop.call_soon_threadsafe(_settle, [future for _, future in batch], outcomes)
 
-    def _commit(self, ops: list[Op]) -> list[BaseException | None]:
+    def _commit(self, ops: list[Write]) -> list[BaseException | None]:
         """Commit the batch as one transaction; if it fails, retry each write alone to isolate the bad one."""
         try:
+            built = [_built(op) for op in ops]
             with self._engine.begin() as conn:
-                for statement, rows in _runs(ops):
+                for statement, rows in _runs([first for firsts, _ in built for first in firsts]):
                     conn.execute(statement, rows)
+                for statement, rows in _runs([op for _, main in built for op in main]):
+                    conn.execute(statement, rows)
+            for op in ops:
+                if not isinstance(op, tuple):
+                    op.committed()
             return [None] * len(ops)
         except Exception as e:  # the driver's own errors (e.g. encoding) are not all SQLAlchemy's
             if len(ops) == 1 and isinstance(e, IntegrityError):  # a key another replica took first: theirs stands
@@ -94,21 +117,32 @@ class Writer:
                     log.warning("a batch failed again under savepoints (%s); writing each alone", type(again).__name__)
         return [self._commit([op])[0] for op in ops]
 
-    def _each_saved(self, ops: list[Op]) -> list[BaseException | None]:
+    def _each_saved(self, ops: list[Write]) -> list[BaseException | None]:
         """The batch again as one transaction, each write under a savepoint: a key another replica took first
         (shared mode, where an agent's calls land on two replicas) fails its write alone, and the others still
         share one commit. Each write in a transaction of its own would cost a commit (an fsync) apiece, and every
         write queued behind them (all this replica's new turns) would wait on those commits."""
         outcomes: list[BaseException | None] = []
+        built = [_built(op) for op in ops]
         with self._engine.begin() as conn:
-            for statement, rows in ops:
+            for statement, rows in _runs([first for firsts, _ in built for first in firsts]):
+                conn.execute(statement, rows)
+            for _, main in built:
                 try:
                     with conn.begin_nested():
-                        conn.execute(statement, rows)
+                        for statement, rows in main:
+                            conn.execute(statement, rows)
                     outcomes.append(None)
                 except IntegrityError as e:  # any other error fails the batch: each write is then tried alone
                     outcomes.append(Stale(f"the database already holds this record: {type(e.orig).__name__}"))
+        for op, outcome in zip(ops, outcomes, strict=True):
+            if outcome is None and not isinstance(op, tuple):
+                op.committed()
         return outcomes
+
+
+def _built(op: Write) -> tuple[list[Op], list[Op]]:
+    return ([], [op]) if isinstance(op, tuple) else op.ops()
 
 
 def _runs(ops: list[Op]) -> Iterator[Op]:

@@ -1,0 +1,255 @@
+"""Turns' wire bodies and requests in the `piece` table: written on the writer thread (`Contents`, `TurnWrite`),
+read back for any set of turn rows (`turns_of`). See `proxy.storage.pieces` for how they are cut and listed.
+
+A turn's lists of piece hashes are written as a difference from the lists of its episode's last turn written
+before it (its base), and whole every `CHAIN` turns, so a turn is read from at most that many turns' rows, all of
+its own episode, and an episode's turns from their rows and the distinct pieces they name: the size of its distinct
+content, not of its calls times its context.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Executable, and_, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from proxy.core.errors import StorageError
+from proxy.core.values import JsonObject, Turn
+from proxy.storage.pieces import (
+    decode_parts,
+    digest,
+    encode_parts,
+    middle_hashes,
+    pack,
+    request_from,
+    request_pieces,
+    unpack,
+    wire_pieces,
+)
+from proxy.storage.tables import PieceRow, TurnRow, turn_from, turn_row
+from proxy.storage.writer import Op
+
+pieces = PieceRow.__table__  # type: ignore[attr-defined]
+turns = TurnRow.__table__  # type: ignore[attr-defined]
+
+CHAIN = 32  # a turn's lists are written whole at least once in this many turns of its episode
+_KNOWN = 1 << 18  # hashes of pieces this process knows are stored (it skips writing them again)
+_HELD = 1 << 19  # hashes held for episodes' last turns, all episodes together
+_AT_ONCE = 500  # hashes or ranges in one SELECT (under SQLite's and Postgres's limits on parameters)
+
+
+def insert_pieces(dialect: str) -> Executable:
+    """INSERT of pieces that leaves those already stored as they are (another turn, or replica, wrote them)."""
+    make = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return make(pieces).on_conflict_do_nothing(index_elements=["hash"])
+
+
+@dataclass(slots=True)
+class _Last:
+    """An episode's last turn written: what the next turn's lists are written against."""
+
+    id: str
+    episode_id: str
+    seq: int
+    whole_seq: int
+    depth: int  # turns since its lists were last written whole
+    wire: list[bytes]
+    request: list[bytes]
+
+
+class Contents:
+    """What the writer thread knows of the pieces it wrote (only there: no lock), learned once a write commits."""
+
+    def __init__(self, dialect: str) -> None:
+        self.insert = insert_pieces(dialect)
+        self._known: OrderedDict[bytes, None] = OrderedDict()
+        self._last: OrderedDict[str, _Last] = OrderedDict()
+        self._held = 0
+
+    def write(self, turn: Turn, statement: Executable, shape: Callable[[dict[str, Any]], dict[str, Any]]) -> TurnWrite:
+        """The write of a new turn: `statement` run with `shape` of its row (its columns, pieces' lists included)."""
+        return TurnWrite(self, turn, statement, shape)
+
+    def learn(self, stored: Sequence[bytes], last: _Last) -> None:
+        """A write committed: its pieces are stored, and its turn is its episode's last."""
+        known = self._known
+        for h in stored:
+            known[h] = None
+            known.move_to_end(h)
+        while len(known) > _KNOWN:
+            known.popitem(last=False)
+        if (before := self._last.pop(last.episode_id, None)) is not None:
+            self._held -= len(before.wire) + len(before.request)
+        self._last[last.episode_id] = last
+        self._held += len(last.wire) + len(last.request)
+        while self._held > _HELD and len(self._last) > 1:
+            _, gone = self._last.popitem(last=False)
+            self._held -= len(gone.wire) + len(gone.request)
+
+
+class TurnWrite:
+    """A new turn's write, cut into pieces on the writer thread (`ops`), its pieces and list learned once it
+    commits (`committed`)."""
+
+    def __init__(
+        self, contents: Contents, turn: Turn, statement: Executable, shape: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> None:
+        self._contents = contents
+        self._turn = turn
+        self._statement = statement
+        self._shape = shape
+        self._cut: tuple[list[bytes], list[bytes], dict[bytes, bytes]] | None = None
+        self._written: tuple[list[bytes], _Last] | None = None
+
+    def ops(self) -> tuple[list[Op], list[Op]]:
+        """The pieces not known to be stored (to write first), and the turn's row."""
+        turn, contents = self._turn, self._contents
+        if self._cut is None:
+            self._cut = _cut(turn)
+        wire, request, data = self._cut
+        last = contents._last.get(turn.episode_id)
+        if last is not None and last.depth + 1 < CHAIN and last.seq < turn.seq:
+            base_id, whole_seq, depth = last.id, last.whole_seq, last.depth + 1
+            wire_parts, request_parts = encode_parts(wire, last.wire), encode_parts(request, last.request)
+        else:
+            base_id, whole_seq, depth = None, turn.seq, 0
+            wire_parts, request_parts = encode_parts(wire, None), encode_parts(request, None)
+        new = sorted(h for h in data if h not in contents._known)  # in one order: replicas' inserts never deadlock
+        row = turn_row(turn) | {
+            "base_id": base_id,
+            "whole_seq": whole_seq,
+            "wire_parts": wire_parts,
+            "request_parts": request_parts,
+        }
+        self._written = (new, _Last(turn.id, turn.episode_id, turn.seq, whole_seq, depth, wire, request))
+        first: list[Op] = [(contents.insert, [{"hash": h, "data": pack(data[h])} for h in new])] if new else []
+        return first, [(self._statement, [self._shape(row)])]
+
+    def committed(self) -> None:
+        if self._written is not None:
+            self._contents.learn(*self._written)
+
+
+def _cut(turn: Turn) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
+    return cut(turn.wire, turn.request)
+
+
+def cut(wire: bytes, request: Any) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
+    """A wire body and request as lists of piece hashes, and each piece by its hash."""
+    data: dict[bytes, bytes] = {}
+
+    def stored(piece: bytes) -> bytes:
+        h = digest(piece)
+        data[h] = piece
+        return h
+
+    return [stored(p) for p in wire_pieces(wire)], [stored(p) for p in request_pieces(request)], data
+
+
+# Reading
+
+
+def turns_of(conn: Connection, rows: Sequence[Any]) -> list[Turn]:
+    """The turns these rows (all of `turn`'s columns) hold, their wire bodies and requests put back together."""
+    wires, requests = _contents(conn, rows, wires=True)
+    return [turn_from(row, wire, request) for row, wire, request in zip(rows, wires, requests, strict=True)]
+
+
+def with_requests(conn: Connection, rows: Sequence[Any]) -> list[SimpleNamespace]:
+    """These rows (of `turn`'s columns, with `CHAIN_COLUMNS`), each with its request put back together as `request`
+    (not its wire body, which is not read)."""
+    _, requests = _contents(conn, rows, wires=False)
+    return [SimpleNamespace(**row._mapping, request=request) for row, request in zip(rows, requests, strict=True)]
+
+
+def wire_bodies(conn: Connection, rows: Sequence[Any]) -> list[bytes]:
+    """The wire bodies of these rows (with `id`, `episode_id`, `seq` and `CHAIN_COLUMNS`)."""
+    return _contents(conn, rows, wires=True)[0]
+
+
+CHAIN_COLUMNS = (turns.c.base_id, turns.c.whole_seq, turns.c.wire_parts, turns.c.request_parts)
+
+
+def _contents(conn: Connection, rows: Sequence[Any], wires: bool) -> tuple[list[bytes], list[JsonObject]]:
+    if not rows:
+        return [], []
+    chains: dict[str, tuple[str | None, bytes, bytes]] = {}
+    for row in rows:
+        if row.wire_parts is None:
+            raise StorageError(f"turn {row.id} was not upgraded: restart trajproxy to finish the database's upgrade")
+        chains[row.id] = (row.base_id, row.wire_parts, row.request_parts)
+    _bases(conn, rows, chains)
+    lists: dict[str, tuple[list[bytes], list[bytes]]] = {}
+    for row in rows:
+        _lists(row.id, chains, lists)
+    values = _pieces(conn, chains, wires)
+    decoded: dict[bytes, Any] = {}
+    wire_bodies: list[bytes] = []
+    requests: list[JsonObject] = []
+    for row in rows:
+        wire, request = lists[row.id]
+        for h in request:
+            if h not in decoded:
+                decoded[h] = orjson.loads(values[h])
+        if wires:
+            wire_bodies.append(b"".join([values[h] for h in wire]))
+        requests.append(request_from(request, decoded))
+    return wire_bodies, requests
+
+
+def _bases(conn: Connection, rows: Sequence[Any], chains: dict[str, tuple[str | None, bytes, bytes]]) -> None:
+    """Read the rows of the bases these turns' lists are written against, each chain in one range of its episode's
+    seqs (from the turn whose lists are whole)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for row in rows:
+        if row.base_id is not None and row.base_id not in chains:
+            low, high = spans.get(row.episode_id, (row.whole_seq, row.seq))
+            spans[row.episode_id] = (min(low, row.whole_seq), max(high, row.seq))
+    ranges = list(spans.items())
+    for at in range(0, len(ranges), _AT_ONCE):
+        within = [
+            and_(turns.c.episode_id == episode_id, turns.c.seq >= low, turns.c.seq < high)
+            for episode_id, (low, high) in ranges[at : at + _AT_ONCE]
+        ]
+        bases = select(turns.c.id, turns.c.base_id, turns.c.wire_parts, turns.c.request_parts).where(or_(*within))
+        for base in conn.execute(bases):
+            chains.setdefault(base.id, (base.base_id, base.wire_parts, base.request_parts))
+
+
+def _lists(turn_id: str, chains: dict[str, tuple[str | None, bytes, bytes]], lists: dict[str, Any]) -> None:
+    """Put a turn's lists of hashes together from its chain of bases (each turn's once)."""
+    path: list[str] = []
+    at: str | None = turn_id
+    while at is not None and at not in lists:
+        if at not in chains:
+            raise StorageError(f"the database lacks turn {at}, on which turn {turn_id}'s content is written")
+        path.append(at)
+        at = chains[at][0]
+    for step in reversed(path):
+        base_id, wire_parts, request_parts = chains[step]
+        base = lists[base_id] if base_id is not None else (None, None)
+        lists[step] = (decode_parts(wire_parts, base[0]), decode_parts(request_parts, base[1]))
+
+
+def _pieces(conn: Connection, chains: dict[str, tuple[str | None, bytes, bytes]], wires: bool) -> dict[bytes, bytes]:
+    """Every piece these chains name (their wire bodies' too, if `wires`), each read once."""
+    wanted = sorted({h for _, wire, request in chains.values() for h in _named(wire if wires else b"\0\0", request)})
+    found: dict[bytes, bytes] = {}
+    for at in range(0, len(wanted), _AT_ONCE):
+        some = wanted[at : at + _AT_ONCE]
+        for h, data in conn.execute(select(pieces.c.hash, pieces.c.data).where(pieces.c.hash.in_(some))):
+            found[bytes(h)] = unpack(bytes(data))
+    if len(found) < len(wanted):
+        raise StorageError(f"the database lacks {len(wanted) - len(found)} piece(s) of turns' content")
+    return found
+
+
+def _named(wire: bytes, request: bytes) -> Iterator[bytes]:
+    yield from middle_hashes(wire)
+    yield from middle_hashes(request)
