@@ -37,9 +37,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import typing_extensions
 
 from integrations.rollouts import Generated, Rollout, Rollouts, find_task
 from sandbox.tasks.task import Task
@@ -57,17 +60,13 @@ def _import_skyrl() -> Any:
     refuses below 3.12 (0.4 requires 3.12); typing_extensions' TypedDict stands in while its package is imported."""
     try:
         if sys.version_info < (3, 12) and "skyrl.backends" not in sys.modules:
-            import typing
-
-            import typing_extensions
-
             standard = typing.TypedDict
             typing.TypedDict = typing_extensions.TypedDict
             try:
-                import skyrl.backends  # noqa: F401
+                import skyrl.backends  # noqa: F401  # lazy: the skyrl extra
             finally:
                 typing.TypedDict = standard
-        from skyrl.train.generators.base import GeneratorInterface
+        from skyrl.train.generators.base import GeneratorInterface  # lazy: the skyrl extra
     except ImportError:
         return None
     return GeneratorInterface
@@ -369,7 +368,7 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
 
 def _skyrl_metrics(output: dict[str, Any]) -> dict[str, Any]:
     """SkyRL's own rollout metrics (lengths, rewards, times), over each trajectory's last row."""
-    from skyrl.train.generators.utils import get_rollout_metrics
+    from skyrl.train.generators.utils import get_rollout_metrics  # lazy: the skyrl extra
 
     last = output["is_last_step"] or [True] * len(output["response_ids"])
     keep = [i for i, is_last in enumerate(last) if is_last]

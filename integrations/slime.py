@@ -42,6 +42,7 @@ from typing import Any
 import aiohttp
 
 from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from proxy.adapters.chat_templates import ChatTemplates
 from sandbox.tasks.formats import jsonl
 from sandbox.tasks.task import Task
 
@@ -127,7 +128,7 @@ def samples_of(
     line, so slime's loss counts the episode once), `index`/`group_index`/`prompt`/`label`/`session_id` the base
     sample's. A line of an infrastructure failure is ABORTED, with no loss and reward 0.0 (slime drops its group);
     one cut by the token budget is TRUNCATED; others COMPLETED."""
-    from slime.utils.types import Sample
+    from slime.utils.types import Sample  # lazy: slime, installed from its repository, loads only in its run
 
     samples = []
     for line in lines:
@@ -170,7 +171,7 @@ def _provenance(line: dict[str, Any]) -> dict[str, Any]:
 def aborted_sample(base: Any, reason: str) -> Any:
     """The base sample marked ABORTED, for an episode with no line to train on (its sandbox never started, its agent
     made no call): a placeholder slime drops, shaped as slime's own coding-agent example makes it."""
-    from slime.utils.types import Sample
+    from slime.utils.types import Sample  # lazy: slime, installed from its repository, loads only in its run
 
     base.tokens, base.response, base.response_length = [0, 0], "", 1
     base.loss_mask, base.rollout_log_probs = [0], [0.0]
@@ -204,8 +205,6 @@ class Service:
         self.decode: Callable[[list[int]], str] | None = None
 
     async def start(self) -> None:
-        from proxy.adapters.chat_templates import ChatTemplates
-
         await self.rollouts.__aenter__()
         template = await asyncio.to_thread(ChatTemplates().get, self.tokenizer)
         self.decode = template.decode

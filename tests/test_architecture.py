@@ -204,9 +204,13 @@ def test_the_sandbox_commands_reach_the_command_line_through_the_entry_point() -
 
     from proxy.cli.main import PLUGINS, _parser
 
-    assert [plugin.value for plugin in entry_points(group=PLUGINS)] == ["sandbox.launch:add_commands"]
-    parsed = _parser().parse_args(["sandbox", "prune"])
-    assert parsed.handler == "sandbox.commands:main"
+    assert sorted(plugin.value for plugin in entry_points(group=PLUGINS)) == [
+        "integrations.launch:add_commands",
+        "sandbox.launch:add_commands",
+    ]
+    assert _parser().parse_args(["sandbox", "prune"]).handler == "sandbox.commands:main"
+    parsed = _parser().parse_args(["train", "tasks.jsonl", "--agent", "minimal", "--model", "m"])
+    assert parsed.handler == "integrations.train.command:main"
 
 
 # The house: one-way arrows between layers, no circles, lazy loads only where marked
@@ -223,8 +227,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the app: everything wired together", ("proxy/app.py",)),
     ("servers and commands", ("proxy/servers/", "proxy/cli/")),
     ("the sandbox: agents, tasks, backends, runs", ("sandbox/",)),
+    ("the trainers' adapters and trajproxy train", ("integrations/",)),
 ]
-SCANNED = (ROOT / "proxy", ROOT / "sandbox", ROOT / "benchmarks")
+SCANNED = (ROOT / "proxy", ROOT / "sandbox", ROOT / "integrations", ROOT / "benchmarks")
 LAZY = re.compile(r"#.*\blazy:")
 
 

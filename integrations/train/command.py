@@ -26,6 +26,8 @@ from typing import Any
 from integrations.rollouts import Rollout, Rollouts, Served, tasks_of
 from integrations.train.report import Step, Summary, plot, step_line
 from integrations.train.vllm import SERVER_FLAGS, reload_weights, vllm_server
+from integrations.train.weights import save_weights, served_copy, served_logprobs, trainer_logprobs
+from integrations.trl import TrlRollouts, graded_reward
 
 SERVED_NAME = "policy"
 # On a GPU, vLLM shares it with the trainer: a third of its memory for the engine
@@ -93,13 +95,11 @@ def _train(
     vllm_python: str,
     summary: Summary,
 ) -> None:
+    # lazy: the train extra's libraries (torch, TRL), which `train` checked are there before loading them
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    from integrations.train.weights import save_weights, served_copy, served_logprobs, trainer_logprobs
-    from integrations.trl import TrlRollouts, graded_reward
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
     torch.manual_seed(options.seed)

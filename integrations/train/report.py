@@ -87,10 +87,10 @@ def step_line(step: Step, steps: int) -> str:
 
 def plot(summary: Summary, path: Path) -> None:
     """The mean reward per step, each episode's reward as a dot."""
-    import matplotlib
+    import matplotlib  # lazy: the train extra's; only a run that plots loads it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as above, once the backend is chosen
 
     figure, axes = plt.subplots(figsize=(6, 3.5))
     for step in summary.steps:

@@ -16,8 +16,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from integrations.train.vllm import VllmServer
 
 WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json")
@@ -29,6 +27,7 @@ def served_copy(model_dir: str | os.PathLike[str], served_dir: str | os.PathLike
     Why: vLLM 0.32's in-place weight reload loads a tied model's new embedding but leaves its output layer at the old
     weights, so the server would sample from another policy than the one trained. Untied, both are tensors of their
     own in the checkpoint and both reload; the trainer trains the untied model, so the two stay the same."""
+    import torch  # lazy: the train extra's; `trajproxy train` loads this module before checking it is there
     from transformers import AutoModelForCausalLM
 
     shutil.rmtree(served_dir, ignore_errors=True)
@@ -70,6 +69,8 @@ def served_logprobs(server: VllmServer, ids: list[int]) -> list[float | None]:
 
 def trainer_logprobs(model: Any, ids: list[int]) -> list[float]:
     """The trainer's logprob of each id after the first, given those before it."""
+    import torch  # lazy: as in served_copy
+
     with torch.no_grad():
         tokens = torch.tensor([ids], device=model.device)
         logits = model(tokens).logits[0, :-1].float()
