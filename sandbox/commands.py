@@ -13,8 +13,8 @@ from sandbox.agents.bundles import BundleError, Bundles
 from sandbox.agents.manifests import ManifestError, load, presets
 from sandbox.backends.docker_sandboxes import DockerSandboxes, Pruned
 from sandbox.backends.interface import SandboxError
+from sandbox.console import console as _console
 from sandbox.run.command import run_command
-from sandbox.run.report import console as _console
 from sandbox.tasks.taskmaker import command as taskmaker
 
 
@@ -50,7 +50,7 @@ def _labels_from(given: list[str]) -> dict[str, str]:
 
 
 def _agents(console: Any, args: argparse.Namespace) -> int:
-    from rich.table import Table  # lazy: rich loads only when something is shown (sandbox.run.report)
+    from rich.table import Table  # lazy: rich loads only when something is shown (sandbox.console)
 
     bundles = Bundles(Path(args.bundles) if args.bundles else None)
     if args.action == "build":

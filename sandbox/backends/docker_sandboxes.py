@@ -39,9 +39,9 @@ from sandbox.backends.gate_containers import (
     gate_complaint,
     raise_if_exited,
 )
+from sandbox.backends.identity import RunIdentity
 from sandbox.backends.images import MANAGED, build_image, check_arch, ensure_image, remove_containers
 from sandbox.backends.interface import ExecResult, SandboxCounter, SandboxError, SandboxSpec
-from sandbox.run.identity import RunIdentity
 
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
 _EXEC_GRACE_S = 30.0

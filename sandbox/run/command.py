@@ -22,12 +22,12 @@ from proxy.client import AsyncTrainerClient, TrajproxyAPIError
 from sandbox.agents.bundles import Bundles
 from sandbox.agents.injection import InjectedAgent, inject
 from sandbox.agents.manifests import load
+from sandbox.backends.identity import RunIdentity
 from sandbox.backends.interface import Limits
-from sandbox.run.identity import RunIdentity
+from sandbox.console import console as _console
 from sandbox.run.places import Refused, run_proxy, run_sandboxes, socket_place
 from sandbox.run.policies import Policy, policy_from, policy_options
 from sandbox.run.report import ResultsFile, exit_status, progress_text, status_line, summarise
-from sandbox.run.report import console as _console
 from sandbox.run.resume import RAN_BY, RUN, cancel_abandoned, done_tasks, still_to_run
 from sandbox.run.runner import Outcome, Progress, RunConfig, Runner
 from sandbox.run.signals import Interrupted, until_signalled, until_stopped
@@ -214,7 +214,7 @@ class _Running:
 async def _run_tasks(console: Any, url: str, run: _Running, progress_every_s: float) -> list[Outcome]:
     """Run the tasks with their counts shown live (the calls parked on a reply read from trajproxy's /health); off
     a terminal, where rich shows only the last frame, a plain progress line every `progress_every_s`."""
-    from rich.live import Live  # lazy: rich loads only when something is shown (sandbox.run.report)
+    from rich.live import Live  # lazy: rich loads only when something is shown (sandbox.console)
 
     try:
         with Live(status_line(Progress(total=len(run.tasks))), console=console, refresh_per_second=4) as live:
