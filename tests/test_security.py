@@ -89,7 +89,7 @@ from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.core import keys
 from proxy.core.broker import Broker
 from proxy.http.edge import MAX_JSON_DEPTH
-from proxy.http.trainer_door import TrainerDoor
+from proxy.http.routes import Router
 from proxy.storage.sql import engine_url
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.interface import Limits, SandboxSpec
@@ -395,7 +395,7 @@ def test_secrets_are_compared_with_hmac_compare_digest() -> None:
     assert not keys.same_secret("tpk-abc", "tpk-ab")
 
     # Every place a secret is checked calls it, and compares the secret no other way.
-    for check in (TrainerDoor._check_token, Broker.authenticate):
+    for check in (Router._check_token, Broker.authenticate):
         assert "same_secret" in names_in(check), check
         assert check.__globals__["same_secret"] is keys.same_secret
         assert equality_tests_in(check) == [], check
