@@ -11,7 +11,7 @@ from typing import Any
 
 from sandbox.agents.bundles import BundleError, Bundles
 from sandbox.agents.manifests import ManifestError, load, presets
-from sandbox.backends.docker_sandboxes import DockerSandboxes, Pruned
+from sandbox.backends.docker_sandboxes import Pruned, prune
 from sandbox.backends.interface import SandboxError
 from sandbox.console import console as _console
 from sandbox.run.command import run_command
@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"trajproxy {args.command}: {e}", style="red", markup=False, soft_wrap=True)
         return 2
     if args.command == "sandbox":
-        _report(console, asyncio.run(DockerSandboxes("unused", labels=labels).prune()))
+        _report(console, asyncio.run(prune(labels)))
         return 0
     return run_command(args, labels)
 
