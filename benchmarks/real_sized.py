@@ -30,6 +30,17 @@ from typing import Any
 import orjson
 import sqlalchemy
 
+# Each tree is measured in a child process with that tree first on PYTHONPATH: these are its modules.
+from proxy.core.keys import hash_key, new_id, new_key
+from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage
+from proxy.dialects.anthropic import AnthropicDialect
+from proxy.dialects.chat import ChatDialect
+from proxy.dialects.responses import ResponsesDialect
+from proxy.storage.sql import SqlStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import fresh_database
+
 SOURCE = "".join(p.read_text() for p in sorted((Path(__file__).parent.parent / "proxy").rglob("*.py")))
 SHAPES = {  # system prompt bytes, tools bytes, dialect
     "claude-code": (25_000, 30_000, "anthropic"),
@@ -109,13 +120,6 @@ def database_bytes(url: str) -> int:
 
 
 async def measure(url: str, shape: str, agents: int, calls: int) -> dict[str, float]:
-    from proxy.core.keys import hash_key, new_id, new_key
-    from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage
-    from proxy.dialects.anthropic import AnthropicDialect
-    from proxy.dialects.chat import ChatDialect
-    from proxy.dialects.responses import ResponsesDialect
-    from proxy.storage.sql import SqlStore
-
     dialects: dict[str, Any] = {"anthropic": AnthropicDialect(), "responses": ResponsesDialect(), "chat": ChatDialect()}
     dialect = dialects[SHAPES[shape][2]]
     bodies = [calls_of(shape, calls, seed) for seed in range(agents)]
@@ -153,8 +157,6 @@ def one_run(url: str | None, shape: str, agents: int, calls: int) -> dict[str, f
     if url is None:
         with tempfile.TemporaryDirectory() as folder:
             return asyncio.run(measure(f"sqlite:///{folder}/bench.db", shape, agents, calls))
-    from harness import fresh_database  # beside this file; the tree measured stays first on the path
-
     with fresh_database(url) as scratch:
         return asyncio.run(measure(scratch, shape, agents, calls))
 
