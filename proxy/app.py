@@ -97,12 +97,11 @@ def create_app(settings: Settings) -> Trajproxy:
         restart_grace_s=settings.restart_grace_s,
         observer=metrics,
     )
-    queue = (  # the one place that knows whether replicas share the database
-        SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
-        if settings.shared
-        else LocalQueue(context=context)
-    )
-    broker = Broker(context=context, queue=queue)
+    if settings.shared:  # the one place that knows whether replicas share the database
+        shared = SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
+        broker = Broker(context=context, queue=shared, others=shared)
+    else:
+        broker = Broker(context=context, queue=LocalQueue(context=context))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

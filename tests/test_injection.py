@@ -9,14 +9,19 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from proxy.app import create_app
 from proxy.client import AsyncTrainerClient, TrainerClient
+from proxy.settings import Settings
+from proxy.storage.content import turns, turns_of
+from proxy.storage.export import source
 from sandbox.agents.bundles import Bundle, BundleError, Bundles
 from sandbox.agents.injection import InjectedAgent
 from sandbox.agents.manifests import load
@@ -24,6 +29,7 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.formats.jsonl import ExitCode
 from sandbox.tasks.task import Task
+from tests.conftest import new_token, serve_app
 
 BARE = "trajproxy-test/bare-task"  # python:3.11-slim with Python and Node removed, a non-root user
 OLD = "trajproxy-test/old-task"  # debian:bullseye-slim
@@ -52,6 +58,53 @@ OLD_DOCKERFILE = f"FROM {OLD_BASE}\n{REPO_SETUP.format(user='root')}"
 @pytest.fixture
 def database_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/trajproxy.db"
+
+
+class Received:
+    """The app, with every request body it received kept as it arrived (bytes), to hold what trajproxy stored of
+    each real agent's calls against what the agent sent."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.bodies: list[bytes] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+
+        async def receiving() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    self.bodies.append(b"".join(chunks))
+            return message
+
+        await self.app(scope, receiving, send)
+
+
+@pytest.fixture
+def proxied(database_url: str, socket_dir: str) -> Iterator[Any]:
+    """trajproxy on the test's database and the sandboxes' socket, keeping the bodies it received (`Received`)."""
+    settings = Settings(
+        _env_file=None,
+        database_url=database_url,
+        socket_path=f"{socket_dir}/proxy.sock",
+        trainer_token=new_token(),
+        keepalive_s=0.2,  # the timings conftest's servers have
+        turn_timeout_s=30.0,
+        lease_s=30.0,
+        retry_grace_s=0.3,
+    )
+    app = create_app(settings)
+    running = serve_app(Received(app), app.settings)
+    yield running.live
+    running.stop()
 
 
 @pytest.fixture(scope="session")
@@ -191,6 +244,19 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
     assert trained and {turn.dialect for turn in trained} == {dialect}
     assert all(turn.status == "answered" for turn in trained)
     assert recorded.rewards[0].value == 1.0
+    # What is stored of each call, put back together from its pieces, is the body the agent sent, byte for byte, and
+    # the request every reader gives (the trainer API's here) is the one stored.
+    engine = source(proxied.settings.database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(turns).where(turns.c.episode_id == outcome.episode_id).order_by(turns.c.seq))
+            stored = turns_of(conn, rows.all())
+    finally:
+        engine.dispose()
+    assert [turn.id for turn in stored] == [turn.id for turn in recorded.turns]
+    for turn, via_api in zip(stored, recorded.turns, strict=True):
+        assert turn.wire in proxied.app.bodies, f"turn {turn.id}: its stored body is not what the agent sent"
+        assert turn.request == via_api.request
 
 
 def solves(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image: str) -> None:

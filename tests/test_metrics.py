@@ -226,9 +226,8 @@ async def replica(url: str) -> AsyncIterator[tuple[Broker, PrometheusMetrics]]:
         turn_timeout_s=WAIT_S,
         observer=metrics,
     )
-    broker = Broker(
-        context=context, queue=SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=WAIT_S))
-    )
+    shared = SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=WAIT_S))
+    broker = Broker(context=context, queue=shared, others=shared)
     await broker.start()
     try:
         yield broker, metrics

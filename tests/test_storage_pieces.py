@@ -22,7 +22,7 @@ from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.gemini import GeminiDialect
 from proxy.dialects.responses import ResponsesDialect
-from proxy.storage.content import CHAIN
+from proxy.storage.content import CHAIN, INLINE_BELOW
 from proxy.storage.export import Filters, export
 from proxy.storage.pieces import (
     MAX_PIECE,
@@ -325,6 +325,36 @@ def test_a_long_episode_stores_a_few_times_its_last_request(database_url: str) -
             more = database_bytes(database_url) - empty - one
             print(f"5 more episodes: {more} bytes")
             assert more < 5 * 30_000, more
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_small_calls_stored_as_they_are_among_pieced_ones(database_url: str) -> None:
+    """Calls under `INLINE_BELOW` are kept whole in their rows; an episode mixing them with large ones (a sub-agent's
+    short calls between the main agent's) reads back as written, by every read."""
+
+    async def body() -> None:
+        store = SqlStore(database_url)
+        await store.open()
+        try:
+            episode = episode_value()
+            await store.add_episode(episode)
+            big = conversation("chat", CHAIN + 5, seed=9)
+            written = []
+            for seq in range(len(big) * 2):
+                wire, request = big[seq // 2]
+                if seq % 2:  # a small call between each two large ones
+                    request = {"model": "policy", "messages": [{"role": "user", "content": f"short {seq}"}]}
+                    wire = orjson.dumps(request)
+                    assert len(wire) < INLINE_BELOW
+                turn = Turn(new_id("tu"), episode.id, seq, "chat", request, wire, False, TurnStatus.PARKED, T0 + seq)
+                await store.add_turn(turn)
+                written.append(turn)
+            assert await store.turns(episode.id) == written
+            for turn in written[::5]:
+                assert await store.turn(turn.id) == turn
         finally:
             await store.close()
 

@@ -6,7 +6,8 @@ branches, its status) changes only once the store has accepted the change. Every
 failure, timeout, agent gone, episode finished) goes through the ledger's `settle`: out of the parking lot exactly
 once, recorded, then its agent and the observers told, even when the record fails. Where open turns are leased
 and answered is the queue's business (`TurnQueue`: this process's lot, or the database replicas share); the
-broker never asks which queue it has.
+broker never asks which queue it has. Where replicas share the database it is given `Others` too, and tells them
+what they must hear (a turn parked here, its agent gone, an episode closed); with none, there is nobody to tell.
 
 A parked call's whole life reads here: `park` records and parks it (or hands it to a model, a fork's replay,
 the pause), `attend` holds its agent's exchange on it until the answer, the turn timeout or a hang-up (then
@@ -30,7 +31,7 @@ from proxy.core.forks import Forks
 from proxy.core.keys import hash_key, new_id, new_key, same_secret
 from proxy.core.parking import Slot
 from proxy.core.pause import HOLDING, Pause
-from proxy.core.queue import TurnQueue
+from proxy.core.queue import Others, TurnQueue
 from proxy.core.recording import Recorder
 from proxy.core.rewards import Rewards
 from proxy.core.values import Answerer, Budget, Episode, EpisodeStatus, JsonObject, Reward, Tally, Turn, TurnStatus
@@ -40,7 +41,7 @@ log = logging.getLogger("trajproxy")
 
 
 class Broker:
-    def __init__(self, *, context: Context, queue: TurnQueue) -> None:
+    def __init__(self, *, context: Context, queue: TurnQueue, others: Others | None = None) -> None:
         self._context = context
         self._store = context.store
         self._now = context.clock
@@ -48,12 +49,15 @@ class Broker:
         self._ledger = context.ledger
         self._episodes = context.episodes
         self.queue = queue  # pulls, releases and the queue's state
+        self._others = others  # the replicas sharing the database, if any
         self.answers: Answers = queue.answers  # replies to turns, from trainers or models
         self._forks = Forks(context=context, answers=self.answers)
         self.rewards = Rewards(context=context, episode=self.episode)
-        self._recorder = Recorder(context=context, queue=queue, over_budget=self._over_budget, stale=self._stale)
+        self._recorder = Recorder(
+            context=context, queue=queue, others=others, over_budget=self._over_budget, stale=self._stale
+        )
         self._pause = Pause(context.lot, self.answers.by_model)
-        self.weights = WeightSync(pause=self._pause, queue=queue)  # the trainer's weight-update cycle
+        self.weights = WeightSync(pause=self._pause, answers=self.answers, others=others)  # the weight-update cycle
 
     @property
     def open_turns(self) -> int:
@@ -81,7 +85,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Leave the replicas sharing the database, if any (the others take over what this one holds)."""
-        await self.queue.stop()
+        if self._others is not None:
+            await self._others.stop()
 
     # Episodes
 
@@ -168,7 +173,8 @@ class Broker:
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
         # Its agents here hear it once their turns' ends are recorded, or have failed to be: then so does the trainer.
         recorded = self._ledger.end(self._lot.of_episode(episode_id), TurnStatus.FAILED, why, EpisodeClosed(why))
-        await self.queue.closed(episode_id, why)  # its open turns held elsewhere
+        if self._others is not None:  # its open turns held elsewhere
+            await self._others.closed(episode_id, why)
         await recorded
         return episode
 
@@ -208,7 +214,8 @@ class Broker:
         if live.episode.status.closed:  # it closed while the turn was written: the turn ends as it began
             self._ledger.end([slot], TurnStatus.FAILED, "episode closed", closed_error(live.episode))
             return slot
-        self.queue.parked(slot)
+        if self._others is not None:
+            self._others.parked(slot)
         if replay is not None and await self._forks.take(live, replay, slot):
             return slot
         if (answerer is None or answerer.served) and self._pause.hold_if_holding(slot, turn.created_at, answerer):
@@ -240,7 +247,7 @@ class Broker:
         the exchange ends (reply, error, timeout, hang-up, the server stopping), leaving lets go of the turn: if it
         was the turn's last exchange and the turn is unanswered, the turn leaves the queue and waits the retry grace
         for its SDK's retry, then is recorded abandoned (see `Deadlines`)."""
-        return Attendance(slot, episode, self._context.deadlines, self.queue)
+        return Attendance(slot, episode, self._context.deadlines, self._others)
 
     def handed_over(self, turn: Turn) -> None:
         """An answered turn's reply was handed over to its agent's connection."""
@@ -278,11 +285,11 @@ class Attendance:
     """An agent's exchange held on its parked turn (`Broker.attend`), as a plain context manager: it is entered
     once per turn, where a generator's would cost several calls more."""
 
-    __slots__ = ("_deadlines", "_episode", "_expiry", "_queue", "_slot")
+    __slots__ = ("_deadlines", "_episode", "_expiry", "_others", "_slot")
     _expiry: asyncio.TimerHandle  # the turn timeout, from entering
 
-    def __init__(self, slot: Slot, episode: Episode, deadlines: Deadlines, queue: TurnQueue) -> None:
-        self._slot, self._episode, self._deadlines, self._queue = slot, episode, deadlines, queue
+    def __init__(self, slot: Slot, episode: Episode, deadlines: Deadlines, others: Others | None) -> None:
+        self._slot, self._episode, self._deadlines, self._others = slot, episode, deadlines, others
 
     def __enter__(self) -> asyncio.Future[Turn]:
         self._expiry = self._deadlines.expire_later(self._slot, self._episode)
@@ -291,4 +298,5 @@ class Attendance:
     def __exit__(self, *_exc: object) -> None:
         self._expiry.cancel()
         self._deadlines.leave(self._slot)
-        self._queue.away(self._slot)
+        if self._others is not None:
+            self._others.away(self._slot)

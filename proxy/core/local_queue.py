@@ -27,7 +27,10 @@ log = logging.getLogger("trajproxy")
 
 
 class LocalQueue:
-    retries_stale = False  # no other process records this database's turns
+    """The `TurnQueue` of a process that is its database's only one: nobody else records its turns, so there are no
+    others to tell of anything, and a write refused as stale is not theirs."""
+
+    answers: Answers
 
     def __init__(self, *, context: Context) -> None:
         self._context = context
@@ -56,23 +59,11 @@ class LocalQueue:
             log.info("took back %d open turns of %d episodes from the store", len(left.waiting), left.episodes)
         return len(left.waiting)
 
-    async def stop(self) -> None:
-        pass
-
     def add(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
         return self._context.store.add_turn(turn)
 
-    def parked(self, slot: Slot) -> None:
-        pass
-
     async def retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
         return await retried(self._context.lot, self._context.store, live, wire)
-
-    def away(self, slot: Slot) -> None:
-        pass
-
-    async def closed(self, episode_id: str, why: str) -> None:
-        pass
 
     async def turn(self, turn_id: str) -> Turn:
         return await self._context.ledger.turn(turn_id)
@@ -95,9 +86,6 @@ class LocalQueue:
             slot = self._context.lot.get(turn.id)
             if slot is not None and slot.turn.lease_id == turn.lease_id:
                 self._context.lot.release(slot)
-
-    def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
-        pass
 
 
 class LocalBook:

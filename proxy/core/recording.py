@@ -1,7 +1,8 @@
 """Recording an agent's call as its episode's next turn: one at a time per episode, and the episode takes the
 turn's seq and branch only once the store has the turn, so a failed write leaves no gap in its seqs and no branch
-head behind. Where replicas share the database (shared mode) another replica may have recorded the episode's next
-turn first: the write is refused as stale, the episode is read again, and the call recorded after it.
+head behind. Where other replicas share the database one of them may have recorded the episode's next turn first:
+the write is refused as stale, the episode is read again, and the call recorded after it. With no others, a write
+refused as stale is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import Stale
 from proxy.core.keys import new_id
 from proxy.core.ledger import failure
-from proxy.core.queue import TurnQueue
+from proxy.core.queue import Others, TurnQueue
 from proxy.core.values import EpisodeStatus, JsonObject, Turn, TurnStatus
 
 _STALE_TRIES = 8  # an episode whose agent calls through many replicas at once may be read again this often
@@ -39,12 +40,14 @@ class Recorder:
         *,
         context: Context,
         queue: TurnQueue,
+        others: Others | None,
         over_budget: Callable[[LiveEpisode, str], Awaitable[None]],
         stale: Callable[[LiveEpisode, str], Awaitable[None]],
     ) -> None:
         self._episodes = context.episodes
         self._now = context.clock
         self._queue = queue
+        self._stale_tries = 1 if others is None else _STALE_TRIES  # only another replica's write makes one stale
         self._over_budget = over_budget  # refuses the call (or finishes the episode): it raises
         self._stale = stale  # finishes or fails the episode: it raises
 
@@ -57,16 +60,16 @@ class Recorder:
         *,
         stream: bool,
         trainable: bool,
-        held_for: str | None = None,  # shared mode: why the turn is out of the queue ("pause", "model")
+        held_for: str | None = None,  # why the turn is out of the queue ("pause", "model")
     ) -> Turn:
         """Write the call as its episode's next turn."""
         call = _Call(dialect, request, wire, stream, trainable, held_for)
         async with live.writing_turn:
-            for tries_left in range(_STALE_TRIES, 0, -1):
+            for tries_left in range(self._stale_tries, 0, -1):
                 try:
                     return await self._write(live, call)
                 except Stale:
-                    if not self._queue.retries_stale or tries_left == 1:
+                    if tries_left == 1:
                         raise
                     await self._episodes.refresh(live)
         raise AssertionError("unreachable")

@@ -2,7 +2,8 @@
 
 A pull leases there (no two trainers anywhere get the same turn) and waits for a notice that turns were parked; an
 answer is recorded there, if the turn is still open under the lease it names, and the replica holding the turn's
-agent hears of it and hands the reply over. `Replicas` keeps this replica in step with the others.
+agent hears of it and hands the reply over. `Replicas` keeps this replica in step with the others, and the broker tells
+them what it did through this queue, which is its `Others` too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ _LEASE_SLACK_S = 0.05  # a waiting pull looks again this long after a running le
 
 
 class SharedQueue:
-    retries_stale = True  # another replica may have recorded the episode's next turn first
+    """The `TurnQueue` replicas share, and the `Others` each replica tells what it did."""
+
+    answers: Answers
 
     def __init__(self, *, context: Context, database: SharedDatabase) -> None:
         self._context = context

@@ -39,6 +39,9 @@ pieces = PieceRow.__table__  # type: ignore[attr-defined]
 turns = TurnRow.__table__  # type: ignore[attr-defined]
 
 CHAIN = 32  # a turn's lists are written whole at least once in this many turns of its episode
+# A call this small is stored in its turn's row as it is (no `whole_seq`): pieces would save little and cost as much
+# again in hashing on the writer thread, which shares its core with serving (the turns benchmark's calls).
+INLINE_BELOW = 2048
 _KNOWN = 1 << 18  # hashes of pieces this process knows are stored (it skips writing them again)
 _HELD = 1 << 19  # hashes held for episodes' last turns, all episodes together
 _AT_ONCE = 500  # hashes or ranges in one SELECT (under SQLite's and Postgres's limits on parameters)
@@ -110,6 +113,9 @@ class TurnWrite:
     def ops(self) -> tuple[list[Op], list[Op]]:
         """The pieces not known to be stored (to write first), and the turn's row."""
         turn, contents = self._turn, self._contents
+        if len(turn.wire) < INLINE_BELOW:
+            inline = {"base_id": None, "whole_seq": None, "wire_parts": turn.wire}
+            return [], [(self._statement, [self._shape(turn_row(turn) | inline | {"request_parts": _json(turn)})])]
         if self._cut is None:
             self._cut = _cut(turn)
         wire, request, data = self._cut
@@ -134,6 +140,10 @@ class TurnWrite:
     def committed(self) -> None:
         if self._written is not None:
             self._contents.learn(*self._written)
+
+
+def _json(turn: Turn) -> bytes:
+    return orjson.dumps(turn.request)
 
 
 def _cut(turn: Turn) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
@@ -183,16 +193,23 @@ def _contents(conn: Connection, rows: Sequence[Any], wires: bool) -> tuple[list[
     for row in rows:
         if row.wire_parts is None:
             raise StorageError(f"turn {row.id} was not upgraded: restart trajproxy to finish the database's upgrade")
-        chains[row.id] = (row.base_id, row.wire_parts, row.request_parts)
-    _bases(conn, rows, chains)
+        if row.whole_seq is not None:
+            chains[row.id] = (row.base_id, row.wire_parts, row.request_parts)
+    pieced = [row for row in rows if row.whole_seq is not None]
+    _bases(conn, pieced, chains)
     lists: dict[str, tuple[list[bytes], list[bytes]]] = {}
-    for row in rows:
+    for row in pieced:
         _lists(row.id, chains, lists)
     values = _pieces(conn, chains, wires)
     decoded: dict[bytes, Any] = {}
     wire_bodies: list[bytes] = []
     requests: list[JsonObject] = []
     for row in rows:
+        if row.whole_seq is None:  # stored as it is
+            if wires:
+                wire_bodies.append(bytes(row.wire_parts))
+            requests.append(orjson.loads(row.request_parts))
+            continue
         wire, request = lists[row.id]
         for h in request:
             if h not in decoded:
@@ -217,9 +234,10 @@ def _bases(conn: Connection, rows: Sequence[Any], chains: dict[str, tuple[str | 
             and_(turns.c.episode_id == episode_id, turns.c.seq >= low, turns.c.seq < high)
             for episode_id, (low, high) in ranges[at : at + _AT_ONCE]
         ]
-        bases = select(turns.c.id, turns.c.base_id, turns.c.wire_parts, turns.c.request_parts).where(or_(*within))
+        bases = select(turns.c.id, turns.c.base_id, *CHAIN_COLUMNS[1:]).where(or_(*within))
         for base in conn.execute(bases):
-            chains.setdefault(base.id, (base.base_id, base.wire_parts, base.request_parts))
+            if base.whole_seq is not None:  # a turn stored as it is is no one's base
+                chains.setdefault(base.id, (base.base_id, base.wire_parts, base.request_parts))
 
 
 def _lists(turn_id: str, chains: dict[str, tuple[str | None, bytes, bytes]], lists: dict[str, Any]) -> None:

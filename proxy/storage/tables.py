@@ -75,6 +75,7 @@ class TurnRow(SQLModel, table=True):
     # The wire body and the request, as lists of piece hashes (`proxy.storage.pieces`), each written as a
     # difference from the lists of the episode's turn `base_id` (none: written whole); `whole_seq` is the seq of the
     # turn whose lists are whole that this one's chain of bases starts from, so a reader finds the chain in one range.
+    # A small call is stored as it is (`content.INLINE_BELOW`): no `whole_seq`, its body and request JSON in the two.
     base_id: str | None = None
     whole_seq: int | None = None
     wire_parts: bytes | None = Field(default=None, sa_column=Column(LargeBinary))  # NULL only before the upgrade
