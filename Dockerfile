@@ -4,6 +4,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY proxy proxy
 COPY sandbox sandbox
+COPY integrations integrations
 RUN pip install --no-cache-dir . && rm -rf /root/.cache
 ENV TRAJPROXY_HOST=0.0.0.0 \
     TRAJPROXY_SOCKET_PATH=/run/trajproxy/proxy.sock \

@@ -26,6 +26,8 @@ import sqlalchemy
 from fastapi import FastAPI, Request
 
 from proxy.client import TrainerClient, TrajproxyAPIError
+from proxy.storage.content import turns as turn_table
+from proxy.storage.content import turns_of
 from proxy.storage.sql import engine_url
 from tests.conftest import ROOT, LiveServer, serve_app
 from tests.test_cli import EXIT_S, clean_env, free_port, serving
@@ -111,16 +113,12 @@ def recorded(database_url: str) -> list[dict[str, Any]]:
     engine = sqlalchemy.create_engine(engine_url(database_url))
     try:
         with engine.connect() as conn:
-            rows = conn.execute(
-                sqlalchemy.text(
-                    "SELECT id, episode_id, seq, status, deliveries, reason, wire, reply FROM turn "
-                    "ORDER BY episode_id, seq"
-                )
-            ).all()
+            rows = conn.execute(sqlalchemy.select(turn_table).order_by(turn_table.c.episode_id, turn_table.c.seq)).all()
+            wires = [turn.wire for turn in turns_of(conn, rows)]  # each call's body, put together from its pieces
     finally:
         engine.dispose()
     turns = []
-    for row in rows:
+    for row, wire in zip(rows, wires, strict=True):
         reply = json.loads(row.reply) if isinstance(row.reply, str) else row.reply
         turns.append(
             {
@@ -130,7 +128,7 @@ def recorded(database_url: str) -> list[dict[str, Any]]:
                 "status": row.status,
                 "deliveries": row.deliveries,
                 "reason": row.reason,
-                "text": json.loads(bytes(row.wire))["messages"][-1]["content"],
+                "text": json.loads(wire)["messages"][-1]["content"],
                 "reply": reply["message"]["content"] if reply and reply.get("message") else None,
             }
         )

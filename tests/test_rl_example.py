@@ -27,6 +27,7 @@ def clean_clone(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "examples" / "rl", clone / "examples" / "rl")
     (clone / "tests").mkdir()
     shutil.copy(ROOT / "tests" / "vllm_server.py", clone / "tests")
+    shutil.copytree(ROOT / "integrations", clone / "integrations")  # the vLLM server and the weights' recipe
     return clone
 
 
