@@ -140,8 +140,8 @@ async def one_round(app: Trajproxy, keys: list[str]) -> int:
     """Every agent calls once; once all their turns are parked, the trainer pulls them (in one pull, unless one is
     late) and answers them in one batch. The pulls it took."""
     agents = [asyncio.ensure_future(call(app, "POST", "/v1/chat/completions", CHAT, key=key)) for key in keys]
-    # The same batch whatever the machine's speed, so that figures repeat: a look at the lot every 10 ms (it has no
-    # event to wait on; each look costs a few instructions, the same in every tree).
+    # The same batch whatever the machine's speed, so that figures repeat: a look at the open turns every 10 ms (it
+    # has no event to wait on; each look costs a few instructions, the same in every tree).
     while app.broker.ready_turns < len(keys):  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     turns: list[dict[str, Any]] = []

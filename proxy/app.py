@@ -21,10 +21,10 @@ from proxy.adapters.served_upstream import ServedUpstream
 from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
 from proxy.core.context import Context
-from proxy.core.keys import new_id
 from proxy.core.local_queue import LocalQueue
 from proxy.core.shared_queue import SharedQueue
 from proxy.core.upstreams import Upstreams
+from proxy.core.values import new_id
 from proxy.http.agent import AgentCalls, AgentHandler
 from proxy.http.docs import OPENAPI, ApiDocs, framework_router
 from proxy.http.edge import Shutdown, framework_errors, sandbox_health, sandbox_refusal

@@ -24,9 +24,8 @@ from proxy.client import TrainerClient
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import EpisodeClosed
-from proxy.core.keys import new_id
 from proxy.core.shared_queue import SharedQueue
-from proxy.core.values import EpisodeStatus, TurnStatus
+from proxy.core.values import EpisodeStatus, TurnStatus, new_id
 from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
 from tests.conftest import fresh_database

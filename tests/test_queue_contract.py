@@ -1,4 +1,4 @@
-"""The queue's contract: every `TurnQueue` (this process's lot over SQLite or Postgres, and the database replicas
+"""The queue's contract: every `TurnQueue` (this process's open turns over SQLite or Postgres, and the database replicas
 share) behaves the same to an agent and a trainer, driven in-process through the broker that owns it: a parked
 call is pulled under a lease, answered once, the agent hears the reply, the same reply again succeeds, a different
 one is refused, a reply under a lease that ran out is refused, a released turn comes back, a waiting pull wakes; a
@@ -21,12 +21,11 @@ from proxy.adapters.tiktoken_counter import TiktokenCounter
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import Conflict, EpisodeClosed, NotFound, TurnClosed
-from proxy.core.keys import new_id
 from proxy.core.local_queue import LocalQueue
-from proxy.core.parking import Slot
+from proxy.core.open_turns import OpenTurn
 from proxy.core.queue import Others, TurnQueue
 from proxy.core.shared_queue import SharedQueue
-from proxy.core.values import EpisodeStatus, Reply, TurnStatus
+from proxy.core.values import EpisodeStatus, Reply, TurnStatus, new_id
 from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
 from tests.conftest import fresh_database
@@ -82,7 +81,7 @@ async def call(broker: Broker, episode_id: str, content: str = "hello") -> async
     return (await park(broker, episode_id, content)).answer
 
 
-async def park(broker: Broker, episode_id: str, content: str = "hello", *, retry: bool = False) -> Slot:
+async def park(broker: Broker, episode_id: str, content: str = "hello", *, retry: bool = False) -> OpenTurn:
     """An agent's call (or, `retry`, its SDK's retry of it), parked."""
     request = {**REQUEST, "messages": [{"role": "user", "content": content}]}
     return await broker.park(episode_id, "chat", request, orjson.dumps(request), stream=False, retry=retry)
@@ -177,15 +176,15 @@ def test_a_closed_episodes_open_turns_fail_and_their_agents_hear_it(kind: tuple[
 def test_a_turn_whose_agent_hung_up_waits_out_of_the_queue_for_its_retry(kind: tuple[str, str]) -> None:
     async def body(broker: Broker) -> None:
         episode, _ = await broker.create_episode("task", {})
-        slot = await park(broker, episode.id)
-        with broker.attend(slot, episode):  # the agent's exchange, ended before any reply: it hung up
+        open_turn = await park(broker, episode.id)
+        with broker.attend(open_turn, episode):  # the agent's exchange, ended before any reply: it hung up
             pass
         await broker.drain()
         assert await broker.queue.pull(None, 4, 0.2, None) == []  # withdrawn, wherever a trainer pulls
         retried = await park(broker, episode.id, retry=True)  # its SDK's retry: the same body
-        assert retried.turn.id == slot.turn.id
+        assert retried.turn.id == open_turn.turn.id
         (pulled,) = await broker.queue.pull(None, 4, WAIT_S, None)
-        assert pulled.id == slot.turn.id
+        assert pulled.id == open_turn.turn.id
         await broker.answers.reply(pulled.id, ANSWER, pulled.lease_id)
         assert (await asyncio.wait_for(retried.answer, WAIT_S)).status is TurnStatus.ANSWERED
 

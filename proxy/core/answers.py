@@ -2,8 +2,8 @@
 
 The same reply to a turn again succeeds (a trainer retrying after a lost response); a different one is a
 conflict. A reply names the lease it answers, so one sent under a lease that has since expired, its turn
-handed out again, is refused. Where a reply is checked against its turn and recorded is the queue's `Book`: this
-process's parking lot and store, or the database replicas share; everything else about answering is here.
+handed out again, is refused. Where a reply is checked against its turn and recorded is the queue's `Replies`: this
+process's open turns and store, or the database replicas share; everything else about answering is here.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from proxy.core.context import Context
+from proxy.core.endings import UNRECORDED
 from proxy.core.errors import Conflict, NotFound, StorageError, TrajproxyError, TurnClosed, UpstreamError
-from proxy.core.ledger import UNRECORDED
-from proxy.core.parking import Slot
+from proxy.core.open_turns import OpenTurn
 from proxy.core.values import Answerer, Reply, Turn, TurnStatus, Usage
 
 Answer = tuple[str, Reply, str | None]  # turn id, reply, the lease it answers (None: whichever holds)
@@ -26,27 +26,28 @@ _COUNT_OFF_LOOP_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
-    """An answer's hold on its turn, open under the lease the answer names: the turn as it stands, to be answered."""
+class Target:
+    """What an answer answers: its turn as it stands, open under the lease the answer names."""
 
     turn: Turn
-    slot: Slot | None = None  # the turn's slot, where this process holds it
+    open_turn: OpenTurn | None = None  # the turn as this process has it open, if it does
     delivery: int | None = None  # the delivery its lease names, where the lease is not this process's own
 
 
-class Book(Protocol):
-    """Where replies meet their turns: each checked against the turn's lease, recorded once, or judged."""
+class Replies(Protocol):
+    """Where replies meet their turns: each checked against the turn's lease, recorded once, or checked as a repeat."""
 
-    async def claim(self, answers: Sequence[Answer]) -> list[Claim | TrajproxyError | None]:
-        """For each answer: its claim on an open turn, why it has none, or None (not open here: `judge` it)."""
+    async def targets(self, answers: Sequence[Answer]) -> list[Target | TrajproxyError | None]:
+        """For each answer: its target (the open turn it answers), why it has none, or None (not open here:
+        `check_repeat` it)."""
         ...
 
-    async def record(self, claims: Sequence[tuple[Claim, Reply]], now: float) -> list[Outcome | None]:
-        """Record each claim's reply (completed); for each, the turn answered, why it failed, or None if another
-        answer settled the turn first (`judge` it)."""
+    async def record(self, targets: Sequence[tuple[Target, Reply]], now: float) -> list[Outcome | None]:
+        """Record the reply to each target (completed); for each, the turn answered, why it failed, or None if another
+        answer settled the turn first (`check_repeat` it)."""
         ...
 
-    async def judge(self, turn_id: str, reply: Reply) -> Turn:
+    async def check_repeat(self, turn_id: str, reply: Reply) -> Turn:
         """An answer that found its turn not open under its lease: the same reply again succeeds, else why not."""
         ...
 
@@ -57,9 +58,9 @@ class Book(Protocol):
 
 
 class Answers:
-    def __init__(self, *, context: Context, book: Book) -> None:
+    def __init__(self, *, context: Context, replies: Replies) -> None:
         self._context = context
-        self._book = book
+        self._replies = replies
         self._policy_version: str | None = None
         self.versions: list[str] = []  # every policy version named, oldest first
 
@@ -83,19 +84,19 @@ class Answers:
 
     async def reply_all(self, answers: Sequence[Answer]) -> list[Outcome]:
         """Answer many turns, recording them in one write; each succeeds or fails alone."""
-        claims = await self._book.claim(answers)
-        outcomes: list[Outcome | None] = [claim if isinstance(claim, TrajproxyError) else None for claim in claims]
-        open_ = [(i, claim) for i, claim in enumerate(claims) if isinstance(claim, Claim)]
-        completed = await self._completed([(claim.turn, answers[i][1]) for i, claim in open_])
-        to_record = [(claim, reply) for (_, claim), reply in zip(open_, completed, strict=True)]
-        recorded = await self._book.record(to_record, self._context.clock())
+        targets = await self._replies.targets(answers)
+        outcomes: list[Outcome | None] = [target if isinstance(target, TrajproxyError) else None for target in targets]
+        open_ = [(i, target) for i, target in enumerate(targets) if isinstance(target, Target)]
+        completed = await self._completed([(target.turn, answers[i][1]) for i, target in open_])
+        to_record = [(target, reply) for (_, target), reply in zip(open_, completed, strict=True)]
+        recorded = await self._replies.record(to_record, self._context.clock())
         for (i, _), outcome in zip(open_, recorded, strict=True):
             outcomes[i] = outcome
         unsettled = [i for i, outcome in enumerate(outcomes) if outcome is None]
-        judged = await asyncio.gather(
-            *(self._book.judge(answers[i][0], answers[i][1]) for i in unsettled), return_exceptions=True
+        repeats = await asyncio.gather(
+            *(self._replies.check_repeat(answers[i][0], answers[i][1]) for i in unsettled), return_exceptions=True
         )
-        for i, verdict in zip(unsettled, judged, strict=True):
+        for i, verdict in zip(unsettled, repeats, strict=True):
             if isinstance(verdict, BaseException) and not isinstance(verdict, TrajproxyError):
                 raise verdict
             outcomes[i] = verdict
@@ -105,7 +106,7 @@ class Answers:
 
     async def forward(self, turn_id: str, answerer: Answerer, lease_id: str | None, lease_s: float | None) -> Turn:
         """Answer a turn from a model instead of the trainer; the turn stays leased while the model works."""
-        turn, lease_id, give_back = await self._book.forwarding(turn_id, lease_id)
+        turn, lease_id, give_back = await self._replies.forwarding(turn_id, lease_id)
         version = self.policy_version
         try:
             reply = await self._context.upstream.complete(answerer, turn.request, await self._parent(turn))
@@ -114,29 +115,32 @@ class Answers:
             raise
         return await self.reply(turn_id, _sent_under(reply, answerer, version), lease_id)
 
-    def by_model(self, slot: Slot, answerer: Answerer, since: float | None = None) -> None:
-        """Hold a turn out of the trainers' queue (since `since`, else now) while a model answers it."""
+    def by_model(self, open_turn: OpenTurn, answerer: Answerer, since: float | None = None) -> None:
+        """Reserve a turn (leased with no expiry, out of the trainers' queue, since `since`, else now) while a model
+        answers it."""
         context = self._context
-        context.lot.hold(slot, context.clock() if since is None else since)
-        context.ledger.submit(self._from_model(slot, answerer))
+        context.open_turns.reserve(open_turn, context.clock() if since is None else since)
+        context.endings.submit(self._from_model(open_turn, answerer))
 
-    async def _from_model(self, slot: Slot, answerer: Answerer) -> None:
-        """Answer a held turn from a model; if the model fails, the turn fails and its agent hears why."""
+    async def _from_model(self, open_turn: OpenTurn, answerer: Answerer) -> None:
+        """Answer a reserved turn from a model; if the model fails, the turn fails and its agent hears why."""
         version = self.policy_version
         try:
-            reply = await self._context.upstream.complete(answerer, slot.turn.request, await self._parent(slot.turn))
+            reply = await self._context.upstream.complete(
+                answerer, open_turn.turn.request, await self._parent(open_turn.turn)
+            )
         except UpstreamError as e:
-            self._context.ledger.end([slot], TurnStatus.FAILED, e.message, e)
+            self._context.endings.end([open_turn], TurnStatus.FAILED, e.message, e)
             return
-        await self.held(slot, _sent_under(reply, answerer, version))
+        await self.answer_reserved(open_turn, _sent_under(reply, answerer, version))
 
-    async def held(self, slot: Slot, reply: Reply) -> None:
-        """Answer a turn held out of the queue (a model's reply, a fork's replay); if the reply cannot be recorded,
+    async def answer_reserved(self, open_turn: OpenTurn, reply: Reply) -> None:
+        """Answer a turn reserved out of the queue (a model's reply, a fork's replay); if the reply cannot be recorded,
         the turn fails and its agent hears why."""
         try:
-            await self.reply(slot.turn.id, reply, slot.turn.lease_id)
+            await self.reply(open_turn.turn.id, reply, open_turn.turn.lease_id)
         except StorageError as e:  # where the turn is still open here (the database replicas share refused it)
-            self._context.ledger.end([slot], TurnStatus.FAILED, UNRECORDED, e)
+            self._context.endings.end([open_turn], TurnStatus.FAILED, UNRECORDED, e)
         except TurnClosed:
             pass  # the turn ended first (its agent left, or the episode finished)
 
@@ -156,7 +160,7 @@ class Answers:
         if turn.parent_id is None:
             return None
         try:
-            return await self._context.ledger.turn(turn.parent_id)
+            return await self._context.endings.turn(turn.parent_id)
         except NotFound:
             return None
 

@@ -1,6 +1,6 @@
 """The queue: where open turns wait for trainers, how they are leased and answered.
 
-One interface, two implementations, chosen once when the app is built: `LocalQueue` (this process's parking lot is
+One interface, two implementations, chosen once when the app is built: `LocalQueue` (this process's open turns is
 the queue; one process per database) and `SharedQueue` (replicas share one Postgres database, and the queue is
 the database's). `TurnQueue` is what every queue does; the broker never asks which one it has.
 
@@ -16,8 +16,7 @@ from typing import Protocol
 
 from proxy.core.answers import Answers
 from proxy.core.episodes import LiveEpisode
-from proxy.core.parking import Slot
-from proxy.core.pause import Pause
+from proxy.core.open_turns import OpenTurn, Pause
 from proxy.core.values import Turn
 
 
@@ -38,7 +37,7 @@ class TurnQueue(Protocol):
         """Record a new turn; pullable unless `held_for` says why not ("pause", "model")."""
         ...
 
-    async def retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+    async def retried(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
         """The turn an SDK retry (this exact body) belongs to, open or answered, wherever its first attempt landed."""
         ...
 
@@ -64,11 +63,11 @@ class Others(Protocol):
         """Leave: what this replica holds goes to the others."""
         ...
 
-    def parked(self, slot: Slot) -> None:
+    def parked(self, open_turn: OpenTurn) -> None:
         """A call's turn is parked here (a trainer elsewhere may have answered it already)."""
         ...
 
-    def away(self, slot: Slot) -> None:
+    def away(self, open_turn: OpenTurn) -> None:
         """An agent's exchange on the turn ended: if that left the turn withdrawn (its agent hung up, unanswered),
         it stays out of every replica's queue until its SDK's retry comes back for it."""
         ...

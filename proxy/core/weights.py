@@ -4,7 +4,7 @@ drain, then resume naming the new policy version that every reply recorded after
 from __future__ import annotations
 
 from proxy.core.answers import Answers
-from proxy.core.pause import Pause
+from proxy.core.open_turns import Pause
 from proxy.core.queue import Others
 
 

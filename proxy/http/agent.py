@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.core.broker import Broker
 from proxy.core.errors import NotFound, TrajproxyError
-from proxy.core.parking import Slot
+from proxy.core.open_turns import OpenTurn
 from proxy.core.values import Episode, JsonObject, Turn
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
@@ -64,19 +64,19 @@ Failure = tuple[int, str, str, list[tuple[bytes, bytes]]]
 
 class ParkedReply:
     def __init__(
-        self, broker: Broker, dialect: Dialect, call: Call, slot: Slot, episode: Episode, keepalive_s: float
+        self, broker: Broker, dialect: Dialect, call: Call, open_turn: OpenTurn, episode: Episode, keepalive_s: float
     ) -> None:
         self._broker = broker
         self._dialect = dialect
         self._call = call
-        self._slot = slot
+        self._open_turn = open_turn
         self._episode = episode
         self._keepalive_s = keepalive_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(disconnected(receive))
         try:
-            with self._broker.attend(self._slot, self._episode):
+            with self._broker.attend(self._open_turn, self._episode):
                 if self._call.stream:
                     await self._stream(send, gone)
                 else:
@@ -85,7 +85,7 @@ class ParkedReply:
             gone.cancel()
 
     async def _plain(self, send: Send, gone: asyncio.Future[None]) -> None:
-        answer = self._slot.answer
+        answer = self._open_turn.answer
         await _either(answer, gone)
         if not answer.done():
             return
@@ -96,7 +96,7 @@ class ParkedReply:
         self._handed_over(answer)
 
     async def _stream(self, send: Send, gone: asyncio.Future[None]) -> None:
-        answer = self._slot.answer
+        answer = self._open_turn.answer
         started = False
         while not answer.done():
             await asyncio.wait((answer, gone), timeout=self._keepalive_s, return_when=asyncio.FIRST_COMPLETED)
@@ -186,11 +186,13 @@ class AgentCall:
             if self._continued is not None:
                 parsed = await self._continued(episode, body, parsed)
             retry = headers.get(b"x-stainless-retry-count", b"0") not in (b"", b"0")
-            slot = await broker.park(episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry)
+            open_turn = await broker.park(
+                episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry
+            )
         except TrajproxyError as e:
             await refuse(send, dialect, e)
             return
-        await ParkedReply(broker, dialect, parsed, slot, episode, settings.keepalive_s)(scope, receive, send)
+        await ParkedReply(broker, dialect, parsed, open_turn, episode, settings.keepalive_s)(scope, receive, send)
 
 
 class Count:

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorized
-from proxy.core.keys import same_secret
+from proxy.core.values import same_secret
 from proxy.dialects.dialect import Dialect
 from proxy.http.edge import (
     JSON,

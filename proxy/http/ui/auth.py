@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.core.errors import Forbidden
-from proxy.core.keys import same_secret
+from proxy.core.values import same_secret
 from proxy.http.edge import from_sandbox, parse_bearer
 
 COOKIE = "trajproxy_ui"
