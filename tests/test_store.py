@@ -26,8 +26,8 @@ from proxy.core.values import (
     new_id,
     new_key,
 )
+from proxy.storage.content import TURN_STATE, turn_state
 from proxy.storage.sql import SqlStore
-from proxy.storage.tables import TURN_STATE, turn_state
 
 T0 = 1_700_000_000.123456
 WAIT_S = 10  # bound on any one write: a writer that died would otherwise hang the test
