@@ -19,9 +19,9 @@ from proxy.adapters.litellm_upstream import LitellmUpstream
 from proxy.adapters.prometheus_metrics import PrometheusMetrics
 from proxy.adapters.served_upstream import ServedUpstream
 from proxy.adapters.tiktoken_counter import TiktokenCounter
+from proxy.core.answers import LocalQueue
 from proxy.core.broker import Broker
 from proxy.core.context import Context
-from proxy.core.local_queue import LocalQueue
 from proxy.core.shared_queue import SharedQueue
 from proxy.core.upstreams import Upstreams
 from proxy.core.values import new_id

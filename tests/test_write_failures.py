@@ -13,10 +13,10 @@ import pytest
 
 from proxy.adapters.litellm_upstream import LitellmUpstream
 from proxy.adapters.tiktoken_counter import TiktokenCounter
+from proxy.core.answers import LocalQueue
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import EpisodeClosed, StorageError
-from proxy.core.local_queue import LocalQueue
 from proxy.core.open_turns import OpenTurn
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, Usage
 from proxy.storage.sql import SqlStore
