@@ -5,7 +5,7 @@ committed before its agent receives it; what the broker holds in memory about an
 branches, its status) changes only once the store has accepted the change. Every end of an open turn (answer,
 failure, timeout, agent gone, episode finished) goes through `Endings.settle`: out of the open turns exactly
 once, recorded, then its agent and the observers told, even when the record fails. Where open turns are leased
-and answered is the queue's business (`TurnQueue`: this process's open_turns, or the database replicas share); the
+and answered is the queue's business (`TurnQueue`: this process's open turns, or the database replicas share); the
 broker never asks which queue it has. Where replicas share the database it is given `Others` too, and tells them
 what they must hear (a turn parked here, its agent gone, an episode closed); with none, there is nobody to tell.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from proxy.core.answers import Answers
 from proxy.core.context import Context
-from proxy.core.endings import Deadlines, failure
+from proxy.core.endings import Attendance, failure
 from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Stale, Unauthorized
 from proxy.core.forks import Forks
@@ -268,7 +268,8 @@ class Broker:
         the exchange ends (reply, error, timeout, hang-up, the server stopping), leaving lets go of the turn: if it
         was the turn's last exchange and the turn is unanswered, the turn leaves the queue and waits the retry grace
         for its SDK's retry, then is recorded abandoned (see `Deadlines`)."""
-        return Attendance(open_turn, episode, self._context.deadlines, self._others)
+        away = self._others.away if self._others is not None else None
+        return Attendance(open_turn, episode, self._context.deadlines, away)
 
     def handed_over(self, turn: Turn) -> None:
         """An answered turn's reply was handed over to its agent's connection."""
@@ -300,27 +301,6 @@ class Broker:
         await self.drain()
         turns, rewards = await asyncio.gather(self._store.turns(episode_id), self._store.rewards(episode_id))
         return episode, turns, rewards
-
-
-class Attendance:
-    """An agent's exchange held on its parked turn (`Broker.attend`), as a plain context manager: it is entered
-    once per turn, where a generator's would cost several calls more."""
-
-    __slots__ = ("_deadlines", "_episode", "_expiry", "_open_turn", "_others")
-    _expiry: asyncio.TimerHandle  # the turn timeout, from entering
-
-    def __init__(self, open_turn: OpenTurn, episode: Episode, deadlines: Deadlines, others: Others | None) -> None:
-        self._open_turn, self._episode, self._deadlines, self._others = open_turn, episode, deadlines, others
-
-    def __enter__(self) -> asyncio.Future[Turn]:
-        self._expiry = self._deadlines.expire_later(self._open_turn, self._episode)
-        return self._open_turn.answer
-
-    def __exit__(self, *_exc: object) -> None:
-        self._expiry.cancel()
-        self._deadlines.leave(self._open_turn)
-        if self._others is not None:
-            self._others.away(self._open_turn)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
 """How open turns end: each exactly once, whatever ends it (`Endings.settle`), the turns ended lately kept at hand,
-the writes nobody waits on; and the deadlines that end a turn nobody answers or nobody comes back for.
+the writes nobody waits on; and the deadlines that end a turn nobody answers or nobody comes back for, which
+an agent's exchange on its turn starts and leaves (`Attendance`).
 
 A turn whose agent hung up leaves the queue at once and waits the retry grace for its SDK's retry (the same
 body) to come back for it; one taken back after a restart waits the restart grace, longer, since its agent's
@@ -246,3 +247,27 @@ class Deadlines:
 
     def _abandon(self, open_turn: OpenTurn, why: str) -> None:
         self._endings.end([open_turn], TurnStatus.ABANDONED, why)
+
+
+class Attendance:
+    """An agent's exchange held on its parked turn (`Broker.attend`), as a plain context manager: it is entered
+    once per turn, where a generator's would cost several calls more."""
+
+    __slots__ = ("_away", "_deadlines", "_episode", "_expiry", "_open_turn")
+    _expiry: asyncio.TimerHandle  # the turn timeout, from entering
+
+    def __init__(
+        self, open_turn: OpenTurn, episode: Episode, deadlines: Deadlines, away: Callable[[OpenTurn], None] | None
+    ) -> None:
+        self._open_turn, self._episode, self._deadlines = open_turn, episode, deadlines
+        self._away = away  # the other replicas told the agent's exchange ended (`Others.away`), where there are any
+
+    def __enter__(self) -> asyncio.Future[Turn]:
+        self._expiry = self._deadlines.expire_later(self._open_turn, self._episode)
+        return self._open_turn.answer
+
+    def __exit__(self, *_exc: object) -> None:
+        self._expiry.cancel()
+        self._deadlines.leave(self._open_turn)
+        if self._away is not None:
+            self._away(self._open_turn)
