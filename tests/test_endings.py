@@ -1,4 +1,4 @@
-"""The endings keeps the turns settled lately at hand, bounded by their number and by what they hold: a coding agent's
+"""`Endings` keeps the turns settled lately at hand, bounded by their number and by what they hold: a coding agent's
 call can be a megabyte, a fuzzer's 16 MiB, and 4,096 of them (or 64) held gigabytes. A turn whose write is still on
 its way stays at hand whatever its size, so its latest state is never read stale from the store."""
 
