@@ -157,12 +157,13 @@ def test_every_dialect_is_answered_by_the_served_policy_with_the_ids_it_sampled(
     (turn,) = trainer.trajectory(episode.id).turns
     reply = turn.reply
     assert reply is not None and reply.answered_by == f"vllm:{vllm.served_name}"
-    assert reply.prompt_token_ids == template_ids(vllm, turn.request)
     assert reply.completion_token_ids and reply.logprobs is not None
+    # the template's ids for the request and the text of the sampled ids, asked of the tokenizer at once
+    said = ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids, **template_question(turn.request))
+    assert reply.prompt_token_ids is not None and reply.prompt_token_ids == said["ids"]
     assert len(reply.logprobs) == len(reply.completion_token_ids)
     assert all(logprob <= 0 for logprob in reply.logprobs)
-    text = ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids)["text"]
-    assert '{"name": "bash", "arguments": {"command": "ls"}}' in text
+    assert '{"name": "bash", "arguments": {"command": "ls"}}' in said["text"]
     assert reply.usage is not None
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (
         len(reply.prompt_token_ids),
