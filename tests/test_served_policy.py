@@ -128,13 +128,19 @@ def exported(server: LiveServer, shape: str = "tokens") -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in out.getvalue().splitlines()]
 
 
-def template_ids(vllm: Any, request: dict[str, Any]) -> list[int]:
-    """The ids the model's chat template gives the request trajproxy sent (text parts joined, as vLLM does)."""
+def template_question(request: dict[str, Any]) -> dict[str, Any]:
+    """What to ask the tokenizer for the ids its chat template gives the request trajproxy sent (text parts joined,
+    as vLLM does)."""
     flat = [
         {**m, "content": "\n".join(p["text"] for p in m["content"])} if isinstance(m.get("content"), list) else m
         for m in request["messages"]
     ]
-    ids: list[int] = ask(vllm.python, vllm.model_dir, messages=flat, tools=request.get("tools"))["ids"]
+    return {"messages": flat, "tools": request.get("tools")}
+
+
+def template_ids(vllm: Any, request: dict[str, Any]) -> list[int]:
+    """The ids the model's chat template gives the request trajproxy sent."""
+    ids: list[int] = ask(vllm.python, vllm.model_dir, **template_question(request))["ids"]
     return ids
 
 
@@ -151,12 +157,13 @@ def test_every_dialect_is_answered_by_the_served_policy_with_the_ids_it_sampled(
     (turn,) = trainer.trajectory(episode.id).turns
     reply = turn.reply
     assert reply is not None and reply.answered_by == f"vllm:{vllm.served_name}"
-    assert reply.prompt_token_ids == template_ids(vllm, turn.request)
     assert reply.completion_token_ids and reply.logprobs is not None
+    # the template's ids for the request and the text of the sampled ids, asked of the tokenizer at once
+    said = ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids, **template_question(turn.request))
+    assert reply.prompt_token_ids is not None and reply.prompt_token_ids == said["ids"]
     assert len(reply.logprobs) == len(reply.completion_token_ids)
     assert all(logprob <= 0 for logprob in reply.logprobs)
-    text = ask(vllm.python, vllm.model_dir, decode=reply.completion_token_ids)["text"]
-    assert '{"name": "bash", "arguments": {"command": "ls"}}' in text
+    assert '{"name": "bash", "arguments": {"command": "ls"}}' in said["text"]
     assert reply.usage is not None
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (
         len(reply.prompt_token_ids),
@@ -181,12 +188,15 @@ def test_a_plain_reply_decodes_to_its_ids_and_the_export_trains_on_sampled_ids_a
         trainer.finish(episode.id)
 
         turns = trainer.trajectory(episode.id).turns
-        for turn, before in zip(turns, [None, *turns], strict=False):
+        # the tokenizer's text of each turn's sampled ids and its template's ids for each request, asked at once
+        questions = [{"decode": sampled(turn.reply)[1], **template_question(turn.request)} for turn in turns]
+        answers = ask(vllm.python, vllm.model_dir, batch=questions)["batch"]
+        for turn, before, said in zip(turns, [None, *turns], answers, strict=False):
             reply = turn.reply
-            prompt, completion = sampled(reply)
+            prompt = sampled(reply)[0]
             assert reply is not None and reply.message is not None
-            assert ask(vllm.python, vllm.model_dir, decode=completion)["text"] == reply.message["content"]
-            assert prompt == template_ids(vllm, turn.request)
+            assert said["text"] == reply.message["content"]
+            assert prompt == said["ids"]
             if before is None:
                 assert reply.extends_parent is None
                 continue
