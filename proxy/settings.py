@@ -92,7 +92,8 @@ class Settings(BaseSettings):
 
 def key_values(items: list[str], flag: str) -> dict[str, Any]:
     """`key=value` pairs from a repeated flag; a value that reads as JSON (a number, true, null, a list, a string in
-    quotes) is taken so, any other as text. ValueError names the flag and the pair that is not one."""
+    quotes) is taken so, any other as text, but one that starts as JSON must be JSON. ValueError names the flag and
+    the pair that is not one."""
     pairs: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -100,6 +101,8 @@ def key_values(items: list[str], flag: str) -> dict[str, Any]:
             raise ValueError(f"{flag} {item!r}: expected key=value")
         try:
             pairs[key] = json.loads(raw)
-        except ValueError:
+        except ValueError as e:
+            if raw.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON, and not: taken as text, it would fail far away
+                raise ValueError(f"{flag} {key}: not valid JSON ({e})") from None
             pairs[key] = raw
     return pairs

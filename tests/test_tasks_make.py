@@ -282,20 +282,26 @@ NETCALC = {
 CLI_TEST = "tests/test_cli.py::test_the_command_line_adds"
 
 
+# The project's name, which names its images: one of this run's own, as the engine may hold another run's at once
+NETCALC_NAME = f"netcalc{secrets.token_hex(4)}"
+
+
 @pytest.fixture(scope="module")
 def hostile_tasks(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[str]]]:
     """Tasks made from a project whose setup.py connects to a service on the host when it can, and records whether."""
     with listening(engine) as (gateway, port, heard):
-        source = _project(tmp_path_factory.mktemp("netcalc") / "netcalc", NETCALC)
+        source = _project(tmp_path_factory.mktemp("netcalc") / NETCALC_NAME, NETCALC)
         setup = reach(gateway, port, "setup.py", "network.txt")
-        declared = 'from setuptools import setup\n\nsetup(name="netcalc", version="1.0", py_modules=["netcalc"])\n'
+        declared = (
+            f'from setuptools import setup\n\nsetup(name="{NETCALC_NAME}", version="1.0", py_modules=["netcalc"])\n'
+        )
         (source / "setup.py").write_text(f"{setup}\n{declared}")
         out = source.parent / "tasks"
         done = make(source, out, "--max", "1", "--seed", "3")
         assert done.returncode == 0, done.stdout + done.stderr
         yield out, heard
     for tag in {tag for image in engine.images.list() for tag in image.tags}:
-        if tag.startswith("trajproxy-task/netcalc-"):  # its base image and its tasks'
+        if tag.startswith(f"trajproxy-task/{NETCALC_NAME}-"):  # its base image and its tasks'
             engine.images.remove(tag, force=True)
 
 
@@ -304,7 +310,7 @@ def test_a_projects_own_setup_py_runs_with_no_network_while_its_image_builds(
 ) -> None:
     out, heard = hostile_tasks
     assert heard == []  # nothing of the project's reached the host
-    [base] = engine.images.list(name="trajproxy-task/netcalc-base")
+    [base] = engine.images.list(name=f"trajproxy-task/{NETCALC_NAME}-base")
     recorded = engine.containers.run(base.id, ["cat", "/app/network.txt"], remove=True).decode()
     assert recorded.startswith("blocked"), recorded  # its setup.py did run, and found no network
     summary = json.loads((out / "summary.json").read_text())

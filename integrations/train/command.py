@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import signal
 import sys
@@ -28,6 +27,7 @@ from integrations.train.report import Step, Summary, plot, step_line
 from integrations.train.vllm import SERVER_FLAGS, reload_weights, vllm_server
 from integrations.train.weights import save_weights, served_copy, served_logprobs, trainer_logprobs
 from integrations.trl import TrlRollouts, graded_reward
+from proxy.settings import key_values
 
 SERVED_NAME = "policy"
 # On a GPU, vLLM shares it with the trainer: a third of its memory for the engine
@@ -218,18 +218,10 @@ def _largest(served: Sequence[float | None], other: Sequence[float | None], star
 
 
 def _sampling(given: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {"temperature": 1.0}
-    for item in given:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise Refused(f"--sampling {item}: KEY=VALUE is expected")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError as e:
-            if value.lstrip()[:1] in ("{", "[", '"'):
-                raise Refused(f"--sampling {key}: not valid JSON ({e})") from None
-            options[key] = value  # a plain word: a string
-    return options
+    try:
+        return {"temperature": 1.0, **key_values(given, "--sampling")}
+    except ValueError as e:
+        raise Refused(str(e)) from None
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:
