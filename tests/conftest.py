@@ -29,7 +29,7 @@ from proxy.servers.front import Front, front
 from proxy.servers.limits import Limits
 from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from proxy.trainer_token import kept_token
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.tasks.read import read_tasks

@@ -43,6 +43,7 @@ from proxy.core.errors import StorageError
 from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
 from proxy.storage.content import Contents, turns_of
 from proxy.storage.database_lock import DatabaseLock
+from proxy.storage.engines import engine_url, tune_sqlite
 from proxy.storage.tables import (
     TURN_SETTLED,
     TURN_STATE,
@@ -100,14 +101,6 @@ _SAVE_EPISODE_SHARED = (
     .where(episodes.c.id == bindparam("s_id"), episodes.c.status.not_in(_CLOSED))
     .values({column.name: bindparam(f"s_{column.name}") for column in episodes.columns if column.name != "id"})
 )
-
-
-def engine_url(url: str) -> str:
-    """Accept plain `postgresql://` URLs and route them to the psycopg 3 driver."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 def _episode_return() -> Any:
@@ -338,7 +331,7 @@ class SqlStore:
                 connect_args={"check_same_thread": False, "timeout": 30} if sqlite else {},
             )
             if sqlite:
-                event.listen(engine, "connect", _tune_sqlite)
+                event.listen(engine, "connect", tune_sqlite)
             with engine.begin() as conn:  # the schema, made by one process at a time (replicas start at once)
                 if not sqlite:
                     conn.execute(_SCHEMA_LOCK)
@@ -382,15 +375,6 @@ class SqlStore:
 
 # A fork's parent episode (metadata's fork.parent) as SQL text, spelled the same in the index and the query.
 _FORK_PARENT = {"sqlite": "metadata ->> '$.fork.parent'", "postgresql": "metadata -> 'fork' ->> 'parent'"}
-
-
-def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
 
 
 def _as_is(row: dict[str, Any]) -> dict[str, Any]:
