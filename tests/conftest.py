@@ -317,7 +317,7 @@ def output_of(engine: Any, image: str, command: list[str], **options: Any) -> st
     container = engine.containers.run(image, command, detach=True, **options)
     try:
         status = container.wait(timeout=300)["StatusCode"]
-        out = container.logs(stdout=True, stderr=True).decode()
+        out: str = container.logs(stdout=True, stderr=True).decode()
         assert status == 0, f"{command} exited {status}: {out}"
         return out
     finally:
