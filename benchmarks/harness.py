@@ -24,7 +24,7 @@ import httpx
 import sqlalchemy
 from sqlalchemy.engine import make_url
 
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 
 HOST = "127.0.0.1"
 SERVER_CORE, LOAD_CORE = 0, 1 if (os.cpu_count() or 1) > 1 else 0

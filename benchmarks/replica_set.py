@@ -28,7 +28,7 @@ from harness import HOST, cpu_seconds, start_server
 from soak_ledger import Complaints
 from sqlalchemy.engine import make_url
 
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 
 DEFAULTS_CFG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "defaults.cfg"
 SHARED = "--shared"  # the queue in Postgres, shared by the replicas: every replica's flag

@@ -33,13 +33,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
-import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,9 +45,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/vllm_server.py
-from harness import HOST, exit_on_sigterm, fresh_database, percentile, start_server
+from harness import exit_on_sigterm, percentile
+from measured_server import Server, trajproxy
 
-from tests.vllm_server import build_tiny_model, copy_model, free_port, vllm_python, vllm_server
+from tests.vllm_server import build_tiny_model, copy_model, vllm_python, vllm_server
 
 MODES = ("chat", "tokens")
 MESSAGES = [
@@ -101,27 +99,6 @@ class Conversation:
     messages: list[dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class Server:
-    """A trajproxy being measured: where it answers, and its process (None when py-spy runs it)."""
-
-    url: str
-    pid: int | None
-
-    def cpu_ns(self) -> tuple[int, int]:
-        """The CPU time its main thread and its other threads (the database writer's) have used so far (0 if its
-        process is not known)."""
-        if self.pid is None:
-            return 0, 0
-        used = {task.name: int((task / "schedstat").read_text().split()[0]) for task in self.threads.iterdir()}
-        main = used.pop(str(self.pid))
-        return main, sum(used.values())
-
-    @property
-    def threads(self) -> Path:
-        return Path(f"/proc/{self.pid}/task")
-
-
 @dataclass
 class Kind:
     """One kind of call (vLLM directly, or a trajproxy) in one mode, and what it measured."""
@@ -158,37 +135,6 @@ def bench(
                 calls, warmup = rounds[shape.name]
                 rows += measure(client, vllm.base_url, vllm.served_name, proxies, modes, shape, calls, warmup)
         return rows
-
-
-@contextlib.contextmanager
-def trajproxy(database_url: str | None, tree: Path | None, profile: str | None) -> Iterator[Server]:
-    """`trajproxy serve` on a fresh database, from this checkout or (`tree`) another one."""
-    with fresh_database(database_url) as url:
-        port = free_port()
-        with pythonpath(tree):
-            server = start_server(port, url, profile, pinned=False)
-        try:
-            yield Server(f"http://{HOST}:{port}", None if profile else server.pid)
-        finally:
-            server.send_signal(signal.SIGINT)  # py-spy, where it records, writes its profile and stops the server
-            server.wait()
-
-
-@contextlib.contextmanager
-def pythonpath(tree: Path | None) -> Iterator[None]:
-    """The servers started inside import trajproxy from `tree`, if given (the packages stay this venv's)."""
-    if tree is None:
-        yield
-        return
-    was = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(tree.resolve())
-    try:
-        yield
-    finally:
-        if was is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = was
 
 
 def measure(

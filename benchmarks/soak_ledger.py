@@ -12,7 +12,8 @@ import orjson
 import sqlalchemy
 
 from proxy.storage.content import turns_of
-from proxy.storage.sql import engine_url, turns
+from proxy.storage.engines import engine_url
+from proxy.storage.sql import turns
 
 
 @dataclass(slots=True)

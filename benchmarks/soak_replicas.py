@@ -42,7 +42,7 @@ from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, 
 from soak_ledger import Call, Row, account, recorded
 
 from proxy.storage.content import wire_bodies
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 
 REPLICAS = 3
 FAILED_OVER = (502, 503)  # the balancer's: the replica died under the call, or none was up for a moment

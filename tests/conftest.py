@@ -29,7 +29,7 @@ from proxy.servers.front import Front, front
 from proxy.servers.limits import Limits
 from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from proxy.trainer_token import kept_token
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.tasks.read import read_tasks
@@ -308,6 +308,20 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
 # Docker: sandboxes on a real engine.
 
 SANDBOX_IMAGE = "python:3.11-slim"
+
+
+def output_of(engine: Any, image: str, command: list[str], **options: Any) -> str:
+    """What `command` prints in a new container of `image`, read once it has exited: docker-py's `containers.run`
+    follows the log stream as the container starts, and under load the engine can end that stream before a
+    short-lived container's output reaches it (an empty result for a command that printed)."""
+    container = engine.containers.run(image, command, detach=True, **options)
+    try:
+        status = container.wait(timeout=300)["StatusCode"]
+        out: str = container.logs(stdout=True, stderr=True).decode()
+        assert status == 0, f"{command} exited {status}: {out}"
+        return out
+    finally:
+        container.remove(force=True)
 
 
 @pytest.fixture(scope="session")

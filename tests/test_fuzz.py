@@ -40,7 +40,7 @@ from schemathesis.specs.openapi.checks import (
 from proxy import schema
 from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.http.edge import MAX_JSON_DEPTH
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 
 REQUEST_TIMEOUT_S = 30.0  # far beyond any honest answer: a request still open then is a hang
 LONG_POLL_S = 0.2  # what generated `wait` values are cut down to, so long polls return promptly

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from tests.conftest import EXAMPLE, POSTGRES_URL, fresh_schema
 from tests.test_launch import RUN, ended, started, wait_for
 

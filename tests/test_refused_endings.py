@@ -18,7 +18,7 @@ import sqlalchemy
 from proxy.core.broker import Broker
 from proxy.core.errors import Conflict, EpisodeClosed, StorageError, TurnTimeout, UpstreamError
 from proxy.core.values import Answerer, EpisodeStatus, Reply, TurnStatus
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from tests.conftest import FakeModel, fresh_database
 from tests.test_queue_contract import ANSWER, WAIT_S, broker_over, call
 

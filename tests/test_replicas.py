@@ -26,7 +26,7 @@ import sqlalchemy
 from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.client import TrainerClient
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from tests.conftest import POSTGRES_URL, fresh_schema
 from tests.test_cli import clean_env, free_port, trajproxy_script
 

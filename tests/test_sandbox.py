@@ -22,7 +22,7 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.identity import RunIdentity
 from sandbox.backends.images import MANAGED
 from sandbox.backends.interface import Limits, SandboxError, SandboxSpec
-from tests.conftest import mine
+from tests.conftest import mine, output_of
 
 IMAGE = "python:3.11-slim"
 TEST_LABEL = "trajproxy.test"  # the conftest `sandboxes` fixture's label for the test's own containers
@@ -141,10 +141,10 @@ def test_the_sandbox_reaches_nothing_but_the_proxy(
     gateway, port = host_listener
     probe = f"python3 -c '{CONNECT}'"
     # Control: an ordinary container on Docker's bridge does reach the host service.
-    ordinary = engine.containers.run(
-        IMAGE, ["sh", "-c", f"{probe} {gateway} {port}"], remove=True, labels=sandboxes.labels
+    ordinary = output_of(
+        engine, IMAGE, ["sh", "-c", f"{probe} {gateway} {port}"], labels=sandboxes.labels
     )  # labelled as the test's own, so that the fixture removes it if the test stops early
-    assert ordinary.decode().startswith("connected")
+    assert ordinary.startswith("connected"), ordinary
 
     async def scenario() -> None:
         box = await sandboxes.start(SandboxSpec(IMAGE))

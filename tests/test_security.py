@@ -90,7 +90,7 @@ from proxy.core.broker import Broker
 from proxy.core.values import new_key, same_secret
 from proxy.http.edge import MAX_JSON_DEPTH
 from proxy.http.routes import Router
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.interface import Limits, SandboxSpec
 from tests.test_cli import START_S, Served, clean_env, free_port, run_cli, serving

@@ -14,7 +14,7 @@ import sqlalchemy
 from sqlalchemy import Engine, event, text
 
 from proxy.core.errors import Stale
-from proxy.storage.sql import engine_url
+from proxy.storage.engines import engine_url
 from proxy.storage.writer import Writer
 from tests.conftest import POSTGRES_URL, fresh_schema
 

@@ -22,7 +22,8 @@ from sqlmodel import SQLModel
 
 from proxy.core.values import Turn
 from proxy.storage import upgrade
-from proxy.storage.sql import SqlStore, engine_url
+from proxy.storage.engines import engine_url
+from proxy.storage.sql import SqlStore
 from proxy.storage.tables import add_missing_columns
 from tests.test_storage_pieces import PARSERS, conversation
 

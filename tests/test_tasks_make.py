@@ -39,6 +39,7 @@ from sandbox.tasks.taskmaker.environment import dockerfile
 from sandbox.tasks.taskmaker.mutate import KINDS, interleaved, mutations
 from sandbox.tasks.taskmaker.project import detect
 from sandbox.tasks.taskmaker.write import solution_script
+from tests.conftest import output_of
 from tests.test_cli import clean_env
 
 SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
@@ -211,8 +212,8 @@ def test_run_steps_marked_network_none_reach_nothing_on_this_engines_builder(
     tag = f"trajproxy-test/network-steps:{secrets.token_hex(4)}"
     try:
         assert build_image(engine, tmp_path, tag, 300) is True
-        found = engine.containers.run(tag, ["sh", "-c", 'for f in /*.txt; do cat "$f"; echo; done'], remove=True)
-        records = found.decode().splitlines()
+        found = output_of(engine, tag, ["sh", "-c", 'for f in /*.txt; do cat "$f"; echo; done'])
+        records = found.splitlines()
         assert records[:2] == ["connected", "connected"], records  # after.txt, first.txt
         assert records[2].startswith("blocked"), records  # offline.txt
         assert sorted(heard) == ["after", "first"]
@@ -311,7 +312,7 @@ def test_a_projects_own_setup_py_runs_with_no_network_while_its_image_builds(
     out, heard = hostile_tasks
     assert heard == []  # nothing of the project's reached the host
     [base] = engine.images.list(name=f"trajproxy-task/{NETCALC_NAME}-base")
-    recorded = engine.containers.run(base.id, ["cat", "/app/network.txt"], remove=True).decode()
+    recorded = output_of(engine, base.id, ["cat", "/app/network.txt"])
     assert recorded.startswith("blocked"), recorded  # its setup.py did run, and found no network
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["tasks"]) == 1 and summary["validation"]["oracle"] == {summary["tasks"][0]["id"]: 1.0}

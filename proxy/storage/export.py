@@ -46,8 +46,9 @@ from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
 from proxy.storage.content import CHAIN_COLUMNS, with_requests
 from proxy.storage.database_lock import database_url, one_line
+from proxy.storage.engines import engine_url
 from proxy.storage.samples import sample_lines, turn_failure
-from proxy.storage.sql import engine_url, episodes, rewards, turns
+from proxy.storage.sql import episodes, rewards, turns
 from proxy.storage.staleness import UNBOUNDED, Bounded, Staleness, bound, version_order
 
 Shape = Literal["chat", "tokens", "atif"]

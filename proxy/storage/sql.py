@@ -39,6 +39,7 @@ from proxy.core.errors import StorageError
 from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
 from proxy.storage.content import Contents, dumps, turns_of
 from proxy.storage.database_lock import DatabaseLock
+from proxy.storage.engines import engine_url, tune_sqlite
 from proxy.storage.tables import EpisodeRow, RewardRow, TurnRow, add_missing_columns, episode_from, reward_from
 from proxy.storage.upgrade import upgrade
 from proxy.storage.writer import StoreWrites, Writer
@@ -53,14 +54,6 @@ T = TypeVar("T")
 
 
 _SCHEMA_LOCK = text("SELECT pg_advisory_xact_lock(1953653099, hashtext(current_schema()))")  # "traj" + 1
-
-
-def engine_url(url: str) -> str:
-    """Accept plain `postgresql://` URLs and route them to the psycopg 3 driver."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 def _episode_return() -> Any:
@@ -264,7 +257,7 @@ class SqlStore(StoreWrites):
                 connect_args={"check_same_thread": False, "timeout": 30} if sqlite else {},
             )
             if sqlite:
-                event.listen(engine, "connect", _tune_sqlite)
+                event.listen(engine, "connect", tune_sqlite)
             with engine.begin() as conn:  # the schema, made by one process at a time (replicas start at once)
                 if not sqlite:
                     conn.execute(_SCHEMA_LOCK)
@@ -302,12 +295,3 @@ class SqlStore(StoreWrites):
 
 # A fork's parent episode (metadata's fork.parent) as SQL text, spelled the same in the index and the query.
 _FORK_PARENT = {"sqlite": "metadata ->> '$.fork.parent'", "postgresql": "metadata -> 'fork' ->> 'parent'"}
-
-
-def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()
