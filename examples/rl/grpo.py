@@ -26,8 +26,8 @@ untied model.
 It starts vLLM (on a private, untied copy of the tiny model, which it overwrites) and `trajproxy serve` (SQLite in a
 temporary folder) on free ports unless given --vllm-url/--model-dir and --trajproxy-url/--trainer-token, and stops
 what it started on exit, Ctrl-C included. It prints one line per step, plots the mean reward per step (--plot,
-grpo-reward.png in the working directory by default; `--plot docs/rl-reward.png` redraws the training guide's figure) and
-writes a JSON summary (--summary).
+grpo-reward.png in the working directory by default; `--plot docs/rl-reward.png` redraws the training guide's
+figure) and writes a JSON summary (--summary).
 
 The trajproxy it starts and the agents it runs come from the project's virtualenv (.venv: `python3 -m venv .venv &&
 .venv/bin/pip install -e .`, which `bash .ci/run` also makes); without it, it says so in one line before it starts
