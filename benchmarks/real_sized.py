@@ -31,8 +31,7 @@ import orjson
 import sqlalchemy
 
 # Each tree is measured in a child process with that tree first on PYTHONPATH: these are its modules.
-from proxy.core.keys import hash_key, new_id, new_key
-from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage
+from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage, hash_key, new_id, new_key
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.responses import ResponsesDialect

@@ -18,7 +18,7 @@ import msgspec
 import orjson
 
 from proxy import schema
-from proxy.http.trainer_json import reply_from
+from proxy.http.turns import reply_from
 from proxy.schema import replies
 
 ITEM = {

@@ -29,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import SERVER_CORE, cpu_seconds, fresh_database
 from turn_load import CHAT, REPLY_MESSAGE, REPLY_USAGE
 
-from proxy.core.keys import hash_key, new_id, new_key
-from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage
+from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage, hash_key, new_id, new_key
 from proxy.storage.sql import SqlStore
 
 MESSAGE = Reply(message=REPLY_MESSAGE, usage=Usage(**REPLY_USAGE), finish_reason="stop")

@@ -1,17 +1,17 @@
 """What one turn costs trajproxy's own code, measured so that two trees can be compared on a busy machine.
 
-    python benchmarks/turn_cost.py [--agents 64] [--rounds 20] [--callgrind]
+    python benchmarks/turn_cost.py [--agents 64] [--rounds 20] [--repeats N] [--no-count]
 
 The app is driven in-process over ASGI, with no server, sockets or load generator: each round, every agent makes
 one chat call, the trainer pulls them all (`GET /api/turns/next`) and answers them in one batch
 (`POST /api/turns/replies`), the agents get their replies. The collector is set as `trajproxy serve` sets it. It
-prints the CPU microseconds per turn (this process, every thread: the writer's SQLite commits included) and, with
-`--callgrind`, the instructions per turn as valgrind counts them: a figure that does not move with the machine's
+prints the CPU microseconds per turn (this process, every thread: the writer's SQLite commits included) and, unless
+`--no-count`, the instructions per turn as valgrind counts them: a figure that does not move with the machine's
 load or clock, which timings on a shared machine do by several percent. Only the measured rounds are counted
 (valgrind runs the start-up uninstrumented).
 
 To measure another checkout (a `git worktree` of an older commit, say) with this one's dependencies and script, put
-it first on the path: `PYTHONPATH=../older python benchmarks/turn_cost.py --callgrind`.
+it first on the path: `PYTHONPATH=../older python benchmarks/turn_cost.py`.
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ async def one_round(app: Trajproxy, keys: list[str]) -> int:
     """Every agent calls once; once all their turns are parked, the trainer pulls them (in one pull, unless one is
     late) and answers them in one batch. The pulls it took."""
     agents = [asyncio.ensure_future(call(app, "POST", "/v1/chat/completions", CHAT, key=key)) for key in keys]
-    # The same batch whatever the machine's speed, so that figures repeat: a look at the lot every 10 ms (it has no
-    # event to wait on; each look costs a few instructions, the same in every tree).
+    # The same batch whatever the machine's speed, so that figures repeat: a look at the open turns every 10 ms (it
+    # has no event to wait on; each look costs a few instructions, the same in every tree).
     while app.broker.ready_turns < len(keys):  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     turns: list[dict[str, Any]] = []

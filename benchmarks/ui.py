@@ -28,8 +28,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import HOST, percentile, pin_load, start_server
 
-from proxy.core.keys import hash_key, new_id, new_key
-from proxy.core.values import Episode, EpisodeStatus, Reply, Reward, Turn, TurnStatus, Usage
+from proxy.core.values import Episode, EpisodeStatus, Reply, Reward, Turn, TurnStatus, Usage, hash_key, new_id, new_key
 from proxy.storage.sql import SqlStore
 
 PORT = 18970

@@ -1,43 +1,41 @@
 """The app factory: builds the adapters once, wires them into the broker, and the broker into the route table
-(`proxy.http.routes`), which names every route trajproxy serves, the door each passes and what serves it.
+(`route_table`), which names every route trajproxy serves, the door each passes and its one handler: the agents'
+routes, the trainer API (under /api), the page (a sub-table of its own under /ui), metrics, the OpenAPI document and
+its docs page. `proxy.http.routes.Router` serves the table.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
-from starlette.responses import Response
+from fastapi import FastAPI
+from starlette.types import ASGIApp
 
-from proxy import __version__
+from proxy import __version__, schema
 from proxy.adapters.litellm_upstream import LitellmUpstream
 from proxy.adapters.prometheus_metrics import PrometheusMetrics
 from proxy.adapters.served_upstream import ServedUpstream
 from proxy.adapters.tiktoken_counter import TiktokenCounter
+from proxy.core.answers import LocalQueue
 from proxy.core.broker import Broker
 from proxy.core.context import Context
-from proxy.core.errors import TrajproxyError
-from proxy.core.keys import new_id
-from proxy.core.local_queue import LocalQueue
 from proxy.core.shared_queue import SharedQueue
 from proxy.core.upstreams import Upstreams
-from proxy.http.agent import AgentCalls
-from proxy.http.docs import add_docs
-from proxy.http.edge import error_body, invalid, redact, status_of
-from proxy.http.health import Health
-from proxy.http.metrics import add_metrics
+from proxy.core.values import new_id
+from proxy.http.agent import AgentCalls, AgentHandler
+from proxy.http.docs import OPENAPI, ApiDocs, framework_router
+from proxy.http.edge import Shutdown, framework_errors, sandbox_health, sandbox_refusal
+from proxy.http.health import Health, root
+from proxy.http.metrics import Metrics
 from proxy.http.origins import LocalCallers
-from proxy.http.queries import DeclaredQueries
-from proxy.http.routes import Route, Router, framework_routes, route_table
-from proxy.http.shutdown import Shutdown
+from proxy.http.routes import ANY, WEBSOCKET, Door, NoRoute, Route, Router, mount
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import TrainerApi
-from proxy.http.trainer_door import TrainerDoor
-from proxy.http.ui import add_ui
+from proxy.http.turns import TurnRoutes
+from proxy.http.ui import page_app
 from proxy.settings import Settings
 from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
@@ -57,13 +55,21 @@ class Trajproxy(Router):
         settings: Settings,
         metrics: PrometheusMetrics,
         table: list[Route],
-        api: FastAPI,
+        lifespan: ASGIApp,
+        openapi: Callable[[], dict[str, Any]],
         shutdown: Shutdown,
     ) -> None:
         token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
-        callers = LocalCallers(settings.public_url)
-        trainer_door = TrainerDoor(token, settings.max_body_bytes, DeclaredQueries(api.openapi), callers)
-        super().__init__(table, trainer_door, api, settings.body_read_timeout_s, settings.body_timeout_s)
+        super().__init__(
+            table,
+            lifespan,
+            token,
+            LocalCallers(settings.public_url),
+            openapi,
+            settings.max_body_bytes,
+            settings.body_read_timeout_s,
+            settings.body_timeout_s,
+        )
         self.broker = broker
         self.settings = settings
         self.metrics = metrics
@@ -91,12 +97,11 @@ def create_app(settings: Settings) -> Trajproxy:
         restart_grace_s=settings.restart_grace_s,
         observer=metrics,
     )
-    queue = (  # the one place that knows whether replicas share the database
-        SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
-        if settings.shared
-        else LocalQueue(context=context)
-    )
-    broker = Broker(context=context, queue=queue)
+    if settings.shared:  # the one place that knows whether replicas share the database
+        shared = SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
+        broker = Broker(context=context, queue=shared, others=shared)
+    else:
+        broker = Broker(context=context, queue=LocalQueue(context=context))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -110,48 +115,102 @@ def create_app(settings: Settings) -> Trajproxy:
             await served.aclose()
             await store.close()
 
-    api = FastAPI(
-        title="trajproxy",
-        version=__version__,
-        lifespan=lifespan,
-        docs_url=None,  # served from the package below, not from a CDN
-        openapi_url="/api/openapi.json",
-        redoc_url=None,
-    )
+    # The trainer API's handlers but the batch pull and reply: FastAPI serves them, and the server's lifespan
+    api = FastAPI(title="trajproxy", version=__version__, lifespan=lifespan, openapi_url=None, docs_url=None)
+    framework_errors(api)
     shutdown = Shutdown()
-    trainer = TrainerApi(broker, settings, api, shutdown)
-    stream = TurnStream(broker, shutdown)
-    table = route_table(AgentCalls(broker, settings), trainer, stream, Health(broker, replica), api)
-    add_docs(api, "/api/openapi.json")
-    api.include_router(framework_routes(table))
-    add_metrics(api, metrics, broker, store)
-    add_ui(api, broker, store, settings.trainer_token.get_secret_value() if settings.trainer_token else None)
-    api.add_exception_handler(TrajproxyError, _domain_error)  # type: ignore[arg-type]
-    api.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    api.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    return Trajproxy(broker, settings, metrics, table, api, shutdown)
+    token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
+    table: list[Route] = []
+    docs = ApiDocs(lambda: table)
+    table += route_table(
+        agents=AgentCalls(broker, settings),
+        turns=TurnRoutes(broker, settings.max_body_bytes, shutdown),
+        trainer=TrainerApi(broker, settings, shutdown),
+        api=api,
+        stream=TurnStream(broker, shutdown),
+        docs=docs,
+        health=Health(broker, replica),
+        metrics=Metrics(metrics, broker, store),
+        page=page_app(broker, store, token),
+        no_route=NoRoute(table),
+    )
+    api.include_router(framework_router(table, documented=False))
+    return Trajproxy(broker, settings, metrics, table, api, lambda: docs.document, shutdown)
 
 
-def error_response(status: int, kind: str, message: str) -> Response:
-    return Response(error_body(kind, message), status, media_type="application/json")
+def route_table(
+    agents: AgentCalls,
+    turns: TurnRoutes,
+    trainer: TrainerApi,
+    api: ASGIApp,
+    stream: TurnStream,
+    docs: ApiDocs,
+    health: Health,
+    metrics: Metrics,
+    page: ASGIApp,
+    no_route: ASGIApp,
+) -> list[Route]:
+    """Every route trajproxy serves."""
 
+    def agent(methods: str, path: str, handler: AgentHandler) -> Route:
+        return Route(methods, path, Door.AGENT, handler, keyed=True, dialect=handler.dialect)
 
-async def _domain_error(_request: Request, error: TrajproxyError) -> Response:
-    return error_response(status_of(error), error.kind, error.message)
+    def trainer_api(methods: str, path: str, endpoint: Callable[..., Any], model: type, status: int = 200) -> Route:
+        return Route(methods, path, Door.TRAINER, api, endpoint, status, model)
 
-
-async def _invalid(_request: Request, error: RequestValidationError) -> Response:
-    problems = error.errors()
-    if any(problem.get("type") == "json_invalid" for problem in problems):
-        return error_response(400, "invalid_request_error", "request body is not valid JSON")
-    return error_response(422, "invalid_request_error", invalid(problems))
-
-
-async def _http_error(request: Request, error: HTTPException) -> Response:
-    if error.status_code == 404:
-        message = f"no route {request.method} {redact(request.url.path)}"
-        return error_response(404, "not_found_error", message)
-    if error.status_code == 405:
-        message = f"{request.method} is not allowed on {redact(request.url.path)}"
-        return error_response(405, "invalid_request_error", message)
-    return error_response(error.status_code, "error", str(error.detail))
+    return [
+        # Agents (OpenAI, Anthropic, Gemini), each also under /e/<key>
+        agent("POST", "/v1/chat/completions", agents.chat),
+        agent("POST", "/v1/messages", agents.messages),
+        agent("POST", "/v1/responses", agents.responses),
+        agent("POST", "/v1/messages/count_tokens", agents.count_tokens),
+        agent("GET", "/v1/models", agents.models),
+        agent("POST", "/v1beta/models/{model:path}:{method:path}", agents.gemini),
+        agent("POST", "/v1/models/{model:path}:{method:path}", agents.gemini),
+        # The trainer API, in its document's order: FastAPI serves it, but for the batch pull and reply (the
+        # trainer's share of every turn), whose plain handlers validate their query and body models themselves
+        trainer_api("POST", "/api/episodes", trainer.create_episode, schema.EpisodeCreated, 201),
+        trainer_api("POST", "/api/episodes/{episode_id}/fork", trainer.fork, schema.Forks, 201),
+        trainer_api("GET", "/api/episodes", trainer.list_episodes, schema.EpisodeList),
+        trainer_api("GET", "/api/episodes/{episode_id}", trainer.get_episode, schema.Episode),
+        trainer_api("POST", "/api/episodes/{episode_id}/finish", trainer.finish_episode, schema.Episode),
+        trainer_api("POST", "/api/episodes/{episode_id}/rewards", trainer.add_reward, schema.Reward, 201),
+        trainer_api("GET", "/api/episodes/{episode_id}/trajectory", trainer.trajectory, schema.Trajectory),
+        trainer_api("POST", "/api/episodes/{episode_id}/reset", trainer.reset, schema.TimeStep),
+        trainer_api("POST", "/api/episodes/{episode_id}/step", trainer.step, schema.TimeStep),
+        Route(
+            "GET", "/api/turns/next", Door.TRAINER, turns.next_turns, model=schema.TurnBatch, query=schema.TurnsQuery
+        ),
+        trainer_api("GET", "/api/turns/{turn_id}", trainer.get_turn, schema.Turn),
+        trainer_api("POST", "/api/turns/{turn_id}/reply", trainer.reply, schema.Turn),
+        trainer_api("POST", "/api/pause", trainer.pause, schema.PauseState),
+        trainer_api("POST", "/api/resume", trainer.resume, schema.PauseState),
+        Route(
+            "POST",
+            "/api/turns/replies",
+            Door.TRAINER,
+            turns.reply_many,
+            model=schema.ReplyResults,
+            query=schema.RepliesQuery,
+            body=schema.ReplyBatch,
+        ),
+        trainer_api("POST", "/api/turns/{turn_id}/forward", trainer.forward, schema.Turn),
+        Route(WEBSOCKET, "/api/turns/stream", Door.TRAINER, stream),  # leased turns pushed, replies sent back
+        # The document and its page: no data, no token
+        Route("GET", OPENAPI, Door.OPEN, docs.openapi),
+        Route("GET", "/api/docs", Door.OPEN, docs.page),
+        Route(ANY, OPENAPI, Door.OPEN, no_route),
+        Route(ANY, "/api/docs", Door.OPEN, no_route),
+        *mount("/docs-assets", docs.assets, Door.OPEN),  # the docs page's scripts and styles
+        # The rest under /api: the trainer's door, then the router's 404 or 405
+        Route(ANY, "/api/{path:path}", Door.TRAINER, no_route),
+        # Open on TCP (and /health, bare, on the sandbox socket)
+        Route("GET HEAD", "/health", Door.SOCKET, sandbox_health),
+        Route("GET", "/health", Door.OPEN, health),
+        Route("GET HEAD", "/", Door.OPEN, root),
+        Route("GET", "/metrics", Door.OPEN, metrics),
+        *mount("/ui", page, Door.OPEN),  # the web page, which asks for its own login
+        # Anything else: on the sandbox socket a 403 (a 404 under /e/<key>), on TCP a 404 (a 405 for a known path)
+        Route(ANY, ANY, Door.SOCKET, sandbox_refusal),
+        Route(ANY, ANY, Door.OPEN, no_route),
+    ]

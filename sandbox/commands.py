@@ -11,10 +11,10 @@ from typing import Any
 
 from sandbox.agents.bundles import BundleError, Bundles
 from sandbox.agents.manifests import ManifestError, load, presets
-from sandbox.backends.docker_sandboxes import DockerSandboxes, Pruned
+from sandbox.backends.docker_sandboxes import Pruned, prune
 from sandbox.backends.interface import SandboxError
+from sandbox.console import console as _console
 from sandbox.run.command import run_command
-from sandbox.run.report import console as _console
 from sandbox.tasks.taskmaker import command as taskmaker
 
 
@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"trajproxy {args.command}: {e}", style="red", markup=False, soft_wrap=True)
         return 2
     if args.command == "sandbox":
-        _report(console, asyncio.run(DockerSandboxes("unused", labels=labels).prune()))
+        _report(console, asyncio.run(prune(labels)))
         return 0
     return run_command(args, labels)
 
@@ -50,7 +50,7 @@ def _labels_from(given: list[str]) -> dict[str, str]:
 
 
 def _agents(console: Any, args: argparse.Namespace) -> int:
-    from rich.table import Table  # lazy: rich loads only when something is shown (sandbox.run.report)
+    from rich.table import Table  # lazy: rich loads only when something is shown (sandbox.console)
 
     bundles = Bundles(Path(args.bundles) if args.bundles else None)
     if args.action == "build":

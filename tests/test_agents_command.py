@@ -85,6 +85,6 @@ def test_build_has_its_own_help() -> None:
 
 
 def test_install_python_true_is_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```toml\nname = \"my-agent\".*?```", readme, re.S)
+    page = (ROOT / "docs" / "agents.md").read_text()  # "Writing a manifest"
+    block = re.search(r"```toml\nname = \"my-agent\".*?```", page, re.S)
     assert block and re.search(r"^python = .*# .*\btrue\b.*3\.11", block[0], re.M), "install.python = true"

@@ -226,7 +226,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the web: the route table, the agent and trainer routes, the page", ("proxy/http/",)),
     ("the app: everything wired together", ("proxy/app.py",)),
     ("servers and commands", ("proxy/servers/", "proxy/cli/")),
-    ("the sandbox: agents, tasks, backends, runs", ("sandbox/",)),
+    ("the sandbox's package and how its commands speak", ("sandbox/__init__.py", "sandbox/console.py")),
+    ("the sandbox's backends: where sandboxes start (Docker, Ray), and which run made them", ("sandbox/backends/",)),
+    ("tasks: their formats, their grading, and making them (`tasks make`)", ("sandbox/tasks/",)),
+    ("agents: manifests, bundles, injection into a task's image", ("sandbox/agents/",)),
+    ("runs: the runner, its policies, where it meets trajproxy, its report", ("sandbox/run/",)),
+    ("the sandbox's commands: their options and what runs them", ("sandbox/launch.py", "sandbox/commands.py")),
     ("the trainers' adapters and trajproxy train", ("integrations/",)),
 ]
 SCANNED = (ROOT / "proxy", ROOT / "sandbox", ROOT / "integrations", ROOT / "benchmarks")

@@ -15,8 +15,7 @@ import datasets
 import pytest
 
 from proxy.client import TrainerClient
-from proxy.core.keys import hash_key, new_id, new_key
-from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus
+from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, hash_key, new_id, new_key
 from proxy.storage.export import Filters, Shape, export, source
 from proxy.storage.sql import SqlStore
 from tests.test_cli import clean_env, trajproxy_script

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from sandbox.backends.identity import RunIdentity
 from sandbox.backends.images import MANAGED
-from sandbox.run.identity import RunIdentity
 from tests.conftest import EXAMPLE, SANDBOX_IMAGE
 from tests.test_sandbox import exited_run
 

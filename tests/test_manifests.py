@@ -23,9 +23,9 @@ def test_the_four_presets_load_and_fill_every_placeholder() -> None:
         assert all("{" not in value for value in rendered.env.values()), name
 
 
-def test_every_preset_renders_and_has_its_row_in_the_readme_and_a_run_line_whose_script_exists() -> None:
+def test_every_preset_renders_and_has_its_row_in_the_docs_and_a_run_line_whose_script_exists() -> None:
     root = Path(__file__).parent.parent
-    readme = (root / "README.md").read_text()
+    page = (root / "docs" / "agents.md").read_text()  # the agents' page: the preset table, a run line for each
     for name in presets():
         manifest = load(name)
         rendered = manifest.render(VALUES)
@@ -33,13 +33,13 @@ def test_every_preset_renders_and_has_its_row_in_the_readme_and_a_run_line_whose
         for file in rendered.files:
             if file.path.endswith(".json"):
                 json.loads(file.content)  # the braces doubled right, the values in place
-        row = re.search(rf"^\| `{re.escape(name)}` \|[^|]+\| ([^|]+) \|", readme, re.M)
-        assert row, f"README's preset table has no row for {name}"
+        row = re.search(rf"^\| `{re.escape(name)}` \|[^|]+\| ([^|]+) \|", page, re.M)
+        assert row, f"docs/agents.md's preset table has no row for {name}"
         assert row[1] == manifest.version, name
         line = re.search(
-            rf"^trajproxy run \S+ --image \S+ --agent {re.escape(name)} --policy scripted:(\S+)$", readme, re.M
+            rf"^trajproxy run \S+ --image \S+ --agent {re.escape(name)} --policy scripted:(\S+)$", page, re.M
         )
-        assert line and (root / line[1]).is_file(), f"README has no line that runs {name} on the example task"
+        assert line and (root / line[1]).is_file(), f"docs/agents.md has no line that runs {name} on the example task"
 
 
 def test_a_task_in_the_command_is_one_shell_word_whatever_it_holds() -> None:

@@ -24,9 +24,8 @@ from proxy.client import TrainerClient
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import EpisodeClosed
-from proxy.core.keys import new_id
 from proxy.core.shared_queue import SharedQueue
-from proxy.core.values import EpisodeStatus, TurnStatus
+from proxy.core.values import EpisodeStatus, TurnStatus, new_id
 from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
 from tests.conftest import fresh_database
@@ -226,9 +225,8 @@ async def replica(url: str) -> AsyncIterator[tuple[Broker, PrometheusMetrics]]:
         turn_timeout_s=WAIT_S,
         observer=metrics,
     )
-    broker = Broker(
-        context=context, queue=SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=WAIT_S))
-    )
+    shared = SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=WAIT_S))
+    broker = Broker(context=context, queue=shared, others=shared)
     await broker.start()
     try:
         yield broker, metrics

@@ -1,4 +1,4 @@
-"""The README's quickstart runs as written against a live trajproxy."""
+"""The README's quickstart, and the documentation's examples, run as written against a live trajproxy."""
 
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ from typing import Any
 
 import pytest
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def pages() -> list[Path]:
+    """The README and every page of the documentation site (docs/, as mkdocs.yml builds it)."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)
 
 
 @pytest.mark.settings(trainer_token=None)  # the token `trajproxy serve` makes and keeps, as a user's would be
@@ -28,8 +39,7 @@ def test_the_quickstart_runs_as_written(server: Any) -> None:
 @pytest.mark.settings(trainer_token=None)
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_served_policy_example_runs_as_written(server: Any, vllm: Any) -> None:
-    snippets = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-    (snippet,) = [code for code in snippets if 'policy="vllm:tiny"' in code]
+    (snippet,) = [code for code in python_blocks(DOCS / "served-policy.md") if 'policy="vllm:tiny"' in code]
     code = snippet.replace("http://127.0.0.1:8000", server.url).replace("http://127.0.0.1:8100/v1", vllm.base_url)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -40,7 +50,7 @@ def test_the_served_policy_example_runs_as_written(server: Any, vllm: Any) -> No
 @pytest.mark.settings(trainer_token=None)
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_gemini_example_runs_as_written(server: Any) -> None:
-    (snippet,) = [code for code in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "genai" in code]
+    (snippet,) = [code for code in python_blocks(DOCS / "agents-api.md") if "genai" in code]
     code = snippet.replace("http://127.0.0.1:8000", server.url)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
@@ -48,17 +58,17 @@ def test_the_gemini_example_runs_as_written(server: Any) -> None:
 
 
 def test_each_image_the_readme_builds_is_built_one_way() -> None:
-    """A tag built two ways in the README leaves whichever ran last, and the other section's command then runs on
-    the wrong image."""
+    """A tag built two ways in the README or the docs leaves whichever ran last, and the other page's command then
+    runs on the wrong image."""
     builds: dict[str, set[str]] = {}
-    for line in README.read_text().splitlines():
+    for line in (line for page in pages() for line in page.read_text().splitlines()):
         if found := re.match(r"docker build (.*)-t (\S+)(.*)", line.strip()):
             builds.setdefault(found.group(2), set()).add(found.group(1) + found.group(3))
     assert builds and all(len(ways) == 1 for ways in builds.values()), builds
 
 
 def test_the_compose_section_names_the_settings_a_shared_engine_needs() -> None:
-    text = README.read_text()
+    text = (DOCS / "setup.md").read_text()
     compose = text[text.index("`docker compose up`") :][:1500]
     for name in ("TRAJPROXY_PORT", "TRAJPROXY_SOCKETS_VOLUME"):
         assert name in compose, name

@@ -109,9 +109,9 @@ def test_a_turn_timeout_that_cannot_be_recorded_still_reaches_its_agent(kind: tu
         episode, _ = await broker.create_episode("task", {}, turn_timeout_s=0.2)
         with turn_changes_refused(kind[1]):
             request = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
-            slot = await broker.park(episode.id, "chat", request, orjson.dumps(request), stream=False)
-            with broker.attend(slot, episode), pytest.raises(TurnTimeout):  # its exchange starts the turn timeout
-                await asyncio.wait_for(slot.answer, WAIT_S)
+            open_turn = await broker.park(episode.id, "chat", request, orjson.dumps(request), stream=False)
+            with broker.attend(open_turn, episode), pytest.raises(TurnTimeout):  # its exchange starts the turn timeout
+                await asyncio.wait_for(open_turn.answer, WAIT_S)
 
     run(kind, body)
 

@@ -1,6 +1,6 @@
 """examples/rl/grpo.py on a clean clone: without the project's .venv (trajproxy and the agent's `openai` SDK) it says
 in one line what to run, before it starts anything; and by default it plots beside the user, never over the
-README's figure (docs/rl-reward.png, tracked)."""
+training page's figure (docs/rl-reward.png, tracked)."""
 
 from __future__ import annotations
 

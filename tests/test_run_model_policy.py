@@ -1,8 +1,10 @@
 """`--policy model:NAME` when the model fails: the agent's call comes back at once as a 502 carrying the
-provider's message, in the agent's own dialect, instead of waiting out the turn timeout; the run says so too.
+provider's message, in the agent's own dialect, instead of waiting out the turn timeout; the turn is recorded failed
+with that message (no trainer answered it), and the run says so too.
 
-In process against a fake provider that answers 500 with a message of its own (the three SDKs), and end to end: a
-`trajproxy run` of the minimal agent in a sandbox, its model a real litellm name on a closed port."""
+In process against a fake provider that answers 500 with a message of its own (the three SDKs), an episode created
+with the policy as `trajproxy run` creates them; and end to end: a `trajproxy run` of the minimal agent in a sandbox,
+its model a real litellm name on a closed port."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.client import AsyncTrainerClient
+from proxy.client import TrainerClient
 from sandbox.run.policies import ModelPolicy
 from tests.conftest import EXAMPLE, FakeModel
 from tests.test_launch import RUN, into
@@ -67,31 +69,15 @@ CALLS: dict[str, Callable[[Any], Awaitable[Any]]] = {
 @pytest.mark.settings(turn_timeout_s=TURN_TIMEOUT_S, keepalive_s=TURN_TIMEOUT_S)
 @pytest.mark.parametrize("dialect", list(CALLS))
 def test_a_failed_model_call_reaches_its_agent_at_once_as_a_502_with_the_providers_message(
-    server: Any, fake_model: FakeModel, dialect: str
+    server: Any, trainer: TrainerClient, fake_model: FakeModel, dialect: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    heard: list[tuple[str, str]] = []
-
-    async def main() -> tuple[str, Exception]:
-        told = asyncio.Event()
-
-        def hear(episode_id: str, message: str) -> None:
-            heard.append((episode_id, message))
-            told.set()
-
-        async with AsyncTrainerClient(server.url, token=server.token) as trainer:
-            episode = await trainer.create_episode()
-            policy = ModelPolicy("openai/fake-teacher", fake_model.options(), hear)
-            serving = asyncio.create_task(policy.serve(trainer, episode.id))
-            try:  # the turn timeout is far past the test's own: an answer at all is not the timeout's
-                await CALLS[dialect](episode)
-            except (openai.APIStatusError, anthropic.APIStatusError) as e:
-                await asyncio.wait_for(told.wait(), 10)  # the run hears of it too, once its forward returns
-                return episode.id, e
-            finally:
-                serving.cancel()
-            pytest.fail("the agent's call succeeded")
-
-    episode_id, failed = asyncio.run(main())
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")  # a key is trajproxy's to hold, never an episode's option
+    options = {key: value for key, value in fake_model.options().items() if key != "api_key"}
+    policy = ModelPolicy("model:openai/fake-teacher", options)
+    episode = trainer.create_episode(**policy.episode)  # as `trajproxy run --policy model:NAME` creates each
+    with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as raised:  # far within the turn timeout
+        asyncio.run(answered(CALLS[dialect](episode)))
+    failed = raised.value
     assert isinstance(failed, (openai.APIStatusError, anthropic.APIStatusError))
     assert failed.status_code == 502
     assert "the model is down" in failed.response.text  # the provider's own words, in the agent's dialect
@@ -99,8 +85,13 @@ def test_a_failed_model_call_reaches_its_agent_at_once_as_a_502_with_the_provide
     error = body["error"]
     assert "the model is down" in error["message"]
     assert ("type" in body and body["type"] == "error") == (dialect == "anthropic messages")
-    [(episode, said)] = heard
-    assert episode == episode_id and "the model is down" in said
+    [turn] = trainer.trajectory(episode.id).turns
+    assert turn.status == "failed" and "the model is down" in (turn.reason or "")
+    assert turn.reply is None  # no trainer answered it
+
+
+async def answered(call: Awaitable[Any]) -> Any:
+    return await call
 
 
 def closed_port() -> int:
@@ -133,15 +124,17 @@ def test_a_run_whose_model_fails_hands_its_agent_the_502_and_prints_it(
         env=env,
     )
     assert done.returncode == 0, done.stderr  # the task ran: its agent failed, and was graded
-    assert "model 'openai/gpt-4o-mini' failed" in done.stderr  # what the run printed as the call failed
-    assert "(its agent got a 502)" in done.stderr
+    assert "model 'openai/gpt-4o-mini' failed" in done.stderr  # what the run printed of the call its model failed
+    assert "(its agent got the error at once)" in done.stderr
     assert "[agent] the model call failed: 502" in done.stderr  # the agent's own output, one line
     [line] = [json.loads(text) for text in results.read_text().splitlines()]
     assert (line["status"], line["reward"]) == ("failed", 0.0)
     with sqlite3.connect(database) as db:
-        turns = db.execute("SELECT status, reply, answered_by FROM turn").fetchall()
-    assert turns and all(status == "answered" and "failed" in reply for status, reply, _ in turns), turns
-    assert {by for _, _, by in turns} == {"model:openai/gpt-4o-mini"}  # the model's failure, not the trainer's
+        turns = db.execute("SELECT status, reason, answered_by FROM turn").fetchall()
+        [(policy,)] = db.execute("SELECT policy FROM episode").fetchall()
+    assert "openai/gpt-4o-mini" in policy  # the episode's own policy: trajproxy answered, not the run
+    assert turns and all(status == "failed" and "failed" in reason for status, reason, _ in turns), turns
+    assert {by for _, _, by in turns} == {None}  # the model's failure, no trainer's answer
     assert not engine.containers.list(all=True, filters={"label": label})
 
 

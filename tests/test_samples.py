@@ -18,7 +18,7 @@ from tests.conftest import FakeModel
 from tests.test_export import SYSTEM, TOOLS, lines_of
 from tests.test_trainer_api import agent_for
 
-README = Path(__file__).parent.parent / "README.md"
+FORMAT_PAGE = Path(__file__).parent.parent / "docs" / "training-data.md"  # the sample format's documentation
 TEACHER = "openai/gpt-4o-mini"
 
 
@@ -213,9 +213,9 @@ def test_each_sampled_token_is_trained_in_exactly_one_line(recorded: dict[str, A
         assert len(trained_in) == len(set(trained_in)), name  # no call's output in two lines
 
 
-def test_the_readme_documents_every_field_of_the_sample_format() -> None:
-    text = README.read_text()
-    section = text[text.index("### Sample format (version 1)") :][:8000]
+def test_the_docs_document_every_field_of_the_sample_format() -> None:
+    text = FORMAT_PAGE.read_text()
+    section = text[text.index("## Sample format (version 1)") :][:8000]
     documented = set(re.findall(r"^\| `(\w+)`", section, re.MULTILINE))
     assert documented == set(schema()["properties"]), documented ^ set(schema()["properties"])
     assert "proxy/storage/sample.schema.json" in section

@@ -19,9 +19,9 @@ import pytest
 
 from proxy.client import TrainerClient
 from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.identity import RunIdentity
 from sandbox.backends.images import MANAGED
 from sandbox.backends.interface import Limits, SandboxError, SandboxSpec
-from sandbox.run.identity import RunIdentity
 from tests.conftest import mine, output_of
 
 IMAGE = "python:3.11-slim"

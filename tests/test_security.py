@@ -86,10 +86,10 @@ import pytest
 import sqlalchemy
 
 from proxy.client import TrainerClient, TrajproxyAPIError
-from proxy.core import keys
 from proxy.core.broker import Broker
+from proxy.core.values import new_key, same_secret
 from proxy.http.edge import MAX_JSON_DEPTH
-from proxy.http.trainer_door import TrainerDoor
+from proxy.http.routes import Router
 from proxy.storage.engines import engine_url
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.interface import Limits, SandboxSpec
@@ -312,13 +312,13 @@ def test_episode_keys_are_256_random_bits_and_never_repeat(trainer: TrainerClien
 
 def test_the_key_generator_is_the_secrets_module() -> None:
     """The key comes from the operating system's CSPRNG (`secrets`), never from `random` (which makes ids)."""
-    names = names_in(keys.new_key)
+    names = names_in(new_key)
     assert names[names.index("secrets") + 1] == "token_urlsafe"
-    assert keys.new_key.__globals__["secrets"] is secrets
+    assert new_key.__globals__["secrets"] is secrets
     assert not {"random", "getrandbits", "choice", "choices"} & set(names)
-    [size] = [c for c in keys.new_key.__code__.co_consts if isinstance(c, int)]
+    [size] = [c for c in new_key.__code__.co_consts if isinstance(c, int)]
     assert size * 8 >= 128
-    assert KEY.fullmatch(keys.new_key())
+    assert KEY.fullmatch(new_key())
 
 
 def database_text(database_url: str) -> str:
@@ -386,18 +386,18 @@ def test_the_database_holds_the_keys_hash_never_the_key(
 
 
 def test_secrets_are_compared_with_hmac_compare_digest() -> None:
-    names = names_in(keys.same_secret)
+    names = names_in(same_secret)
     assert names[names.index("hmac") + 1] == "compare_digest"
-    assert keys.same_secret.__globals__["hmac"] is hmac
-    assert not [i for i in dis.get_instructions(keys.same_secret) if i.opname in ("COMPARE_OP", "IS_OP")]
-    assert keys.same_secret("tpk-abc", "tpk-abc")
-    assert not keys.same_secret("tpk-abc", "tpk-abd")
-    assert not keys.same_secret("tpk-abc", "tpk-ab")
+    assert same_secret.__globals__["hmac"] is hmac
+    assert not [i for i in dis.get_instructions(same_secret) if i.opname in ("COMPARE_OP", "IS_OP")]
+    assert same_secret("tpk-abc", "tpk-abc")
+    assert not same_secret("tpk-abc", "tpk-abd")
+    assert not same_secret("tpk-abc", "tpk-ab")
 
     # Every place a secret is checked calls it, and compares the secret no other way.
-    for check in (TrainerDoor._check_token, Broker.authenticate):
+    for check in (Router._check_token, Broker.authenticate):
         assert "same_secret" in names_in(check), check
-        assert check.__globals__["same_secret"] is keys.same_secret
+        assert check.__globals__["same_secret"] is same_secret
         assert equality_tests_in(check) == [], check
 
 

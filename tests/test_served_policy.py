@@ -478,5 +478,5 @@ def test_a_served_run_without_its_server_is_refused_in_one_line(tmp_path: Path) 
     command = [*RUN, str(EXAMPLE / "tasks.jsonl"), "--agent", "minimal", "--policy", "vllm:tiny"]
     done = subprocess.run([*command, *into(tmp_path / "run.db")], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
-    assert "--policy vllm:tiny needs --policy-option api_base=URL" in done.stderr
+    assert "--policy vllm:tiny: --policy-option api_base needs its server's URL" in done.stderr
     assert "Traceback" not in done.stderr

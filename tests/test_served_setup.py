@@ -19,10 +19,10 @@ from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.schema.requests import served_base_problem
 from tests.conftest import EXAMPLE, ROOT
 from tests.test_launch import RUN, into
+from tests.test_readme import pages
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 MINIMAL = ROOT / "agents" / "minimal" / "agent.py"
-README = ROOT / "README.md"
 
 
 @ON_SQLITE
@@ -40,8 +40,8 @@ def test_a_served_policy_whose_base_url_does_not_end_in_v1_is_refused_at_once(
         trainer.create_episode(policy="vllm:tiny", policy_options={"api_base": fine})
 
 
-def test_every_served_example_in_the_readme_has_its_v1_and_a_max_tokens() -> None:
-    text = README.read_text()
+def test_every_served_example_in_the_readme_and_the_docs_has_its_v1_and_a_max_tokens() -> None:
+    text = "\n\n".join(page.read_text() for page in pages())
     bases = re.findall(r'api_base(?:=|": ")(http[^\s"`]+)', text)
     assert bases and [base for base in bases if served_base_problem(base)] == []
     runs = re.findall(r"^`?trajproxy run .*--policy (?:vllm|sglang):.*(?:\n(?!\n).*)*", text, re.M)

@@ -16,8 +16,18 @@ import orjson
 import pytest
 import sqlalchemy
 
-from proxy.core.keys import hash_key, new_id, new_key
-from proxy.core.values import Episode, EpisodeStatus, JsonObject, Reply, Turn, TurnStatus, Usage
+from proxy.core.values import (
+    Episode,
+    EpisodeStatus,
+    JsonObject,
+    Reply,
+    Turn,
+    TurnStatus,
+    Usage,
+    hash_key,
+    new_id,
+    new_key,
+)
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.gemini import GeminiDialect

@@ -34,7 +34,7 @@ RECORD = """
 import asyncio, base64, pickle, sys
 from dataclasses import replace
 import orjson
-from proxy.core.keys import hash_key, new_id, new_key
+from proxy.core.keys import hash_key, new_id, new_key  # the previous commit's module
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, Usage
 from proxy.storage.sql import SqlStore
 

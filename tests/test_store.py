@@ -11,11 +11,23 @@ from typing import Any
 import pytest
 
 from proxy.core.errors import StorageError
-from proxy.core.keys import hash_key, new_id, new_key
 from proxy.core.ports import Store
-from proxy.core.values import AgentError, Episode, EpisodeStatus, Reply, Reward, Tally, Turn, TurnStatus, Usage
+from proxy.core.values import (
+    AgentError,
+    Episode,
+    EpisodeStatus,
+    Reply,
+    Reward,
+    Tally,
+    Turn,
+    TurnStatus,
+    Usage,
+    hash_key,
+    new_id,
+    new_key,
+)
+from proxy.storage.content import TURN_STATE, turn_state
 from proxy.storage.sql import SqlStore
-from proxy.storage.tables import TURN_STATE, turn_state
 
 T0 = 1_700_000_000.123456
 WAIT_S = 10  # bound on any one write: a writer that died would otherwise hang the test

@@ -4,7 +4,6 @@ idempotent replies) are pinned by the tests that take a `lane`, on every path.""
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ from websockets.sync.client import connect, unix_connect
 
 from proxy.client import AsyncTrainerClient, TrainerClient, TrajproxyAPIError
 from tests.test_delivery import ask, wait_until
-from tests.test_readme import README
+from tests.test_readme import DOCS, python_blocks
 
 
 def raw_stream(server: Any, query: str = "max=4") -> Any:
@@ -154,9 +153,8 @@ def test_the_async_client_streams_too(server: Any, trainer: TrainerClient) -> No
     assert asyncio.run(both()) == "hello"
 
 
-def test_the_readmes_stream_example_runs_as_written(server: Any) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-    [example] = [block for block in blocks if "trainer.stream(" in block]
+def test_the_docs_stream_example_runs_as_written(server: Any) -> None:
+    [example] = [block for block in python_blocks(DOCS / "trainer-api.md") if "trainer.stream(" in block]
     code = example.replace('TrainerClient("http://127.0.0.1:8000")', f"TrainerClient({server.url!r}, {server.token!r})")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,7 +1,7 @@
 """The web page in a real browser (Debian's Chromium, driven by selenium): log in, list episodes, open one with tool
 calls and two branches, answer a parked turn by hand while a real `openai` SDK agent waits on it, add a reward.
 
-Screenshots go to a temporary folder, or to docs/ (the README shows them) with TRAJPROXY_SCREENSHOTS=docs.
+Screenshots go to a temporary folder, or to docs/ (docs/ui.md shows them) with TRAJPROXY_SCREENSHOTS=docs.
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ def test_a_call_the_model_failed_is_answered_by_the_model_not_the_trainer(
     trainer: TrainerClient,
     background: Any,
 ) -> None:
-    """As `trajproxy run --policy vllm:NAME` forwards each call: the server is down, its agent gets the 502 at once,
-    and the turn records the served policy as what answered it (before, the run handed the error as the trainer)."""
+    """A trainer forwards a call to `vllm:NAME` with `on_failure: agent`: the server is down, its agent gets the 502
+    at once, and the turn records the served policy as what answered it, not the trainer."""
     episode = trainer.create_episode()
     with agent_for(episode) as agent:
         call = background(agent.chat.completions.create, model="m", messages=[{"role": "user", "content": "hi"}])

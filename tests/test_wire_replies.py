@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from proxy import schema
-from proxy.http.trainer_json import reply_from
+from proxy.http.turns import reply_from
 from proxy.schema import replies
 
 ODD_TEXT = st.sampled_from(["", "\ud800", "a\x00b", "é", "5"])

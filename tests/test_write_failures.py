@@ -13,11 +13,11 @@ import pytest
 
 from proxy.adapters.litellm_upstream import LitellmUpstream
 from proxy.adapters.tiktoken_counter import TiktokenCounter
+from proxy.core.answers import LocalQueue
 from proxy.core.broker import Broker
 from proxy.core.context import Context
 from proxy.core.errors import EpisodeClosed, StorageError
-from proxy.core.local_queue import LocalQueue
-from proxy.core.parking import Slot
+from proxy.core.open_turns import OpenTurn
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, Usage
 from proxy.storage.sql import SqlStore
 
@@ -77,15 +77,15 @@ def user(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
 
 
-async def call(broker: Broker, episode: Episode, messages: list[dict[str, Any]], *, retry: bool = False) -> Slot:
+async def call(broker: Broker, episode: Episode, messages: list[dict[str, Any]], *, retry: bool = False) -> OpenTurn:
     """An agent's chat call, as the agent routes hand it to the broker."""
     request = {"model": "policy", "messages": messages}
     return await broker.park(episode.id, "chat", request, json.dumps(request).encode(), stream=False, retry=retry)
 
 
-async def answer(broker: Broker, slot: Slot, text: str) -> dict[str, Any]:
+async def answer(broker: Broker, open_turn: OpenTurn, text: str) -> dict[str, Any]:
     message = {"role": "assistant", "content": text}
-    await broker.answers.reply(slot.turn.id, Reply(message=message, finish_reason="stop", usage=Usage(10, 2)))
+    await broker.answers.reply(open_turn.turn.id, Reply(message=message, finish_reason="stop", usage=Usage(10, 2)))
     return message
 
 
@@ -128,7 +128,7 @@ def test_calls_at_once_whose_first_write_is_refused_take_contiguous_seqs(databas
             calls = [call(broker, episode, [user(f"search {n}")]) for n in range(3)]
             refused, *parked = await asyncio.gather(*calls, return_exceptions=True)
             assert isinstance(refused, StorageError)
-            assert all(isinstance(slot, Slot) for slot in parked)
+            assert all(isinstance(open_turn, OpenTurn) for open_turn in parked)
             later = await call(broker, episode, [user("summarise")])
 
             turns = await store.turns(episode.id)

@@ -26,8 +26,8 @@ untied model.
 It starts vLLM (on a private, untied copy of the tiny model, which it overwrites) and `trajproxy serve` (SQLite in a
 temporary folder) on free ports unless given --vllm-url/--model-dir and --trajproxy-url/--trainer-token, and stops
 what it started on exit, Ctrl-C included. It prints one line per step, plots the mean reward per step (--plot,
-grpo-reward.png in the working directory by default; `--plot docs/rl-reward.png` redraws the README's figure) and
-writes a JSON summary (--summary).
+grpo-reward.png in the working directory by default; `--plot docs/rl-reward.png` redraws the training guide's
+figure) and writes a JSON summary (--summary).
 
 The trajproxy it starts and the agents it runs come from the project's virtualenv (.venv: `python3 -m venv .venv &&
 .venv/bin/pip install -e .`, which `bash .ci/run` also makes); without it, it says so in one line before it starts
@@ -328,7 +328,7 @@ def main() -> None:
         type=Path,
         default=Path("grpo-reward.png"),
         help="where to plot the mean reward per step (default: grpo-reward.png in the working directory; "
-        "docs/rl-reward.png is the README's figure)",
+        "docs/rl-reward.png is the training guide's figure)",
     )
     parser.add_argument("--summary", type=Path, help="write a JSON summary here")
     parser.add_argument("--work-dir", type=Path, help="where the served copy of the model goes (default: a temp dir)")

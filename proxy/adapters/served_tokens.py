@@ -22,10 +22,9 @@ from typing import Any, Protocol
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates
 from proxy.adapters.tool_parsers import parser
-from proxy.core.branches import same_message
+from proxy.core.episodes import same_message
 from proxy.core.errors import UpstreamError
-from proxy.core.keys import new_id
-from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, text_of
+from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id, text_of
 
 # trajproxy's own options in tokens mode, never sent to the server
 TOKEN_OPTIONS = frozenset(

@@ -3,77 +3,100 @@
 Promises kept here: a turn is committed to the store before any trainer can see it, and a reply is
 committed before its agent receives it; what the broker holds in memory about an episode (its next seq, its
 branches, its status) changes only once the store has accepted the change. Every end of an open turn (answer,
-failure, timeout, agent gone, episode finished) goes through the ledger's `settle`: out of the parking lot exactly
+failure, timeout, agent gone, episode finished) goes through `Endings.settle`: out of the open turns exactly
 once, recorded, then its agent and the observers told, even when the record fails. Where open turns are leased
-and answered is the queue's business (`TurnQueue`: this process's lot, or the database replicas share); the
-broker never asks which queue it has.
+and answered is the queue's business (`TurnQueue`: this process's open turns, or the database replicas share); the
+broker never asks which queue it has. Where replicas share the database it is given `Others` too, and tells them
+what they must hear (a turn parked here, its agent gone, an episode closed); with none, there is nobody to tell.
 
 A parked call's whole life reads here: `park` records and parks it (or hands it to a model, a fork's replay,
 the pause), `attend` holds its agent's exchange on it until the answer, the turn timeout or a hang-up (then
 the retry grace), and every exit lets go of the turn.
+
+Recording an agent's call as its episode's next turn: one at a time per episode, and the episode takes the
+turn's seq and branch only once the store has the turn, so a failed write leaves no gap in its seqs and no branch
+head behind. Where other replicas share the database one of them may have recorded the episode's next turn first:
+the write is refused as stale, the episode is read again, and the call recorded after it. With no others, a write
+refused as stale is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.core.answers import Answers
 from proxy.core.context import Context
-from proxy.core.deadlines import Deadlines
+from proxy.core.endings import Attendance, failure
 from proxy.core.episodes import LiveEpisode, closed_error
-from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Unauthorized
+from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Stale, Unauthorized
 from proxy.core.forks import Forks
-from proxy.core.keys import hash_key, new_id, new_key, same_secret
-from proxy.core.parking import Slot
-from proxy.core.pause import HOLDING, Pause
-from proxy.core.queue import TurnQueue
-from proxy.core.recording import Recorder
+from proxy.core.open_turns import HOLDING, OpenTurn, Pause
+from proxy.core.queue import Others, TurnQueue
 from proxy.core.rewards import Rewards
-from proxy.core.values import Answerer, Budget, Episode, EpisodeStatus, JsonObject, Reward, Tally, Turn, TurnStatus
+from proxy.core.values import (
+    Answerer,
+    Budget,
+    Episode,
+    EpisodeStatus,
+    JsonObject,
+    Reward,
+    Tally,
+    Turn,
+    TurnStatus,
+    hash_key,
+    new_id,
+    new_key,
+    same_secret,
+)
 from proxy.core.weights import WeightSync
 
 log = logging.getLogger("trajproxy")
 
+_STALE_TRIES = 8  # an episode whose agent calls through many replicas at once may be read again this often
+
 
 class Broker:
-    def __init__(self, *, context: Context, queue: TurnQueue) -> None:
+    def __init__(self, *, context: Context, queue: TurnQueue, others: Others | None = None) -> None:
         self._context = context
         self._store = context.store
         self._now = context.clock
-        self._lot = context.lot
-        self._ledger = context.ledger
+        self._open_turns = context.open_turns
+        self._endings = context.endings
         self._episodes = context.episodes
         self.queue = queue  # pulls, releases and the queue's state
+        self._others = others  # the replicas sharing the database, if any
         self.answers: Answers = queue.answers  # replies to turns, from trainers or models
         self._forks = Forks(context=context, answers=self.answers)
         self.rewards = Rewards(context=context, episode=self.episode)
-        self._recorder = Recorder(context=context, queue=queue, over_budget=self._over_budget, stale=self._stale)
-        self._pause = Pause(context.lot, self.answers.by_model)
-        self.weights = WeightSync(pause=self._pause, queue=queue)  # the trainer's weight-update cycle
+        self._recorder = Recorder(
+            context=context, queue=queue, others=others, over_budget=self._over_budget, stale=self._stale
+        )
+        self._pause = Pause(context.open_turns, self.answers.by_model)
+        self.weights = WeightSync(pause=self._pause, answers=self.answers, others=others)  # the weight-update cycle
 
     @property
     def open_turns(self) -> int:
-        return len(self._lot)
+        return len(self._open_turns)
 
     @property
     def ready_turns(self) -> int:
-        return self._lot.ready_count
+        return self._open_turns.ready_count
 
     @property
     def leased_turns(self) -> int:
-        return self._lot.leased_count
+        return self._open_turns.leased_count
 
     def open(self, limit: int) -> list[Turn]:
         """Up to `limit` open turns (parked or leased) as they stand now, oldest first."""
-        return self._lot.turns(limit)
+        return self._open_turns.turns(limit)
 
     async def drain(self) -> None:
         """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
-        await self._ledger.drain()
+        await self._endings.drain()
 
     async def start(self) -> int:
         """Take back the open turns a stopped process left (see `TurnQueue.start`); call once, before serving."""
@@ -81,7 +104,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Leave the replicas sharing the database, if any (the others take over what this one holds)."""
-        await self.queue.stop()
+        if self._others is not None:
+            await self._others.stop()
 
     # Episodes
 
@@ -164,11 +188,14 @@ class Broker:
             if episode.status is status:
                 return episode
             raise Conflict(f"episode {episode_id} is already {episode.status}; it cannot become {status}")
-        self._lot.wake(episode_id)  # a trainer stepping through this episode learns it has ended
+        self._open_turns.wake(episode_id)  # a trainer stepping through this episode learns it has ended
         why = f"episode {episode_id} is {status}" + (f": {reason}" if reason else "")
         # Its agents here hear it once their turns' ends are recorded, or have failed to be: then so does the trainer.
-        recorded = self._ledger.end(self._lot.of_episode(episode_id), TurnStatus.FAILED, why, EpisodeClosed(why))
-        await self.queue.closed(episode_id, why)  # its open turns held elsewhere
+        recorded = self._endings.end(
+            self._open_turns.of_episode(episode_id), TurnStatus.FAILED, why, EpisodeClosed(why)
+        )
+        if self._others is not None:  # its open turns held elsewhere
+            await self._others.closed(episode_id, why)
         await recorded
         return episode
 
@@ -176,7 +203,7 @@ class Broker:
 
     async def park(
         self, episode_id: str, dialect: str, request: JsonObject, wire: bytes, *, stream: bool, retry: bool = False
-    ) -> Slot:
+    ) -> OpenTurn:
         """Record the agent's call as a new turn and park it for a trainer to pull.
 
         An SDK's retry (`retry`) of a call whose turn is still open attaches to that turn, and a retry of the
@@ -200,22 +227,23 @@ class Broker:
             turn = await self._recorder.record(
                 live, dialect, request, wire, stream=stream, trainable=side is None, held_for=held_for
             )
-        finally:  # a retry of this call that came meanwhile finds the turn in the lot once it resumes
+        finally:  # a retry of this call that came meanwhile finds the turn open once it resumes
             del live.recording[recorded]
             recorded.set_result(None)
-        self._ledger.observer.recorded(turn)
-        slot = self._lot.park(turn)
+        self._endings.observer.recorded(turn)
+        open_turn = self._open_turns.park(turn)
         if live.episode.status.closed:  # it closed while the turn was written: the turn ends as it began
-            self._ledger.end([slot], TurnStatus.FAILED, "episode closed", closed_error(live.episode))
-            return slot
-        self.queue.parked(slot)
-        if replay is not None and await self._forks.take(live, replay, slot):
-            return slot
-        if (answerer is None or answerer.served) and self._pause.hold_if_holding(slot, turn.created_at, answerer):
-            return slot  # the policy being trained waits out the pause
+            self._endings.end([open_turn], TurnStatus.FAILED, "episode closed", closed_error(live.episode))
+            return open_turn
+        if self._others is not None:
+            self._others.parked(open_turn)
+        if replay is not None and await self._forks.take(live, replay, open_turn):
+            return open_turn
+        if (answerer is None or answerer.served) and self._pause.hold_if_holding(open_turn, turn.created_at, answerer):
+            return open_turn  # the policy being trained waits out the pause
         if answerer is not None:  # a model answers: no trainer sees the turn
-            self.answers.by_model(slot, answerer, since=turn.created_at)
-        return slot
+            self.answers.by_model(open_turn, answerer, since=turn.created_at)
+        return open_turn
 
     async def _over_budget(self, live: LiveEpisode, why: str) -> None:
         """Refuse a call over the episode's budget (429), or finish the episode if its budget says so (410)."""
@@ -234,17 +262,18 @@ class Broker:
         await self.finish(episode.id, status, why)
         raise closed_error(await self.episode(episode.id))
 
-    def attend(self, slot: Slot, episode: Episode) -> Attendance:
+    def attend(self, open_turn: OpenTurn, episode: Episode) -> Attendance:
         """Hold an agent's exchange on its parked turn (`with broker.attend(...) as answer`): the answer it waits
         for. If no reply comes within the turn timeout, the turn is recorded expired and the agent hears so. However
         the exchange ends (reply, error, timeout, hang-up, the server stopping), leaving lets go of the turn: if it
         was the turn's last exchange and the turn is unanswered, the turn leaves the queue and waits the retry grace
         for its SDK's retry, then is recorded abandoned (see `Deadlines`)."""
-        return Attendance(slot, episode, self._context.deadlines, self.queue)
+        away = self._others.away if self._others is not None else None
+        return Attendance(open_turn, episode, self._context.deadlines, away)
 
     def handed_over(self, turn: Turn) -> None:
         """An answered turn's reply was handed over to its agent's connection."""
-        self._ledger.observer.handed_over(turn, self._now())
+        self._endings.observer.handed_over(turn, self._now())
 
     def count_tokens(self, request: JsonObject) -> int:
         """The prompt tokens of a chat request, as replies count them (for count_tokens endpoints)."""
@@ -274,21 +303,94 @@ class Broker:
         return episode, turns, rewards
 
 
-class Attendance:
-    """An agent's exchange held on its parked turn (`Broker.attend`), as a plain context manager: it is entered
-    once per turn, where a generator's would cost several calls more."""
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """An agent's call, as it is to be recorded."""
 
-    __slots__ = ("_deadlines", "_episode", "_expiry", "_queue", "_slot")
-    _expiry: asyncio.TimerHandle  # the turn timeout, from entering
+    dialect: str
+    request: JsonObject
+    wire: bytes
+    stream: bool
+    trainable: bool
+    held_for: str | None
 
-    def __init__(self, slot: Slot, episode: Episode, deadlines: Deadlines, queue: TurnQueue) -> None:
-        self._slot, self._episode, self._deadlines, self._queue = slot, episode, deadlines, queue
 
-    def __enter__(self) -> asyncio.Future[Turn]:
-        self._expiry = self._deadlines.expire_later(self._slot, self._episode)
-        return self._slot.answer
+class Recorder:
+    def __init__(
+        self,
+        *,
+        context: Context,
+        queue: TurnQueue,
+        others: Others | None,
+        over_budget: Callable[[LiveEpisode, str], Awaitable[None]],
+        stale: Callable[[LiveEpisode, str], Awaitable[None]],
+    ) -> None:
+        self._episodes = context.episodes
+        self._now = context.clock
+        self._queue = queue
+        self._stale_tries = 1 if others is None else _STALE_TRIES  # only another replica's write makes one stale
+        self._over_budget = over_budget  # refuses the call (or finishes the episode): it raises
+        self._stale = stale  # finishes or fails the episode: it raises
 
-    def __exit__(self, *_exc: object) -> None:
-        self._expiry.cancel()
-        self._deadlines.leave(self._slot)
-        self._queue.away(self._slot)
+    async def record(
+        self,
+        live: LiveEpisode,
+        dialect: str,
+        request: JsonObject,
+        wire: bytes,
+        *,
+        stream: bool,
+        trainable: bool,
+        held_for: str | None = None,  # why the turn is out of the queue ("pause", "model")
+    ) -> Turn:
+        """Write the call as its episode's next turn."""
+        call = _Call(dialect, request, wire, stream, trainable, held_for)
+        async with live.writing_turn:
+            for tries_left in range(self._stale_tries, 0, -1):
+                try:
+                    return await self._write(live, call)
+                except Stale:
+                    if tries_left == 1:
+                        raise
+                    await self._episodes.refresh(live)
+        raise AssertionError("unreachable")
+
+    async def _write(self, live: LiveEpisode, call: _Call) -> Turn:
+        request = call.request
+        if live.episode.status.closed:  # finished while this call waited for the one before it
+            raise closed_error(live.episode)
+        now = self._now()
+        if (over := live.episode.budget.exceeded(live.next_seq, live.tokens, now)) is not None:
+            await self._over_budget(live, over)
+        if (stale := live.episode.budget.stale(live.versions, self._queue.answers.versions)) is not None:
+            await self._stale(live, stale)
+        model = request.get("model")
+        place = live.branches.locate(request)
+        turn = Turn(
+            id=new_id("tu"),
+            episode_id=live.episode.id,
+            seq=live.next_seq,
+            dialect=call.dialect,
+            request=request,
+            wire=call.wire,
+            stream=call.stream,
+            status=TurnStatus.PARKED,
+            created_at=now,
+            model=model if isinstance(model, str) else None,
+            trainable=call.trainable,
+            branch=place.branch,
+            parent_id=place.parent_id,
+        )
+
+        def took(written: asyncio.Future[None]) -> None:
+            if failure(written) is None:
+                live.took(turn, place)
+
+        # Taken when the write settles, not when this call resumes: a call cancelled meanwhile whose turn was
+        # recorded still takes its seq, or the next call's turn would collide with it.
+        written = asyncio.ensure_future(self._queue.add(turn, call.held_for))
+        written.add_done_callback(took)
+        if live.episode.status is EpisodeStatus.PENDING:
+            await self._episodes.start(live, written, now)
+        await asyncio.shield(written)
+        return turn

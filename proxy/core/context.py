@@ -1,7 +1,7 @@
 """The context: what every part of the broker shares, built once and passed by keyword.
 
-One store, one token counter, one upstream, one clock, and the in-memory state of this process: the parking lot
-(open turns and the futures their agents await), the ledger (each open turn settled once; writes nobody waits on),
+One store, one token counter, one upstream, one clock, and the in-memory state of this process: the open turns
+(open turns and the futures their agents await), the endings (each open turn ended once; writes nobody waits on),
 the live episodes, and the deadlines on parked calls. Each part takes the context and keeps what it uses.
 """
 
@@ -12,11 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.core.deadlines import Deadlines
+from proxy.core.endings import Deadlines, Endings
 from proxy.core.episodes import LiveEpisodes
-from proxy.core.ledger import Ledger
 from proxy.core.observer import Observer
-from proxy.core.parking import ParkingLot, Slot
+from proxy.core.open_turns import OpenTurn, OpenTurns
 from proxy.core.ports import Store, TokenCounter, Upstream
 
 log = logging.getLogger("trajproxy")
@@ -29,8 +28,8 @@ class Context:
     upstream: Upstream
     clock: Callable[[], float]
     lease_s: float  # a trainer's lease on a turn, unless its pull names another
-    lot: ParkingLot
-    ledger: Ledger
+    open_turns: OpenTurns
+    endings: Endings
     episodes: LiveEpisodes
     deadlines: Deadlines
 
@@ -48,10 +47,14 @@ class Context:
         clock: Callable[[], float] = time.time,
         observer: Observer | None = None,  # told of each change of state (metrics)
     ) -> Context:
-        lot = ParkingLot(on_lease_expired=_lease_expired)
-        ledger = Ledger(lot, store, clock, observer)
+        open_turns = OpenTurns(on_lease_expired=_lease_expired)
+        endings = Endings(open_turns, store, clock, observer)
         deadlines = Deadlines(
-            lot, ledger, turn_timeout_s=turn_timeout_s, retry_grace_s=retry_grace_s, restart_grace_s=restart_grace_s
+            open_turns,
+            endings,
+            turn_timeout_s=turn_timeout_s,
+            retry_grace_s=retry_grace_s,
+            restart_grace_s=restart_grace_s,
         )
         return cls(
             store=store,
@@ -59,12 +62,12 @@ class Context:
             upstream=upstream,
             clock=clock,
             lease_s=lease_s,
-            lot=lot,
-            ledger=ledger,
+            open_turns=open_turns,
+            endings=endings,
             episodes=LiveEpisodes(store),
             deadlines=deadlines,
         )
 
 
-def _lease_expired(slot: Slot) -> None:
-    log.info("lease on turn %s expired; it is back in the queue", slot.turn.id)
+def _lease_expired(open_turn: OpenTurn) -> None:
+    log.info("lease on turn %s expired; it is back in the queue", open_turn.turn.id)

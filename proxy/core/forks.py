@@ -13,7 +13,7 @@ from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict
 from proxy.core.fork_plan import REPLAYED, ForkPlan, OnDivergence, Replay, replayable
-from proxy.core.parking import Slot
+from proxy.core.open_turns import OpenTurn
 from proxy.core.values import Answerer, Episode, TurnStatus
 
 log = logging.getLogger("trajproxy")
@@ -23,8 +23,8 @@ REPLAYS_KEPT = 4096  # forks replaying at once whose parent's calls are kept in 
 
 class Forks:
     def __init__(self, *, context: Context, answers: Answers) -> None:
-        self._lot = context.lot
-        self._ledger = context.ledger
+        self._open_turns = context.open_turns
+        self._endings = context.endings
         self._store = context.store
         self._answers = answers
         self._now = context.clock
@@ -71,14 +71,14 @@ class Forks:
             self._replays.popitem(last=False)
         return replay
 
-    async def take(self, live: LiveEpisode, replay: Replay, slot: Slot) -> bool:
+    async def take(self, live: LiveEpisode, replay: Replay, open_turn: OpenTurn) -> bool:
         """Answer a fork's call from its replay; True when the call is settled here (replayed, or failed on a
         divergence the fork said to fail on), False when it goes on to the fork's policy."""
-        turn = slot.turn
+        turn = open_turn.turn
         verdict = replay.verdict(turn.seq, turn.request)
         if verdict.reply is not None:
-            self._lot.hold(slot, turn.created_at)
-            self._ledger.submit(self._answers.held(slot, replace(verdict.reply, answered_by=REPLAYED)))
+            self._open_turns.reserve(open_turn, turn.created_at)
+            self._endings.submit(self._answers.answer_reserved(open_turn, replace(verdict.reply, answered_by=REPLAYED)))
             return True
         if verdict.why is None:
             return False
@@ -86,7 +86,7 @@ class Forks:
         if replay.plan.on_divergence == "policy":
             return False
         why = f"the replay stopped: {verdict.why}"
-        self._ledger.end([slot], TurnStatus.FAILED, why, Conflict(why))
+        self._endings.end([open_turn], TurnStatus.FAILED, why, Conflict(why))
         return True
 
     async def _diverged(self, live: LiveEpisode, replay: Replay, seq: int, why: str) -> None:

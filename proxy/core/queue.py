@@ -1,8 +1,12 @@
-"""The queue: where open turns wait for trainers, how they are leased and answered, and who else must hear of it.
+"""The queue: where open turns wait for trainers, how they are leased and answered.
 
-One interface, two implementations, chosen once when the app is built: `LocalQueue` (this process's parking lot is
+One interface, two implementations, chosen once when the app is built: `LocalQueue` (this process's open turns is
 the queue; one process per database) and `SharedQueue` (replicas share one Postgres database, and the queue is
-the database's). The broker never asks which one it has.
+the database's). `TurnQueue` is what every queue does; the broker never asks which one it has.
+
+Where replicas share the database they must also hear what each one does (a turn parked here, its agent gone, an
+episode closed, a pause) and leave the others what one holds when it stops: that is `Others`, which only the shared
+queue is, and which the broker is given only then. With none, this process is its database's only one.
 """
 
 from __future__ import annotations
@@ -12,14 +16,12 @@ from typing import Protocol
 
 from proxy.core.answers import Answers
 from proxy.core.episodes import LiveEpisode
-from proxy.core.parking import Slot
-from proxy.core.pause import Pause
+from proxy.core.open_turns import OpenTurn, Pause
 from proxy.core.values import Turn
 
 
 class TurnQueue(Protocol):
     answers: Answers  # replies to open turns, from trainers and models
-    retries_stale: bool  # whether a turn refused as stale (another process recorded the episode's next) is retried
 
     @property
     def waiting(self) -> int:
@@ -31,29 +33,12 @@ class TurnQueue(Protocol):
         their agents' retries; obey `pause` as the others set it. Returns how many turns were taken back."""
         ...
 
-    async def stop(self) -> None:
-        """Leave: what this process holds goes to the others, if any."""
-        ...
-
     def add(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
         """Record a new turn; pullable unless `held_for` says why not ("pause", "model")."""
         ...
 
-    def parked(self, slot: Slot) -> None:
-        """A call's turn is parked in this process's lot."""
-        ...
-
-    async def retried(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+    async def retried(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
         """The turn an SDK retry (this exact body) belongs to, open or answered, wherever its first attempt landed."""
-        ...
-
-    def away(self, slot: Slot) -> None:
-        """An agent's exchange on the turn ended: if that left the turn withdrawn (its agent hung up, unanswered),
-        it stays out of every queue until its SDK's retry comes back for it."""
-        ...
-
-    async def closed(self, episode_id: str, why: str) -> None:
-        """An episode closed: its open turns held elsewhere fail too."""
         ...
 
     async def turn(self, turn_id: str) -> Turn:
@@ -67,6 +52,28 @@ class TurnQueue(Protocol):
 
     def release(self, turns: Sequence[Turn]) -> None:
         """Give back leased turns whose poller went away before receiving them."""
+        ...
+
+
+class Others(Protocol):
+    """The other replicas sharing the database: what they must hear of this one, beyond what the queue they share
+    holds already. A write refused as stale is theirs (one of them recorded the episode's next turn first)."""
+
+    async def stop(self) -> None:
+        """Leave: what this replica holds goes to the others."""
+        ...
+
+    def parked(self, open_turn: OpenTurn) -> None:
+        """A call's turn is parked here (a trainer elsewhere may have answered it already)."""
+        ...
+
+    def away(self, open_turn: OpenTurn) -> None:
+        """An agent's exchange on the turn ended: if that left the turn withdrawn (its agent hung up, unanswered),
+        it stays out of every replica's queue until its SDK's retry comes back for it."""
+        ...
+
+    async def closed(self, episode_id: str, why: str) -> None:
+        """An episode closed: its open turns held by the others fail too."""
         ...
 
     def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:

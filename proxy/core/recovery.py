@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from proxy.core.episodes import LiveEpisode, LiveEpisodes
-from proxy.core.parking import ParkingLot, Slot
+from proxy.core.open_turns import OpenTurn, OpenTurns
 from proxy.core.ports import Store
 from proxy.core.values import Answerer, Turn, TurnStatus
 
@@ -39,8 +39,8 @@ async def left_open(store: Store, episodes: LiveEpisodes, now: float) -> LeftOpe
     return LeftOpen(waiting, closed, len(by_episode))
 
 
-def adopt(left: LeftOpen, lot: ParkingLot, lease_s: float) -> Iterator[tuple[Slot, Answerer | None]]:
-    """Each waiting turn put back in the lot (a leased one keeps its lease, renewed), with the model that answers
-    it, if one does."""
+def adopt(left: LeftOpen, open_turns: OpenTurns, lease_s: float) -> Iterator[tuple[OpenTurn, Answerer | None]]:
+    """Each waiting turn put back among the open turns (a leased one keeps its lease, renewed), with the model that
+    answers it, if one does."""
     for live, turn in left.waiting:
-        yield lot.adopt(turn, lease_s), live.answerer(turn.request)
+        yield open_turns.adopt(turn, lease_s), live.answerer(turn.request)

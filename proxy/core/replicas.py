@@ -17,12 +17,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from proxy.core.answers import Answers
-from proxy.core.bell import Bell
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import StorageError
-from proxy.core.parking import Slot
-from proxy.core.pause import Pause
+from proxy.core.open_turns import OpenTurn, Pause, Pollers
 from proxy.core.ports import SharedDatabase
 from proxy.core.retries import replayed
 from proxy.core.values import Turn, TurnStatus
@@ -33,23 +31,23 @@ _EARLY_KEPT = 65536  # answers heard for turns not held here (most are other rep
 
 
 class Replicas:
-    def __init__(self, *, context: Context, database: SharedDatabase, answers: Answers, bell: Bell) -> None:
+    def __init__(self, *, context: Context, database: SharedDatabase, answers: Answers, pollers: Pollers) -> None:
         self._database = database
-        self._lot = context.lot
-        self._ledger = context.ledger
+        self._open_turns = context.open_turns
+        self._endings = context.endings
         self._store = context.store
         self._episodes = context.episodes
         self._answers = answers
         self._deadlines = context.deadlines
         self._pause: Pause | None = None  # the broker's, from `start`
-        self._bell = bell
+        self._pollers = pollers
         self._now = context.clock
         self._lease_s = context.lease_s
         self._beating: asyncio.Task[None] | None = None
         self._in_order: asyncio.Future[None] | None = None  # the last of the changes made in the order asked
         self._answered: set[str] = set()  # turns held here answered elsewhere, to be read at the next tick
         # Turns heard answered before this replica held them: a trainer may pull and answer a turn between its
-        # insert's commit and its slot being parked here (the agent's call resumes a moment later).
+        # insert's commit and its turn being parked here (the agent's call resumes a moment later).
         self._early: OrderedDict[str, None] = OrderedDict()
 
     async def start(self, pause: Pause) -> int:
@@ -68,7 +66,7 @@ class Replicas:
                 await self._beating
         await self._database.stop()
 
-    async def retried(self, found: Slot | None, live: LiveEpisode, wire: bytes) -> Slot | None:
+    async def retried(self, found: OpenTurn | None, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
         """An SDK retry, with the turn this replica found for it (see `retries`): back in every replica's queue if
         its agent had hung up; if this replica found none, the turn its first attempt made on another, open or (a
         trainer answered it since this replica looked) answered."""
@@ -77,45 +75,45 @@ class Replicas:
         self.away(found, False)
         return found
 
-    async def attach(self, live: LiveEpisode, wire: bytes) -> Slot | None:
+    async def attach(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
         """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked: this
         replica holds it from now on, and the retry waits on it."""
         turn = await self._database.attach(live.episode.id, wire)
         if turn is None:
             return None
-        slot = self._lot.get(turn.id) or self._adopt(turn)
-        slot.exchanges += 1
-        if slot.grace_timer is not None:
-            slot.grace_timer.cancel()
-            slot.grace_timer = None
-        self._lot.restore(slot)
-        return slot
+        open_turn = self._open_turns.get(turn.id) or self._adopt(turn)
+        open_turn.exchanges += 1
+        if open_turn.grace_timer is not None:
+            open_turn.grace_timer.cancel()
+            open_turn.grace_timer = None
+        self._open_turns.restore(open_turn)
+        return open_turn
 
-    def _adopt(self, turn: Turn) -> Slot:
+    def _adopt(self, turn: Turn) -> OpenTurn:
         """Hold an open turn another replica held (its agent's retry came here, or that replica died). A trainer may
-        have answered it while the statement that took it ran: the answer's notice then found no slot here."""
-        slot = self._lot.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
-        self.parked(slot)
-        return slot
+        have answered it while the statement that took it ran: the answer's notice then found no open turn here."""
+        open_turn = self._open_turns.adopt(replace(turn, status=TurnStatus.PARKED), self._lease_s)
+        self.parked(open_turn)
+        return open_turn
 
-    def parked(self, slot: Slot) -> None:
+    def parked(self, open_turn: OpenTurn) -> None:
         """A call's turn is parked here: if its answer was heard already, hand it over from the database."""
-        if slot.turn.id in self._early:
-            del self._early[slot.turn.id]
-            self._ledger.submit(self._settle([slot.turn.id]))
+        if open_turn.turn.id in self._early:
+            del self._early[open_turn.turn.id]
+            self._endings.submit(self._settle([open_turn.turn.id]))
 
     def pause(self, mode: str | None, retry_after_s: float, policy_version: str | None = None) -> None:
         """Tell every replica of a pause (or of its end, None, with the policy version it names), in order."""
         self._after(lambda: self._database.set_pause(mode, retry_after_s, policy_version))
 
-    def away(self, slot: Slot, away: bool) -> None:
+    def away(self, open_turn: OpenTurn, away: bool) -> None:
         """Keep a turn out of every replica's queue while its agent is away (it hung up), or put it back."""
-        if self._lot.get(slot.turn.id) is slot:
-            self._after(lambda: self._database.away(slot.turn.id, away))
+        if self._open_turns.get(open_turn.turn.id) is open_turn:
+            self._after(lambda: self._database.away(open_turn.turn.id, away))
 
     def _after(self, change: Callable[[], Awaitable[None]]) -> None:
         """Make a change once the ones asked before it are made (a hang-up, then its retry: held, then back)."""
-        self._in_order = self._ledger.submit(self._in_turn(self._in_order, change))
+        self._in_order = self._endings.submit(self._in_turn(self._in_order, change))
 
     async def _in_turn(self, before: asyncio.Future[None] | None, change: Callable[[], Awaitable[None]]) -> None:
         if before is not None:
@@ -126,27 +124,27 @@ class Replicas:
 
     def _heard(self, kind: str, payload: str) -> None:
         if kind == "parked":
-            self._bell.ring(payload)
-        elif kind == "answered" and self._lot.get(payload) is None:
+            self._pollers.wake(payload)
+        elif kind == "answered" and self._open_turns.get(payload) is None:
             self._early[payload] = None  # a turn of another replica's, or of a call not parked here yet
             while len(self._early) > _EARLY_KEPT:
                 self._early.popitem(last=False)
         elif kind == "answered":
             if not self._answered:  # one read for the answers heard together (a trainer answers in batches)
-                self._ledger.submit(self._settle_answered())
+                self._endings.submit(self._settle_answered())
             self._answered.add(payload)
         elif kind == "closed":
-            self._ledger.submit(self._closed(payload))
+            self._endings.submit(self._closed(payload))
         elif kind == "paused":
-            self._ledger.submit(self._obey_pause())
+            self._endings.submit(self._obey_pause())
         elif kind == "":  # notices may have been lost: look again at all this replica waits on
-            self._bell.ring("*")
-            self._ledger.submit(self._settle([turn.id for turn in self._lot.turns(len(self._lot))]))
+            self._pollers.wake("*")
+            self._endings.submit(self._settle([turn.id for turn in self._open_turns.turns(len(self._open_turns))]))
 
     async def _settle_answered(self) -> None:
         await asyncio.sleep(0)  # the answers this replica recorded itself are handed over by then: no read for them
         answered, self._answered = self._answered, set()
-        await self._settle([turn_id for turn_id in answered if self._lot.get(turn_id) is not None])
+        await self._settle([turn_id for turn_id in answered if self._open_turns.get(turn_id) is not None])
 
     async def _settle(self, turn_ids: list[str]) -> None:
         """Hand over what the database holds for turns this replica's agents wait on and others have settled."""
@@ -154,17 +152,17 @@ class Replicas:
             return
         answered, closed = [], []
         for turn in (await self._database.turns(turn_ids)).values():
-            slot = self._lot.get(turn.id)
-            if slot is None or turn.status.open:
+            open_turn = self._open_turns.get(turn.id)
+            if open_turn is None or turn.status.open:
                 continue
             if turn.status is TurnStatus.ANSWERED and turn.reply is not None:
-                answered.append((slot, replace(turn, lease_id=None)))
+                answered.append((open_turn, replace(turn, lease_id=None)))
                 if (live := self._episodes.get(turn.episode_id)) is not None:
                     live.account(turn, turn.reply)
             else:  # its agent hears it is closed (failed, expired, abandoned), why in its reason
-                closed.append((slot, turn))
-        self._ledger.settle(answered, recorded=True)
-        self._ledger.settle(closed, recorded=True)
+                closed.append((open_turn, turn))
+        self._endings.settle(answered, recorded=True)
+        self._endings.settle(closed, recorded=True)
 
     async def _closed(self, episode_id: str) -> None:
         """Another replica closed an episode (its open turns are failed already): its agents here hear so."""
@@ -174,13 +172,16 @@ class Replicas:
         if (live := self._episodes.get(episode_id)) is not None:
             live.episode = episode  # its calls in flight here see it closed
         self._episodes.bury(episode)
-        self._bell.ring(episode_id)  # a trainer stepping through it learns it has ended
+        self._pollers.wake(episode_id)  # a trainer stepping through it learns it has ended
         error, now = closed_error(episode), self._now()
         ended = [
-            (slot, replace(slot.turn, status=TurnStatus.FAILED, reason=error.message, ended_at=now, lease_id=None))
-            for slot in self._lot.of_episode(episode_id)
+            (
+                open_turn,
+                replace(open_turn.turn, status=TurnStatus.FAILED, reason=error.message, ended_at=now, lease_id=None),
+            )
+            for open_turn in self._open_turns.of_episode(episode_id)
         ]
-        self._ledger.settle(ended, error, recorded=True)
+        self._endings.settle(ended, error, recorded=True)
 
     async def _obey_pause(self) -> None:
         assert self._pause is not None, "obeyed only once started"
@@ -207,7 +208,7 @@ class Replicas:
         taken = await self._database.beat()
         failed: list[Turn] = []
         for turn, held_for in taken:
-            if self._lot.get(turn.id) is not None:  # its own, taken back (it was thought dead for a while)
+            if self._open_turns.get(turn.id) is not None:  # its own, taken back (it was thought dead for a while)
                 continue
             live = await self._episodes.load(turn.episode_id)
             if live is None:
@@ -215,11 +216,11 @@ class Replicas:
                 continue
             # Its agent is not connected here: it waits for the agent's retry, pullable all the while (its lease,
             # if it has one, stands: leases are the database's).
-            slot = self._adopt(turn)
-            self._deadlines.after_restart(slot)
+            open_turn = self._adopt(turn)
+            self._deadlines.after_restart(open_turn)
             answerer = live.answerer(turn.request)
             if held_for == "model" and answerer is not None:  # a model answers it: it goes to the model again
-                self._answers.by_model(slot, answerer)
+                self._answers.by_model(open_turn, answerer)
         if failed:
             await self._store.save_turns(failed)
         if taken:

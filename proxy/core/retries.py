@@ -11,7 +11,7 @@ import asyncio
 import logging
 
 from proxy.core.episodes import LiveEpisode
-from proxy.core.parking import ParkingLot, Slot
+from proxy.core.open_turns import OpenTurn, OpenTurns
 from proxy.core.ports import Store
 
 log = logging.getLogger("trajproxy")
@@ -19,7 +19,7 @@ log = logging.getLogger("trajproxy")
 RETRY_LOOKBACK = 16  # an episode's latest answers a retry is matched against (more than its calls at once)
 
 
-async def retried(lot: ParkingLot, store: Store, live: LiveEpisode, wire: bytes) -> Slot | None:
+async def retried(open_turns: OpenTurns, store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
     """The turn an SDK retry with this exact body belongs to: still open (or still being written), or
     answered, its reply lost on the way (the agent hung up, or the proxy stopped before sending it); the
     retry then gets that reply again."""
@@ -27,25 +27,25 @@ async def retried(lot: ParkingLot, store: Store, live: LiveEpisode, wire: bytes)
         log.debug("episode %s: a retry waits for its first attempt's turn, still being recorded", live.episode.id)
         await asyncio.shield(write)
     episode_id = live.episode.id
-    for slot in lot.of_episode(episode_id):
-        if slot.turn.wire == wire:
-            slot.exchanges += 1
-            if slot.grace_timer is not None:
-                slot.grace_timer.cancel()
-                slot.grace_timer = None
-            lot.restore(slot)
-            return slot
+    for open_turn in open_turns.of_episode(episode_id):
+        if open_turn.turn.wire == wire:
+            open_turn.exchanges += 1
+            if open_turn.grace_timer is not None:
+                open_turn.grace_timer.cancel()
+                open_turn.grace_timer = None
+            open_turns.restore(open_turn)
+            return open_turn
     return await replayed(store, live, wire)
 
 
-async def replayed(store: Store, live: LiveEpisode, wire: bytes) -> Slot | None:
-    """The answered turn an SDK retry with this exact body belongs to, as a slot that replays its reply."""
+async def replayed(store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    """The answered turn an SDK retry with this exact body belongs to, as an open turn that replays its reply."""
     answered = live.last_answered
     if answered is None or answered.wire != wire:  # not the last answer this process gave: ask the store
         latest = await store.latest_answered(live.episode.id, RETRY_LOOKBACK)
         answered = next((turn for turn in latest if turn.wire == wire), None)
         if answered is None:
             return None
-    replay = Slot(answered, asyncio.get_running_loop().create_future())
+    replay = OpenTurn(answered, asyncio.get_running_loop().create_future())
     replay.answer.set_result(answered)
     return replay

@@ -7,14 +7,13 @@ from collections.abc import Awaitable, Callable
 
 from proxy.core.context import Context
 from proxy.core.errors import BadRequest, NotFound
-from proxy.core.keys import new_id
-from proxy.core.values import Episode, JsonObject, Reward
+from proxy.core.values import Episode, JsonObject, Reward, new_id
 
 
 class Rewards:
     def __init__(self, *, context: Context, episode: Callable[[str], Awaitable[Episode]]) -> None:
         self._store = context.store
-        self._ledger = context.ledger
+        self._endings = context.endings
         self._episode = episode
         self._now = context.clock
 
@@ -24,11 +23,11 @@ class Rewards:
         if not math.isfinite(value):
             raise BadRequest(f"reward {name!r} must be a finite number, not {value}")
         await self._episode(episode_id)  # NotFound for an unknown episode
-        if turn_id is not None and (await self._ledger.turn(turn_id)).episode_id != episode_id:
+        if turn_id is not None and (await self._endings.turn(turn_id)).episode_id != episode_id:
             raise NotFound(f"episode {episode_id} has no turn {turn_id!r}")
         reward = Reward(new_id("rw"), episode_id, name, value, source, self._now(), turn_id, info)
         await self._store.add_reward(reward)
-        self._ledger.observer.rewarded(reward)
+        self._endings.observer.rewarded(reward)
         return reward
 
     async def of(self, episode_id: str) -> list[Reward]:

@@ -1,8 +1,14 @@
-"""Domain values: episodes, turns, replies and rewards, as frozen dataclasses."""
+"""Domain values: episodes, turns, replies and rewards, as frozen dataclasses; their ids, and episode keys (random
+secrets for agents, stored only as hashes and compared in constant time)."""
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import hmac
+import random
+import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -266,3 +272,25 @@ class Tally:
     next_seq: int = 0
     tokens: int = 0
     next_branch: int = 0
+
+
+KEY_PREFIX = "tpk-"
+
+
+def new_key() -> str:
+    """A fresh episode key with 256 bits of randomness."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def same_secret(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def new_id(prefix: str) -> str:
+    """A unique id that sorts roughly by creation time (millisecond clock, then 48 random bits). Ids are not
+    secrets, so they come from the fast generator (seeded from the OS), not from a system call each."""
+    return f"{prefix}_{time.time_ns() // 1_000_000:011x}{random.getrandbits(48):012x}"

@@ -1,29 +1,104 @@
-"""The trainer API's docs page (Swagger UI at /api/docs) served whole from the package: its scripts and styles come
-from the `fastapi-offline` package (Swagger UI 5, which reads the OpenAPI 3.1 FastAPI writes; 4.x cannot), not a
-CDN, so the page works offline and in air-gapped clusters."""
+"""The OpenAPI document (`/api/openapi.json`), written from the route table, and the page that reads it (Swagger UI
+at `/api/docs`), served whole from the package: its scripts and styles come from the `fastapi-offline` package
+(Swagger UI 5, which reads the OpenAPI 3.1 FastAPI writes; 4.x cannot), not a CDN, so the page works offline and in
+air-gapped clusters.
+
+FastAPI writes the document from every route of the table that names a response model: from the signature of the
+handler FastAPI serves, or, for a plain handler, from the query and body models the route names.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Sequence
+from functools import cached_property
 from importlib.resources import files
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+import orjson
+from fastapi import APIRouter, Query
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.staticfiles import StaticFiles
-from starlette.responses import HTMLResponse
+from fastapi.openapi.utils import get_openapi
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Mount
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from proxy import __version__, schema
+from proxy.http.edge import http_error, respond
+from proxy.http.routes import Route
 
 ASSETS = "/docs-assets"  # outside /api: static files, no data, no token needed
+OPENAPI = "/api/openapi.json"
+_HTML = [(b"content-type", b"text/html; charset=utf-8")]
 
 
-def add_docs(app: FastAPI, openapi_url: str, path: str = "/api/docs") -> None:
-    assets = files("fastapi_offline") / "static"  # only its files: its FastAPI wrapper is not used
-    app.mount(ASSETS, StaticFiles(directory=str(assets)), name="docs-assets")
+def framework_router(table: Sequence[Route], documented: bool) -> APIRouter:
+    """The table's routes as FastAPI's, in the table's order: those FastAPI serves (`documented=False`), or every
+    route the document describes."""
+    failed = {"model": schema.ApiError, "description": "the database or a model answering for the trainer failed"}
+    refused = {"model": schema.ApiError, "description": "refused; 422: the query or body does not fit this schema"}
+    router = APIRouter(tags=["trainer"], responses={"4XX": refused, "5XX": failed})
+    for route in table:
+        if route.endpoint is None and not (documented and route.model is not None):
+            continue
+        router.add_api_route(
+            route.path,
+            route.endpoint or declared(route),
+            methods=sorted(route.allowed),
+            status_code=route.status,
+            response_model=route.model,
+            include_in_schema=route.model is not None,
+        )
+    return router
 
-    @app.get(path, include_in_schema=False)
-    async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
+
+def declared(route: Route) -> Callable[..., Any]:
+    """What the document reads of a plain handler: its name, its docstring, and a signature of its query and body
+    models (never called)."""
+    parameters = []
+    if route.query is not None:
+        annotation = Annotated[route.query, Query()]  # type: ignore[name-defined]
+        parameters.append(inspect.Parameter("query", inspect.Parameter.KEYWORD_ONLY, annotation=annotation))
+    if route.body is not None:
+        parameters.append(inspect.Parameter("body", inspect.Parameter.KEYWORD_ONLY, annotation=route.body))
+
+    def operation(**_: Any) -> None:
+        raise NotImplementedError  # served by its plain handler
+
+    operation.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    operation.__name__ = getattr(route.serve, "__name__", "operation")
+    operation.__doc__ = inspect.getdoc(route.serve)
+    return operation
+
+
+class ApiDocs:
+    """The document, its page, and the page's assets."""
+
+    def __init__(self, table: Callable[[], Sequence[Route]]) -> None:
+        self._table = table  # the table holds these routes too: read once it is whole
+        assets = files("fastapi_offline") / "static"  # only its files: its FastAPI wrapper is not used
+        routes = [Mount(ASSETS, StaticFiles(directory=str(assets)))]
+        self.assets: ASGIApp = Starlette(routes=routes, exception_handlers={HTTPException: http_error})  # type: ignore[dict-item]
+
+    @cached_property
+    def document(self) -> dict[str, Any]:
+        return get_openapi(title="trajproxy", version=__version__, routes=framework_router(self._table(), True).routes)
+
+    @cached_property
+    def _document_bytes(self) -> bytes:
+        return orjson.dumps(self.document)
+
+    async def openapi(self, _scope: Scope, _receive: Receive, send: Send) -> None:
+        await respond(send, 200, self._document_bytes)
+
+    async def page(self, _scope: Scope, _receive: Receive, send: Send) -> None:
+        html = get_swagger_ui_html(
+            openapi_url=OPENAPI,
             title="trajproxy: the trainer API",
             swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
             swagger_css_url=f"{ASSETS}/swagger-ui.css",
             swagger_favicon_url=f"{ASSETS}/favicon.png",
         )
+        await respond(send, 200, bytes(html.body), _HTML)

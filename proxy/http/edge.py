@@ -1,11 +1,32 @@
-"""What every route needs at the edge: bounded body reading, credentials, and error statuses."""
+"""What every route needs at the edge: bodies read within their limits of size and time, credentials, responses and
+error statuses, which side a request came in on (TCP, or the sandboxes' socket), and the server's shutdown.
+
+Bodies that stop arriving, or never finish (`timed_body`): neither uvicorn nor granian times out a body, so a client
+that sent its headers and part of its body held a socket and a file descriptor until it closed them itself, and one
+that sent a byte every 29 s held it for ever. Each read waits at most `body_read_timeout_s`, and the whole body must
+have arrived `body_timeout_s` after its request began; past either the read raises BodyStalled (408, and the answer
+closes the connection). Once the body is whole, reads wait as long as they like: a parked call listens on them for
+its agent hanging up.
+
+The sandboxes' Unix socket: whatever runs in a sandbox is the agent being trained, so the socket serves the routes
+an agent calls and a bare `/health`, and nothing of the page (not even its login form, where it could guess the
+trainer token), the docs, the OpenAPI document, metrics or the queue counts `/health` shows on TCP.
+
+The shutdown (`Shutdown`): what waits on the trainer's side (a long poll, the stream) ends as the server begins to
+stop, at once: left waiting, it held the server for its whole grace and was cancelled with a traceback.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.core import errors
@@ -107,6 +128,17 @@ def nested_too_deep(value: Any) -> bool:
             if isinstance(child, dict | list)
         ]
     return False
+
+
+def too_deep(body: bytes) -> bool:
+    """Whether the body is JSON nested deeper than MAX_JSON_DEPTH (malformed JSON is its route's to refuse)."""
+    if not may_nest_too_deep(body):
+        return False
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        return str(e).startswith("depth limit exceeded")
+    return nested_too_deep(value)
 
 
 async def read_json(scope: Scope, receive: Receive, limit_bytes: int) -> tuple[bytes, JsonObject]:
@@ -213,3 +245,133 @@ async def deny(scope: Scope, send: Send, status: int, body: bytes) -> None:
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})
+
+
+# Bodies that stop arriving
+
+_CLOSE = (b"connection", b"close")
+
+
+def timed_body(receive: Receive, send: Send, timeout_s: float, whole_s: float) -> tuple[Receive, Send]:
+    """`receive` with each read of the body bounded by `timeout_s` and the whole body by `whole_s` from now, and a
+    `send` that closes the connection once a read has stalled (the rest of the body would otherwise be read as the
+    next request)."""
+    whole = stalled = False
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + whole_s
+
+    async def timed() -> Message:
+        nonlocal whole, stalled
+        if whole:
+            return await receive()
+        left_s = deadline - loop.time()
+        try:
+            async with asyncio.timeout(min(timeout_s, left_s)):
+                message = await receive()
+        except TimeoutError:
+            stalled = True
+            if left_s <= timeout_s:
+                raise errors.BodyStalled(f"the request body did not arrive whole within {whole_s:g} s") from None
+            stopped = f"the request body stopped arriving: nothing of it came for {timeout_s:g} s"
+            raise errors.BodyStalled(stopped) from None
+        whole = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    async def closing(message: Message) -> None:
+        if stalled and message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
+        await send(message)
+
+    return timed, closing
+
+
+# The sandboxes' socket
+
+SANDBOX_HEALTH = b'{"status":"ok"}'
+
+
+def from_sandbox(scope: Scope) -> bool:
+    """Whether the request came over the Unix socket (it has no port)."""
+    server = scope.get("server")
+    return server is None or server[1] is None
+
+
+async def sandbox_health(_scope: Scope, _receive: Receive, send: Send) -> None:
+    """`/health` on the sandbox socket: that trajproxy is up, and nothing else."""
+    await respond(send, 200, SANDBOX_HEALTH)
+
+
+async def sandbox_refusal(scope: Scope, _receive: Receive, send: Send) -> None:
+    """Answer a request on the sandbox socket that no agent route took."""
+    if scope["path"].startswith("/e/"):  # a key in the path, then no agent route: as on TCP
+        message = f"no route {scope['method']} {redact(scope['path'])}"
+        await deny(scope, send, 404, error_body(errors.NotFound.kind, message))
+        return
+    message = f"the sandbox socket serves agent routes only, not {redact(scope['path'])}; use trajproxy's TCP address"
+    await deny(scope, send, 403, error_body(errors.Forbidden.kind, message))
+
+
+# The shutdown
+
+SHUTTING_DOWN = "trajproxy is shutting down: retry"
+_UNAVAILABLE = [(b"content-type", b"application/json"), (b"retry-after", b"1"), _CLOSE]
+
+
+class Shutdown:
+    """Set once, by the front in front of the app, on the server's event loop, as its shutdown begins."""
+
+    def __init__(self) -> None:
+        self._begun = asyncio.Event()
+
+    @property
+    def begun(self) -> bool:
+        return self._begun.is_set()
+
+    def begin(self) -> None:
+        self._begun.set()
+
+    async def wait(self) -> None:
+        await self._begun.wait()
+
+
+async def unavailable(send: Send) -> None:
+    """Answer 503 to a request the shutdown ended, unless its answer had begun (a stream then just ends)."""
+    try:
+        await send({"type": "http.response.start", "status": 503, "headers": _UNAVAILABLE})
+        await send({"type": "http.response.body", "body": error_body("unavailable", SHUTTING_DOWN)})
+    except (RuntimeError, OSError):  # its answer had begun, or its client is gone: nothing more to say
+        return
+
+
+# The errors of the handlers FastAPI serves (the trainer API's, the page's), in the shape of the plain handlers'
+
+
+def framework_errors(app: FastAPI) -> None:
+    """Have `app` answer the domain's errors, its own validation's and its routing's as the plain handlers do."""
+    app.add_exception_handler(errors.TrajproxyError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
+
+
+def error_response(status: int, kind: str, message: str) -> Response:
+    return Response(error_body(kind, message), status, media_type="application/json")
+
+
+async def _domain_error(_request: Request, error: errors.TrajproxyError) -> Response:
+    return error_response(status_of(error), error.kind, error.message)
+
+
+async def _invalid(_request: Request, error: RequestValidationError) -> Response:
+    problems = error.errors()
+    if any(problem.get("type") == "json_invalid" for problem in problems):
+        return error_response(400, "invalid_request_error", "request body is not valid JSON")
+    return error_response(422, "invalid_request_error", invalid(problems))
+
+
+async def http_error(request: Request, error: HTTPException) -> Response:
+    if error.status_code == 404:
+        return error_response(404, "not_found_error", f"no route {request.method} {redact(request.url.path)}")
+    if error.status_code == 405:
+        message = f"{request.method} is not allowed on {redact(request.url.path)}"
+        return error_response(405, "invalid_request_error", message)
+    return error_response(error.status_code, "error", str(error.detail))

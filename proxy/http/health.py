@@ -1,14 +1,16 @@
 """`GET /health` (on TCP: the queue's counts, whether new calls are paused, the policy version) and `GET /` (the
-name and version), served by FastAPI without a token; the sandbox socket's bare `/health` is
-`proxy.http.sandbox_door`'s."""
+name and version), plain handlers without a token; the sandbox socket's bare `/health` is `proxy.http.edge`'s."""
 
 from __future__ import annotations
 
 import orjson
-from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from proxy import __version__
 from proxy.core.broker import Broker
+from proxy.http.edge import respond
+
+ROOT = orjson.dumps({"name": "trajproxy", "version": __version__})
 
 
 class Health:
@@ -16,7 +18,7 @@ class Health:
         self._broker = broker
         self._replica = replica  # one of several replicas sharing a Postgres database
 
-    async def health(self) -> Response:
+    async def __call__(self, _scope: Scope, _receive: Receive, send: Send) -> None:
         broker = self._broker
         status = {
             "status": "ok",
@@ -28,8 +30,8 @@ class Health:
         }
         if self._replica is not None:
             status["replica"] = self._replica
-        return Response(orjson.dumps(status), media_type="application/json")
+        await respond(send, 200, orjson.dumps(status))
 
 
-async def root() -> Response:
-    return Response(orjson.dumps({"name": "trajproxy", "version": __version__}), media_type="application/json")
+async def root(_scope: Scope, _receive: Receive, send: Send) -> None:
+    await respond(send, 200, ROOT)

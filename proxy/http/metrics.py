@@ -8,31 +8,35 @@ sandboxes' Unix socket: agents have no business reading it. Put it behind your n
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
-from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from proxy.adapters.prometheus_metrics import CONTENT_TYPE, PrometheusMetrics, Snapshot
 from proxy.core.broker import Broker
 from proxy.core.catalog import Catalog
 from proxy.core.errors import Forbidden
-from proxy.http.sandbox_door import from_sandbox
+from proxy.http.edge import error_body, from_sandbox, respond
+
+ON_SOCKET = "/metrics is not served on the sandbox socket; use trajproxy's TCP address"
 
 
-def on_sandbox_socket(request: Request) -> bool:
-    """Whether the request came over the Unix socket sandboxes' gates relay agents to (it has no port)."""
-    return from_sandbox(request.scope)
+class Metrics:
+    """The plain handler of `GET /metrics`."""
 
+    def __init__(self, metrics: PrometheusMetrics, broker: Broker, catalog: Catalog) -> None:
+        self._metrics = metrics
+        self._broker = broker
+        self._catalog = catalog
 
-def add_metrics(app: FastAPI, metrics: PrometheusMetrics, broker: Broker, catalog: Catalog) -> None:
-    @app.get("/metrics", include_in_schema=False)
-    async def scrape(request: Request) -> Response:
-        if on_sandbox_socket(request):
-            raise Forbidden("/metrics is not served on the sandbox socket; use trajproxy's TCP address")
+    async def __call__(self, scope: Scope, _receive: Receive, send: Send) -> None:
+        if from_sandbox(scope):  # the table never routes it there; said here too, where it is served
+            await respond(send, 403, error_body(Forbidden.kind, ON_SOCKET))
+            return
+        broker = self._broker
         leased = broker.leased_turns
         now = Snapshot(
             parked=broker.open_turns - leased,
             leased=leased,
             long_polls=broker.queue.waiting,
-            episodes=await catalog.episode_counts(),
+            episodes=await self._catalog.episode_counts(),
         )
-        return Response(metrics.exposition(now), media_type=CONTENT_TYPE)
+        await respond(send, 200, self._metrics.exposition(now), [(b"content-type", CONTENT_TYPE.encode())])

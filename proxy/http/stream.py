@@ -34,11 +34,8 @@ from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
 from proxy.core.values import Turn
-from proxy.http.edge import TOO_DEEP, deny, error_body, invalid, status_of
-from proxy.http.shutdown import Shutdown
-from proxy.http.trainer import answer_all
-from proxy.http.trainer_door import too_deep
-from proxy.http.trainer_json import turn_view
+from proxy.http.edge import TOO_DEEP, Shutdown, deny, error_body, invalid, status_of, too_deep
+from proxy.http.turns import answer_all, turn_view
 from proxy.schema import replies
 
 PULL_WAIT_S = 30.0  # one long poll after another; its length only sets how often an idle stream looks again
@@ -49,7 +46,8 @@ _REPLIES = msgspec.json.Decoder(replies.StreamReplies)
 
 
 class TurnStream:
-    """The ASGI app for the stream's WebSocket scope; TrainerDoor has checked the token before it."""
+    """The ASGI app for the stream's WebSocket scope; the trainer's door (`proxy.http.routes`) has checked the token
+    before it."""
 
     def __init__(self, broker: Broker, shutdown: Shutdown) -> None:
         self._broker = broker

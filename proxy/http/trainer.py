@@ -1,55 +1,30 @@
-"""The trainer-facing API under /api: episodes, the turn queue, replies, rewards and trajectories.
+"""The trainer-facing API under /api, but for the batch pull and reply (`proxy.http.turns`): episodes, single
+turns, rewards, trajectories, dm_env's steps, the pause.
 
-`TrainerApi`'s methods are the handlers; the route table (`proxy.http.routes`) names their paths, and FastAPI
-serves them, validates what they take and describes them in the OpenAPI schema. The two calls a trainer makes
-for every batch (a batch pull, a batch reply) are also served as plain ASGI (`batch_pull`, `batch_reply`): they skip
-FastAPI's routing, dependency solving and exception layers (about half the server's CPU per turn when they went
-through it), and a batch reply's body is decoded into msgspec Structs (`proxy.schema.replies`), not pydantic models.
-A pull or reply whose query or body does not validate goes on to its FastAPI route, which answers with the usual
-422 and is also what the schema describes. TrainerDoor has checked the token, the query's names and the body size
-before any of them.
+`TrainerApi`'s methods are the handlers; the route table (`proxy.app`) names their paths, and FastAPI serves them,
+validates what they take and describes them in the OpenAPI document. The trainer's door has checked the token, the
+query's names and the body's size before any of them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, TypeVar
-from urllib.parse import parse_qsl
+from typing import Annotated
 
-import msgspec
 import orjson
 from fastapi import Query, Request
-from pydantic import ValidationError
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from proxy import schema
 from proxy.core.broker import Broker
-from proxy.core.errors import BadRequest, TrajproxyError, UpstreamError
+from proxy.core.errors import UpstreamError
 from proxy.core.steps import Steps, TimeStep
-from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, Turn, answerer_of
+from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, answerer_of
 from proxy.dialects.dialect import agent_env
-from proxy.http.edge import NOT_UTF8, disconnected, error_body, read_body, replay, respond, status_of
-from proxy.http.shutdown import SHUTTING_DOWN, Shutdown
-from proxy.http.trainer_json import (
-    episode_settings,
-    episode_view,
-    reply_from,
-    reward_view,
-    timestep_view,
-    trajectory_view,
-    turn_view,
-)
-from proxy.schema import replies
+from proxy.http.edge import SHUTTING_DOWN, Shutdown, error_body, status_of
+from proxy.http.trainer_json import episode_settings, episode_view, reward_view, timestep_view, trajectory_view
+from proxy.http.turns import Ended, reply_from, turn_view, until_disconnect
 from proxy.settings import Settings
-
-T = TypeVar("T")
-# The batch reply's body, decoded into Structs; what they refuse goes to the route, whose pydantic model may
-# accept it (`5.0` for an integer) or says what is wrong
-_REPLIES = msgspec.json.Decoder(replies.ReplyBatch)
 
 
 def json_response(data: JsonObject, status: int = 200) -> Response:
@@ -57,52 +32,13 @@ def json_response(data: JsonObject, status: int = 200) -> Response:
 
 
 class TrainerApi:
-    """The trainer API's handlers, over one broker. `api` is the FastAPI app that serves them: where a plain pull
-    or reply whose input does not validate goes on to."""
+    """The trainer API's handlers, over one broker."""
 
-    def __init__(self, broker: Broker, settings: Settings, api: ASGIApp, shutdown: Shutdown) -> None:
+    def __init__(self, broker: Broker, settings: Settings, shutdown: Shutdown) -> None:
         self._broker = broker
         self._settings = settings
-        self._api = api
         self._steps = Steps(broker)
         self._shutdown = shutdown
-
-    # The trainer's share of every turn, as plain ASGI
-
-    async def batch_pull(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """GET /api/turns/next, when its query validates."""
-        try:
-            query = schema.TurnsQuery.model_validate(_query(scope))
-        except ValidationError:
-            await self._api(scope, receive, send)
-            return
-        try:
-            status, body = await next_batch(self._broker, query, receive, self._shutdown)
-        except TrajproxyError as e:
-            status, body = status_of(e), error_body(e.kind, e.message)
-        await respond(send, status, body)
-
-    async def batch_reply(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """POST /api/turns/replies, when its query and body validate."""
-        try:
-            raw = await read_body(scope, receive, self._settings.max_body_bytes)
-        except TrajproxyError as e:
-            await respond(send, status_of(e), error_body(e.kind, e.message))
-            return
-        try:
-            batch = _REPLIES.decode(raw)
-            query = schema.RepliesQuery.model_validate(_query(scope))
-        except (msgspec.ValidationError, msgspec.DecodeError, ValidationError):
-            await self._api(scope, replay(raw, receive), send)
-            return
-        except UnicodeDecodeError:  # msgspec reads a string's bytes as UTF-8 when it reaches them
-            await respond(send, 400, error_body(BadRequest.kind, NOT_UTF8))
-            return
-        try:
-            status, body = await reply_batch(self._broker, batch, query, receive, self._shutdown)
-        except TrajproxyError as e:
-            status, body = status_of(e), error_body(e.kind, e.message)
-        await respond(send, status, body)
 
     # FastAPI's handlers
 
@@ -185,10 +121,6 @@ class TrainerApi:
         result = await until_disconnect(request.receive, action, steps.undo, self._shutdown)
         return _timestep(result)
 
-    async def next_turns(self, request: Request, query: Annotated[schema.TurnsQuery, Query()]) -> Response:
-        status, body = await next_batch(self._broker, query, request.receive, self._shutdown)
-        return Response(body, status, media_type="application/json")
-
     async def get_turn(self, turn_id: str) -> Response:
         return json_response(turn_view(await self._broker.queue.turn(turn_id)))
 
@@ -206,14 +138,6 @@ class TrainerApi:
         it (a weight update's step)."""
         released = self._broker.weights.resume(body.policy_version)
         return json_response(pause_view(self._broker, released, 0))
-
-    async def reply_many(
-        self, body: schema.ReplyBatch, request: Request, query: Annotated[schema.RepliesQuery, Query()]
-    ) -> Response:
-        """Answer a batch of turns (one model batch's outputs); results come back in the same order. With
-        `pull=N`, the next batch comes back too, leased, in `turns`."""
-        status, reply = await reply_batch(self._broker, body, query, request.receive, self._shutdown)
-        return Response(reply, status, media_type="application/json")
 
     async def forward(self, turn_id: str, body: schema.ForwardIn) -> Response:
         answerer = answerer_of(body.model, body.options, served_only=True) or Answerer(body.model, body.options)
@@ -247,41 +171,6 @@ def pause_view(broker: Broker, released: int, in_flight: int) -> JsonObject:
     return {**state, "released": released, "in_flight": in_flight}
 
 
-class Ended(enum.Enum):
-    """Why a long poll ended without its result."""
-
-    HUNG_UP = "its client hung up"
-    STOPPING = "the server is stopping"
-
-
-async def until_disconnect(
-    receive: Receive, work: Awaitable[T], undo: Callable[[T], object], shutdown: Shutdown
-) -> T | Ended:
-    """Run a long poll until it is done, its client hangs up or the server begins to stop. Then it is cancelled;
-    if its client hung up and it had finished, `undo` gives back what it took (leased turns go back to the queue at
-    once). What it finished with stands even if the server is stopping."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(disconnected(receive))
-    stopping = asyncio.ensure_future(shutdown.wait())
-    try:
-        await asyncio.wait({task, gone, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        hung_up = gone.done()
-    finally:
-        gone.cancel()
-        stopping.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        return Ended.HUNG_UP if hung_up else Ended.STOPPING
-    if not hung_up:
-        return task.result()
-    if task.exception() is None:
-        undo(task.result())
-    return Ended.HUNG_UP
-
-
 def _timestep(step: TimeStep | Ended) -> Response:
     """A dm_env TimeStep, or why its wait ended without one: 499 if the trainer hung up, 503 if the server is
     stopping."""
@@ -291,62 +180,3 @@ def _timestep(step: TimeStep | Ended) -> Response:
     if step is Ended.HUNG_UP:
         return Response(status_code=499)
     return json_response(timestep_view(step))
-
-
-# The two calls a trainer makes for every batch, whichever way they came in (plain, or through FastAPI)
-
-
-async def next_batch(
-    broker: Broker, query: schema.TurnsQuery, receive: Receive, shutdown: Shutdown
-) -> tuple[int, bytes]:
-    """Lease a batch of turns (long-polling up to `query.wait`, or until the server begins to stop); 499 if the
-    trainer hung up meanwhile."""
-    if query.episode is not None:
-        await broker.episode(query.episode)
-    pull = broker.queue.pull(query.episode, query.max, query.wait, query.lease)
-    turns = await until_disconnect(receive, pull, broker.queue.release, shutdown)
-    if turns is Ended.HUNG_UP:
-        return 499, b""
-    if turns is Ended.STOPPING:  # ended early with nothing, as a poll that waited its time out
-        turns = []
-    return 200, orjson.dumps({"turns": [turn_view(turn) for turn in turns]})
-
-
-async def reply_batch(
-    broker: Broker,
-    batch: schema.ReplyBatch | replies.ReplyBatch,
-    query: schema.RepliesQuery,
-    receive: Receive,
-    shutdown: Shutdown,
-) -> tuple[int, bytes]:
-    """Answer the batch; with `query.pull`, then lease the next batch (long-polling up to `query.wait`). The
-    replies are recorded whatever happens to the pull; 499 if the trainer hung up while it waited."""
-    if query.pull and query.episode is not None:
-        await broker.episode(query.episode)  # 404 for an unknown episode, before any reply is recorded
-    results = await answer_all(broker, batch.replies)
-    if not query.pull:
-        return 200, orjson.dumps({"results": results})
-    pulled = schema.TurnsQuery(episode=query.episode, max=query.pull, wait=query.wait, lease=query.lease)
-    status, body = await next_batch(broker, pulled, receive, shutdown)
-    if status != 200:
-        return status, body
-    return 200, orjson.dumps({"results": results, "turns": orjson.loads(body)["turns"]})
-
-
-async def answer_all(broker: Broker, items: Sequence[schema.ReplyItem | replies.ReplyItem]) -> list[JsonObject]:
-    """Record a batch of replies (one commit); a result per item, in order, each a turn or an error with its
-    status: what both the batch route and the stream acknowledge with."""
-    answers = [(item.turn_id, reply_from(item, item.turn_id), item.lease_id) for item in items]
-    outcomes = await broker.answers.reply_all(answers)
-    return [_result(turn_id, outcome) for (turn_id, _, _), outcome in zip(answers, outcomes, strict=True)]
-
-
-def _result(turn_id: str, outcome: Turn | TrajproxyError) -> JsonObject:
-    if isinstance(outcome, Turn):
-        return {"turn_id": turn_id, "status": 200, "turn": turn_view(outcome)}
-    error = {"type": outcome.kind, "message": outcome.message}
-    return {"turn_id": turn_id, "status": status_of(outcome), "error": error}
-
-
-def _query(scope: Scope) -> dict[str, str]:
-    return dict(parse_qsl(scope["query_string"].decode("latin-1"), True))

@@ -1,17 +1,14 @@
-"""Domain values as trainer-API JSON, and trainer replies as domain values."""
+"""Domain values as trainer-API JSON: episodes, rewards, trajectories and dm_env's time steps (a turn's own view and
+a trainer's reply as the domain's are `proxy.http.turns`', which every turn crosses)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
-
-import orjson
 
 from proxy import schema
 from proxy.core.steps import TimeStep
-from proxy.core.values import AgentError, Answerer, Budget, Episode, JsonObject, Reply, Reward, Turn, Usage, answerer_of
-from proxy.schema import replies
+from proxy.core.values import Answerer, Budget, Episode, JsonObject, Reward, Turn, answerer_of
+from proxy.http.turns import turn_view
 
 
 def episode_view(episode: Episode) -> JsonObject:
@@ -51,31 +48,6 @@ def _rule_view(rule: Answerer) -> JsonObject:
     }
 
 
-def turn_view(turn: Turn) -> JsonObject:
-    return {
-        "id": turn.id,
-        "episode_id": turn.episode_id,
-        "seq": turn.seq,
-        "dialect": turn.dialect,
-        "status": turn.status.value,
-        "model": turn.model,
-        "stream": turn.stream,
-        "request": turn.request,
-        "wire": None if turn.dialect == "chat" else orjson.Fragment(turn.wire),  # chat: the same as request
-        "lease_id": turn.lease_id,
-        "deliveries": turn.deliveries,
-        "created_at": turn.created_at,
-        "leased_at": turn.leased_at,
-        "answered_at": turn.answered_at,
-        "ended_at": turn.ended_at,
-        "reason": turn.reason,
-        "reply": _reply_view(turn.reply) if turn.reply else None,
-        "trainable": turn.trainable,
-        "branch": turn.branch,
-        "parent_id": turn.parent_id,
-    }
-
-
 def reward_view(reward: Reward) -> JsonObject:
     return asdict(reward)
 
@@ -92,79 +64,6 @@ def trajectory_view(episode: Episode, turns: list[Turn], rewards: list[Reward]) 
         "policy_versions": list(
             dict.fromkeys(turn.reply.policy_version for turn in turns if turn.reply and turn.reply.policy_version)
         ),
-    }
-
-
-def reply_from(body: schema.ReplyIn | replies.ReplyItem, turn_id: str) -> Reply:
-    """The domain reply for a trainer's (from the pydantic model or the hot path's Struct, alike); tool-call ids
-    are derived from the turn, so a resent reply matches."""
-    message = None
-    given: Sequence[schema.ToolCall | replies.ToolCall] = ()
-    finish_reason = body.finish_reason
-    if isinstance(body, replies.ReplyItem):
-        message = body.message_for_agent()
-        given = body.message.tool_calls or () if body.message is not None else ()
-    elif body.message is not None:
-        message, given = body.message.model_dump(exclude_none=True), body.message.tool_calls or []
-    if message is not None:
-        message.setdefault("content", None)
-        calls = [_tool_call(call, turn_id, index) for index, call in enumerate(given)]
-        if calls:
-            message["tool_calls"] = calls
-        elif message["content"] is None:
-            message["content"] = ""
-        finish_reason = finish_reason or ("tool_calls" if calls else "stop")
-    usage = body.usage
-    error = body.error
-    return Reply(
-        message=message,
-        finish_reason=finish_reason,
-        usage=Usage(usage.prompt_tokens, usage.completion_tokens) if usage else None,
-        error=AgentError(error.status, error.message, error.type) if error else None,
-        prompt_token_ids=tuple(body.prompt_token_ids) if body.prompt_token_ids is not None else None,
-        completion_token_ids=tuple(body.completion_token_ids) if body.completion_token_ids is not None else None,
-        logprobs=tuple(body.logprobs) if body.logprobs is not None else None,
-        policy_version=body.policy_version,
-    )
-
-
-def _tool_call(call: schema.ToolCall | replies.ToolCall, turn_id: str, index: int) -> JsonObject:
-    arguments: Any = call.function.arguments
-    if not isinstance(arguments, str):
-        arguments = orjson.dumps(arguments).decode()
-    made: JsonObject = {
-        "id": call.id or f"call_{turn_id.rpartition('_')[2]}_{index}",
-        "type": "function",
-        "function": {"name": call.function.name, "arguments": arguments},
-    }
-    if call.extra_content is not None:
-        made["extra_content"] = call.extra_content
-    return made
-
-
-def _reply_view(reply: Reply) -> JsonObject:
-    usage = reply.usage
-    error = reply.error
-    return {
-        "message": reply.message,
-        "finish_reason": reply.finish_reason,
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-        }
-        if usage
-        else None,
-        "error": {"status": error.status, "message": error.message, "type": error.kind} if error else None,
-        "prompt_token_ids": reply.prompt_token_ids,
-        "completion_token_ids": reply.completion_token_ids,
-        "logprobs": reply.logprobs,
-        "policy_version": reply.policy_version,
-        "answered_by": reply.answered_by,
-        "cost_usd": reply.cost_usd,
-        "extends_parent": reply.extends_parent,
-        "drift_at": reply.drift_at,
-        "served": reply.served,
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol, runtime_checkable
 
-from proxy.http.shutdown import unavailable
+from proxy.http.edge import unavailable
 from proxy.servers.forwarded import forwarded
 from proxy.servers.limits import Limits
 

@@ -1,4 +1,6 @@
-"""Turns' wire bodies and requests in the `piece` table: written on the writer thread (`Contents`, `TurnWrite`),
+"""A turn as its row: its columns (`turn_row`; `turn_state`, what changes once it is parked) and its content.
+
+Turns' wire bodies and requests in the `piece` table: written on the writer thread (`Contents`, `TurnWrite`),
 read back for any set of turn rows (`turns_of`). See `proxy.storage.pieces` for how they are cut and listed.
 
 A turn's lists of piece hashes are written as a difference from the lists of its episode's last turn written
@@ -20,20 +22,17 @@ from sqlalchemy import Connection, Executable, and_, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.core.errors import StorageError
-from proxy.core.values import JsonObject, Turn
+from proxy.core.values import AgentError, JsonObject, Reply, Turn, TurnStatus, Usage
 from proxy.storage.pieces import (
+    cut,
     decode_parts,
-    digest,
     encode_parts,
     middle_hashes,
     pack,
     request_from,
-    request_pieces,
     unpack,
-    wire_pieces,
 )
-from proxy.storage.tables import PieceRow, TurnRow, turn_from, turn_row
-from proxy.storage.writer import Op
+from proxy.storage.tables import Op, PieceRow, TurnRow
 
 pieces = PieceRow.__table__  # type: ignore[attr-defined]
 turns = TurnRow.__table__  # type: ignore[attr-defined]
@@ -45,6 +44,138 @@ INLINE_BELOW = 2048
 _KNOWN = 1 << 18  # hashes of pieces this process knows are stored (it skips writing them again)
 _HELD = 1 << 19  # hashes held for episodes' last turns, all episodes together
 _AT_ONCE = 500  # hashes or ranges in one SELECT (under SQLite's and Postgres's limits on parameters)
+
+
+# A turn's row
+
+
+def turn_state(turn: Turn) -> dict[str, Any]:
+    """The columns of a turn that change after it is parked."""
+    reply = turn.reply
+    usage = reply.usage if reply else None
+    return {
+        "id": turn.id,
+        "status": turn.status.value,
+        "deliveries": turn.deliveries,
+        "leased_at": turn.leased_at,
+        "answered_at": turn.answered_at,
+        "ended_at": turn.ended_at,
+        "reason": turn.reason,
+        "reply": _reply_json(reply) if reply else None,
+        "answered_by": reply.answered_by if reply else None,
+        "policy_version": reply.policy_version if reply else None,
+        "cost_usd": reply.cost_usd if reply else None,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "completion_tokens": usage.completion_tokens if usage else None,
+    }
+
+
+TURN_STATE = (
+    "id",
+    "status",
+    "deliveries",
+    "leased_at",
+    "answered_at",
+    "ended_at",
+    "reason",
+    "reply",
+    "answered_by",
+    "policy_version",
+    "cost_usd",
+    "prompt_tokens",
+    "completion_tokens",
+)
+
+# What settling a turn writes where replicas share the database: not its deliveries, which the shared queue keeps.
+TURN_SETTLED = tuple(column for column in TURN_STATE if column not in ("id", "deliveries", "leased_at"))
+
+
+def turn_row(turn: Turn) -> dict[str, Any]:
+    """The turn's columns but its wire body and request, which are stored as pieces (`proxy.storage.content`)."""
+    return {
+        **turn_state(turn),
+        "episode_id": turn.episode_id,
+        "seq": turn.seq,
+        "dialect": turn.dialect,
+        "stream": turn.stream,
+        "model": turn.model,
+        "created_at": turn.created_at,
+        "trainable": turn.trainable,
+        "branch": turn.branch,
+        "parent_id": turn.parent_id,
+    }
+
+
+def turn_from(row: Any, wire: bytes, request: JsonObject) -> Turn:
+    """The turn a row holds, given its wire body and request put back together from their pieces."""
+    return Turn(
+        id=row.id,
+        episode_id=row.episode_id,
+        seq=row.seq,
+        dialect=row.dialect,
+        request=request,
+        wire=wire,
+        stream=row.stream,
+        status=TurnStatus(row.status),
+        created_at=row.created_at,
+        model=row.model,
+        deliveries=row.deliveries,
+        leased_at=row.leased_at,
+        answered_at=row.answered_at,
+        ended_at=row.ended_at,
+        reply=_reply_from(row) if row.reply is not None else None,
+        reason=row.reason,
+        trainable=row.trainable,
+        branch=row.branch,
+        parent_id=row.parent_id,
+    )
+
+
+def _reply_json(reply: Reply) -> JsonObject:
+    data: JsonObject = {"message": reply.message, "finish_reason": reply.finish_reason}
+    if reply.error is not None:
+        data["error"] = {"status": reply.error.status, "message": reply.error.message, "type": reply.error.kind}
+    for name in ("prompt_token_ids", "completion_token_ids", "logprobs"):
+        value = getattr(reply, name)
+        if value is not None:
+            data[name] = list(value)
+    for name in ("served", "extends_parent", "drift_at"):
+        if (value := getattr(reply, name)) is not None:
+            data[name] = value
+    return data
+
+
+def _reply_from(row: Any) -> Reply:
+    data = row.reply
+    error = data.get("error")
+
+    def ints(name: str) -> tuple[int, ...] | None:
+        value = data.get(name)
+        return tuple(value) if value is not None else None
+
+    logprobs = data.get("logprobs")
+    return Reply(
+        message=data.get("message"),
+        finish_reason=data.get("finish_reason"),
+        usage=Usage(row.prompt_tokens, row.completion_tokens) if row.prompt_tokens is not None else None,
+        error=AgentError(error["status"], error["message"], error["type"]) if error else None,
+        prompt_token_ids=ints("prompt_token_ids"),
+        completion_token_ids=ints("completion_token_ids"),
+        logprobs=tuple(logprobs) if logprobs is not None else None,
+        policy_version=row.policy_version,
+        answered_by=row.answered_by or "trainer",
+        cost_usd=row.cost_usd,
+        served=data.get("served"),
+        extends_parent=data.get("extends_parent"),
+        drift_at=data.get("drift_at"),
+    )
+
+
+def dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+# Its content
 
 
 def insert_pieces(dialect: str) -> Executable:
@@ -117,7 +248,7 @@ class TurnWrite:
             inline = {"base_id": None, "whole_seq": None, "wire_parts": turn.wire}
             return [], [(self._statement, [self._shape(turn_row(turn) | inline | {"request_parts": _json(turn)})])]
         if self._cut is None:
-            self._cut = _cut(turn)
+            self._cut = cut(turn.wire, turn.request)
         wire, request, data = self._cut
         last = contents._last.get(turn.episode_id)
         if last is not None and last.depth + 1 < CHAIN and last.seq < turn.seq:
@@ -144,22 +275,6 @@ class TurnWrite:
 
 def _json(turn: Turn) -> bytes:
     return orjson.dumps(turn.request)
-
-
-def _cut(turn: Turn) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
-    return cut(turn.wire, turn.request)
-
-
-def cut(wire: bytes, request: Any) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
-    """A wire body and request as lists of piece hashes, and each piece by its hash."""
-    data: dict[bytes, bytes] = {}
-
-    def stored(piece: bytes) -> bytes:
-        h = digest(piece)
-        data[h] = piece
-        return h
-
-    return [stored(p) for p in wire_pieces(wire)], [stored(p) for p in request_pieces(request)], data
 
 
 # Reading

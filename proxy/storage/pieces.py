@@ -150,3 +150,15 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
         if not byte & 0x80:
             return n, at
+
+
+def cut(wire: bytes, request: Any) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
+    """A wire body and request as lists of piece hashes, and each piece by its hash."""
+    data: dict[bytes, bytes] = {}
+
+    def stored(piece: bytes) -> bytes:
+        h = digest(piece)
+        data[h] = piece
+        return h
+
+    return [stored(p) for p in wire_pieces(wire)], [stored(p) for p in request_pieces(request)], data

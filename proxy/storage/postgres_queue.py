@@ -18,11 +18,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.core.errors import StorageError
 from proxy.core.values import Turn, TurnStatus
-from proxy.storage.content import turns_of
+from proxy.storage.content import TURN_SETTLED, turn_state, turns_of
 from proxy.storage.database_lock import driver_url
 from proxy.storage.notifications import Listener
 from proxy.storage.sql import SqlStore, turns
-from proxy.storage.tables import TURN_SETTLED, turn_state
 
 log = logging.getLogger("trajproxy.storage")
 

@@ -1,13 +1,13 @@
-"""SqlStore: the Store port over SQLite (default, WAL) or Postgres. Writes are group-committed by one writer
-thread (`proxy.storage.writer`); reads run on a thread of their own connection pool. Given a replica id, it is one
-of several replicas sharing a Postgres database (`proxy.storage.postgres_queue` holds their queue).
+"""SqlStore: the Store port over SQLite (default, WAL) or Postgres. Its writes (`StoreWrites`) are group-committed by
+one writer thread (`proxy.storage.writer`); its reads run on a thread of their own connection pool. Given a replica
+id, it is one of several replicas sharing a Postgres database (`proxy.storage.postgres_queue` holds their queue).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -15,23 +15,19 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
-    Table,
     Text,
     and_,
-    bindparam,
     case,
     cast,
     create_engine,
     event,
     false,
     func,
-    insert,
     literal,
     literal_column,
     or_,
     select,
     text,
-    update,
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.schema import CreateIndex
@@ -41,66 +37,23 @@ from sqlmodel import SQLModel
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
 from proxy.core.errors import StorageError
 from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
-from proxy.storage.content import Contents, turns_of
+from proxy.storage.content import Contents, dumps, turns_of
 from proxy.storage.database_lock import DatabaseLock
 from proxy.storage.engines import engine_url, tune_sqlite
-from proxy.storage.tables import (
-    TURN_SETTLED,
-    TURN_STATE,
-    EpisodeRow,
-    RewardRow,
-    TurnRow,
-    add_missing_columns,
-    dumps,
-    episode_from,
-    episode_row,
-    reward_from,
-    reward_row,
-    turn_state,
-)
+from proxy.storage.tables import EpisodeRow, RewardRow, TurnRow, add_missing_columns, episode_from, reward_from
 from proxy.storage.upgrade import upgrade
-from proxy.storage.writer import Write, Writer
+from proxy.storage.writer import StoreWrites, Writer
 
 log = logging.getLogger("trajproxy.storage")
-
-T = TypeVar("T")
 
 episodes = EpisodeRow.__table__  # type: ignore[attr-defined]
 turns = TurnRow.__table__  # type: ignore[attr-defined]
 rewards = RewardRow.__table__  # type: ignore[attr-defined]
 
-
-def _updater(table: Table, columns: Sequence[str]) -> Executable:
-    """UPDATE table SET columns WHERE id = :s_id, its values bound as s_<column> (`_bound` rows)."""
-    values: dict[str, Any] = {column: bindparam(f"s_{column}") for column in columns if column != "id"}
-    return update(table).where(table.c.id == bindparam("s_id")).values(values)
+T = TypeVar("T")
 
 
-def _bound(row: dict[str, Any]) -> dict[str, Any]:
-    return {f"s_{key}": value for key, value in row.items()}
-
-
-# Built once: constructing a statement costs more than executing it.
-_ADD_EPISODE = insert(episodes)
-_SAVE_EPISODE = _updater(episodes, [column.name for column in episodes.columns])
-_ADD_TURN = insert(turns)
-_SAVE_TURN = _updater(turns, TURN_STATE)
-_ADD_REWARD = insert(rewards)
 _SCHEMA_LOCK = text("SELECT pg_advisory_xact_lock(1953653099, hashtext(current_schema()))")  # "traj" + 1
-# Shared mode: a replica settles only the open turns it holds (another may have answered one, or taken it over);
-# leases are the database's, not its own; and no replica's stale copy of an episode reopens a closed one.
-_OPEN = [TurnStatus.PARKED.value, TurnStatus.LEASED.value]
-_CLOSED = [status.value for status in EpisodeStatus if status.closed]
-_SAVE_TURN_SHARED = (
-    update(turns)
-    .where(turns.c.id == bindparam("s_id"), turns.c.status.in_(_OPEN), turns.c.replica == bindparam("s_me"))
-    .values({column: bindparam(f"s_{column}") for column in TURN_SETTLED})
-)
-_SAVE_EPISODE_SHARED = (
-    update(episodes)
-    .where(episodes.c.id == bindparam("s_id"), episodes.c.status.not_in(_CLOSED))
-    .values({column.name: bindparam(f"s_{column.name}") for column in episodes.columns if column.name != "id"})
-)
 
 
 def _episode_return() -> Any:
@@ -111,7 +64,9 @@ def _episode_return() -> Any:
     return case((named > 0, func.sum(case((main, rewards.c.value)))), else_=func.sum(rewards.c.value))
 
 
-class SqlStore:
+class SqlStore(StoreWrites):
+    """The `Store` port: its writes are `StoreWrites`' (`proxy.storage.writer`), its reads and its database here."""
+
     def __init__(
         self, url: str, on_commit: Callable[[int, float], None] | None = None, *, replica: str | None = None
     ) -> None:
@@ -149,35 +104,6 @@ class SqlStore:
             self._engine.dispose()
             self._engine = None
         self._database_lock.release()
-
-    # Writes (group-committed)
-
-    def add_episode(self, episode: Episode) -> Awaitable[None]:
-        return self._write((_ADD_EPISODE, [episode_row(episode)]))
-
-    def save_episode(self, episode: Episode) -> Awaitable[None]:
-        statement = _SAVE_EPISODE if self.replica is None else _SAVE_EPISODE_SHARED
-        return self._write((statement, [_bound(episode_row(episode))]))
-
-    def add_turn(self, turn: Turn) -> Awaitable[None]:
-        return self._write(self.contents.write(turn, _ADD_TURN, _as_is))
-
-    @property
-    def contents(self) -> Contents:
-        """The pieces' bookkeeping of the writer thread, for writes of new turns (`proxy.storage.content`)."""
-        assert self._contents is not None, "SqlStore.open() was not awaited"
-        return self._contents
-
-    def save_turns(self, batch: Sequence[Turn]) -> Awaitable[None]:
-        if not batch:
-            return _done()
-        if self.replica is not None:
-            rows = [{**_bound(turn_state(turn)), "s_me": self.replica} for turn in batch]
-            return self._write((_SAVE_TURN_SHARED, rows))
-        return self._write((_SAVE_TURN, [_bound(turn_state(turn)) for turn in batch]))
-
-    def add_reward(self, reward: Reward) -> Awaitable[None]:
-        return self._write((_ADD_REWARD, [reward_row(reward)]))
 
     # Reads
 
@@ -353,12 +279,6 @@ class SqlStore:
             raise StorageError(f"cannot open the database at {where!r}: {e}") from e
         return engine
 
-    def _write(self, op: Write) -> asyncio.Future[None]:
-        assert self._writer is not None, "SqlStore.open() was not awaited"
-        return self._writer.write(op)
-
-    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.postgres_queue`)
-
     async def _read(self, query: Callable[[Connection], Any]) -> list[Any]:
         engine = self._engine
         assert engine is not None, "SqlStore.open() was not awaited"
@@ -375,13 +295,3 @@ class SqlStore:
 
 # A fork's parent episode (metadata's fork.parent) as SQL text, spelled the same in the index and the query.
 _FORK_PARENT = {"sqlite": "metadata ->> '$.fork.parent'", "postgresql": "metadata -> 'fork' ->> 'parent'"}
-
-
-def _as_is(row: dict[str, Any]) -> dict[str, Any]:
-    return row
-
-
-def _done() -> asyncio.Future[None]:
-    future = asyncio.get_running_loop().create_future()
-    future.set_result(None)
-    return future

@@ -6,23 +6,19 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-import orjson
-from sqlalchemy import JSON, Column, Connection, Index, LargeBinary, UniqueConstraint, inspect, text
+from sqlalchemy import JSON, Column, Connection, Executable, Index, LargeBinary, UniqueConstraint, inspect, text
 from sqlmodel import Field, SQLModel
 
 from proxy.core.values import (
-    AgentError,
     Answerer,
     Budget,
     Episode,
     EpisodeStatus,
     JsonObject,
-    Reply,
     Reward,
-    Turn,
-    TurnStatus,
-    Usage,
 )
+
+Op = tuple[Executable, list[dict[str, Any]]]  # a statement and the rows it writes
 
 # Plain JSON, not JSONB, on Postgres too: JSONB refuses U+0000, which agents' tool output can carry.
 Json = JSON()
@@ -195,88 +191,6 @@ def episode_from(row: Any) -> Episode:
     )
 
 
-def turn_state(turn: Turn) -> dict[str, Any]:
-    """The columns of a turn that change after it is parked."""
-    reply = turn.reply
-    usage = reply.usage if reply else None
-    return {
-        "id": turn.id,
-        "status": turn.status.value,
-        "deliveries": turn.deliveries,
-        "leased_at": turn.leased_at,
-        "answered_at": turn.answered_at,
-        "ended_at": turn.ended_at,
-        "reason": turn.reason,
-        "reply": _reply_json(reply) if reply else None,
-        "answered_by": reply.answered_by if reply else None,
-        "policy_version": reply.policy_version if reply else None,
-        "cost_usd": reply.cost_usd if reply else None,
-        "prompt_tokens": usage.prompt_tokens if usage else None,
-        "completion_tokens": usage.completion_tokens if usage else None,
-    }
-
-
-TURN_STATE = (
-    "id",
-    "status",
-    "deliveries",
-    "leased_at",
-    "answered_at",
-    "ended_at",
-    "reason",
-    "reply",
-    "answered_by",
-    "policy_version",
-    "cost_usd",
-    "prompt_tokens",
-    "completion_tokens",
-)
-
-# What settling a turn writes where replicas share the database: not its deliveries, which the shared queue keeps.
-TURN_SETTLED = tuple(column for column in TURN_STATE if column not in ("id", "deliveries", "leased_at"))
-
-
-def turn_row(turn: Turn) -> dict[str, Any]:
-    """The turn's columns but its wire body and request, which are stored as pieces (`proxy.storage.content`)."""
-    return {
-        **turn_state(turn),
-        "episode_id": turn.episode_id,
-        "seq": turn.seq,
-        "dialect": turn.dialect,
-        "stream": turn.stream,
-        "model": turn.model,
-        "created_at": turn.created_at,
-        "trainable": turn.trainable,
-        "branch": turn.branch,
-        "parent_id": turn.parent_id,
-    }
-
-
-def turn_from(row: Any, wire: bytes, request: JsonObject) -> Turn:
-    """The turn a row holds, given its wire body and request put back together from their pieces."""
-    return Turn(
-        id=row.id,
-        episode_id=row.episode_id,
-        seq=row.seq,
-        dialect=row.dialect,
-        request=request,
-        wire=wire,
-        stream=row.stream,
-        status=TurnStatus(row.status),
-        created_at=row.created_at,
-        model=row.model,
-        deliveries=row.deliveries,
-        leased_at=row.leased_at,
-        answered_at=row.answered_at,
-        ended_at=row.ended_at,
-        reply=_reply_from(row) if row.reply is not None else None,
-        reason=row.reason,
-        trainable=row.trainable,
-        branch=row.branch,
-        parent_id=row.parent_id,
-    )
-
-
 def reward_row(reward: Reward) -> dict[str, Any]:
     return asdict(reward)
 
@@ -294,52 +208,8 @@ def reward_from(row: Any) -> Reward:
     )
 
 
-def _reply_json(reply: Reply) -> JsonObject:
-    data: JsonObject = {"message": reply.message, "finish_reason": reply.finish_reason}
-    if reply.error is not None:
-        data["error"] = {"status": reply.error.status, "message": reply.error.message, "type": reply.error.kind}
-    for name in ("prompt_token_ids", "completion_token_ids", "logprobs"):
-        value = getattr(reply, name)
-        if value is not None:
-            data[name] = list(value)
-    for name in ("served", "extends_parent", "drift_at"):
-        if (value := getattr(reply, name)) is not None:
-            data[name] = value
-    return data
-
-
-def _reply_from(row: Any) -> Reply:
-    data = row.reply
-    error = data.get("error")
-
-    def ints(name: str) -> tuple[int, ...] | None:
-        value = data.get(name)
-        return tuple(value) if value is not None else None
-
-    logprobs = data.get("logprobs")
-    return Reply(
-        message=data.get("message"),
-        finish_reason=data.get("finish_reason"),
-        usage=Usage(row.prompt_tokens, row.completion_tokens) if row.prompt_tokens is not None else None,
-        error=AgentError(error["status"], error["message"], error["type"]) if error else None,
-        prompt_token_ids=ints("prompt_token_ids"),
-        completion_token_ids=ints("completion_token_ids"),
-        logprobs=tuple(logprobs) if logprobs is not None else None,
-        policy_version=row.policy_version,
-        answered_by=row.answered_by or "trainer",
-        cost_usd=row.cost_usd,
-        served=data.get("served"),
-        extends_parent=data.get("extends_parent"),
-        drift_at=data.get("drift_at"),
-    )
-
-
 def _answerer_json(answerer: Answerer) -> JsonObject:
     return asdict(answerer)
-
-
-def dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
 
 
 def add_missing_columns(conn: Connection) -> None:

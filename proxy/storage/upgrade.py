@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from sqlalchemy import Engine, bindparam, inspect, text, update
 
-from proxy.storage.content import CHAIN, cut, insert_pieces, turns
-from proxy.storage.pieces import encode_parts, pack
+from proxy.storage.content import CHAIN, insert_pieces, turns
+from proxy.storage.pieces import cut, encode_parts, pack
 
 log = logging.getLogger("trajproxy.storage")
 

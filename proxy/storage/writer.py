@@ -1,9 +1,10 @@
-"""The group-commit writer: one thread takes every write queued while the previous commit ran and commits them as
-one transaction, so many turns share one fsync; each write's future resolves only once its transaction has
-committed. Writes are data (a prebuilt statement and its rows), so a run of writes with one statement (many
-agents' turns parked at once) executes as one executemany. A batch that fails is retried write by write, so one
-bad write fails alone and the writer lives on; one that fails on a key taken first (shared mode) is retried as one
-transaction with a savepoint per write, so the others still share a commit.
+"""The store's writes (`StoreWrites`, which `SqlStore` is): each a prebuilt statement and its rows, committed by the
+group-commit writer (`Writer`). One thread takes every write queued while the previous commit ran and commits them as
+one transaction, so many turns share one fsync; each write's future resolves only once its transaction has committed.
+Writes are data (a prebuilt statement and its rows), so a run of writes with one statement (many agents' turns parked
+at once) executes as one executemany. A batch that fails is retried write by write, so one bad write fails alone and
+the writer lives on; one that fails on a key taken first (shared mode) is retried as one transaction with a savepoint
+per write, so the others still share a commit.
 
 A write may be deferred (`Deferred`): its statements are built on this thread when its batch commits (a new turn is
 cut into pieces here, not on the serving loop), some to run before every other write of the batch (pieces, which
@@ -16,19 +17,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import groupby
 from typing import Any, Protocol
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Table, bindparam, insert, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.expression import Executable
 
 from proxy.core.errors import Stale, StorageError
+from proxy.core.values import Episode, EpisodeStatus, Reward, Turn, TurnStatus
+from proxy.storage.content import TURN_SETTLED, TURN_STATE, Contents, turn_state
+from proxy.storage.tables import EpisodeRow, Op, RewardRow, TurnRow, episode_row, reward_row
 
 log = logging.getLogger("trajproxy.storage")
-
-Op = tuple[Executable, list[dict[str, Any]]]  # a statement and the rows it writes
 
 
 class Deferred(Protocol):
@@ -160,3 +162,93 @@ def _settle(futures: list[asyncio.Future[None]], outcomes: list[BaseException | 
             future.set_result(None)
         else:
             future.set_exception(outcome)
+
+
+# The store's writes
+
+episodes = EpisodeRow.__table__  # type: ignore[attr-defined]
+turns = TurnRow.__table__  # type: ignore[attr-defined]
+rewards = RewardRow.__table__  # type: ignore[attr-defined]
+
+
+def _updater(table: Table, columns: Sequence[str]) -> Executable:
+    """UPDATE table SET columns WHERE id = :s_id, its values bound as s_<column> (`_bound` rows)."""
+    values: dict[str, Any] = {column: bindparam(f"s_{column}") for column in columns if column != "id"}
+    return update(table).where(table.c.id == bindparam("s_id")).values(values)
+
+
+def _bound(row: dict[str, Any]) -> dict[str, Any]:
+    return {f"s_{key}": value for key, value in row.items()}
+
+
+# Built once: constructing a statement costs more than executing it.
+_ADD_EPISODE = insert(episodes)
+_SAVE_EPISODE = _updater(episodes, [column.name for column in episodes.columns])
+_ADD_TURN = insert(turns)
+_SAVE_TURN = _updater(turns, TURN_STATE)
+_ADD_REWARD = insert(rewards)
+# Shared mode: a replica settles only the open turns it holds (another may have answered one, or taken it over);
+# leases are the database's, not its own; and no replica's stale copy of an episode reopens a closed one.
+_OPEN = [TurnStatus.PARKED.value, TurnStatus.LEASED.value]
+_CLOSED = [status.value for status in EpisodeStatus if status.closed]
+_SAVE_TURN_SHARED = (
+    update(turns)
+    .where(turns.c.id == bindparam("s_id"), turns.c.status.in_(_OPEN), turns.c.replica == bindparam("s_me"))
+    .values({column: bindparam(f"s_{column}") for column in TURN_SETTLED})
+)
+_SAVE_EPISODE_SHARED = (
+    update(episodes)
+    .where(episodes.c.id == bindparam("s_id"), episodes.c.status.not_in(_CLOSED))
+    .values({column.name: bindparam(f"s_{column.name}") for column in episodes.columns if column.name != "id"})
+)
+
+
+class StoreWrites:
+    """The `Store`'s writes (`SqlStore`'s), each a prebuilt statement and its rows queued to the writer thread."""
+
+    replica: str | None  # this replica's id, when it is one of several sharing a Postgres database
+    _writer: Writer | None
+    _contents: Contents | None  # what the writer thread knows of the pieces it wrote
+
+    def add_episode(self, episode: Episode) -> Awaitable[None]:
+        return self._write((_ADD_EPISODE, [episode_row(episode)]))
+
+    def save_episode(self, episode: Episode) -> Awaitable[None]:
+        statement = _SAVE_EPISODE if self.replica is None else _SAVE_EPISODE_SHARED
+        return self._write((statement, [_bound(episode_row(episode))]))
+
+    def add_turn(self, turn: Turn) -> Awaitable[None]:
+        return self._write(self.contents.write(turn, _ADD_TURN, _as_is))
+
+    @property
+    def contents(self) -> Contents:
+        """The pieces' bookkeeping of the writer thread, for writes of new turns (`proxy.storage.content`)."""
+        assert self._contents is not None, "SqlStore.open() was not awaited"
+        return self._contents
+
+    def save_turns(self, batch: Sequence[Turn]) -> Awaitable[None]:
+        if not batch:
+            return _done()
+        if self.replica is not None:
+            rows = [{**_bound(turn_state(turn)), "s_me": self.replica} for turn in batch]
+            return self._write((_SAVE_TURN_SHARED, rows))
+        return self._write((_SAVE_TURN, [_bound(turn_state(turn)) for turn in batch]))
+
+    def add_reward(self, reward: Reward) -> Awaitable[None]:
+        return self._write((_ADD_REWARD, [reward_row(reward)]))
+
+    def _write(self, op: Write) -> asyncio.Future[None]:
+        assert self._writer is not None, "SqlStore.open() was not awaited"
+        return self._writer.write(op)
+
+    write = _write  # for the shared queue's writes, group-committed with the rest (`proxy.storage.postgres_queue`)
+
+
+def _as_is(row: dict[str, Any]) -> dict[str, Any]:
+    return row
+
+
+def _done() -> asyncio.Future[None]:
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future

@@ -39,9 +39,9 @@ from sandbox.backends.gate_containers import (
     gate_complaint,
     raise_if_exited,
 )
+from sandbox.backends.identity import RunIdentity
 from sandbox.backends.images import MANAGED, build_image, check_arch, ensure_image, remove_containers
 from sandbox.backends.interface import ExecResult, SandboxCounter, SandboxError, SandboxSpec
-from sandbox.run.identity import RunIdentity
 
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
 _EXEC_GRACE_S = 30.0
@@ -61,6 +61,43 @@ class Pruned:
 
     removed: tuple[str, ...]
     kept: Mapping[str, str]  # container id -> why it was left
+
+
+async def prune(labels: dict[str, str] | None = None) -> Pruned:
+    """Remove the containers of trajproxy's sandboxes (those that also carry `labels`, if given) whose run is gone:
+    runs of this owner, on this host, whose process has exited. Those of a live run, another owner or another host
+    are left, and said why. No sandboxes need be made for it: a run prunes before it starts any."""
+    engine = await asyncio.to_thread(_engine)
+    try:
+        return await asyncio.to_thread(_prune, engine, {**(labels or {}), MANAGED: "1"}, RunIdentity.current())
+    finally:
+        engine.close()
+
+
+def _prune(client: Any, selector: Mapping[str, str], here: RunIdentity) -> Pruned:
+    removed: list[str] = []
+    kept: dict[str, str] = {}
+    chosen = [f"{name}={value}" for name, value in selector.items()]
+    # Another run on the same engine may remove a container between the listing and its inspection: skip it.
+    for container in client.containers.list(all=True, filters={"label": chosen}, ignore_removed=True):
+        made_by = RunIdentity.from_labels(container.labels)
+        why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(here)
+        if why is None:
+            remove_containers(container)
+            removed.append(container.id)
+        else:
+            kept[container.id] = why
+    return Pruned(tuple(removed), kept)
+
+
+def _engine() -> Any:
+    """This machine's Docker engine, answering; SandboxError if it does not."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        raise SandboxError(f"cannot reach the Docker engine ({e}); is dockerd running?") from e
+    return client
 
 
 class DockerSandboxes:
@@ -143,18 +180,12 @@ class DockerSandboxes:
             return await _blocking(self._threads, build_image, self._docker(), context, tag, timeout_s)
 
     async def prune(self) -> Pruned:
-        """Remove the containers with these sandboxes' labels (every one of trajproxy's, by default) whose run is
-        gone: runs of this owner, on this host, whose process has exited. Those of a live run, another owner
-        or another host are left, and said why."""
-        return await _blocking(self._threads, self._prune)
+        """Remove the containers with these sandboxes' labels whose run is gone (`prune`)."""
+        return await _blocking(self._threads, lambda: _prune(self._docker(), self._selector, self.run))
 
     def _docker(self) -> Any:
         if self._client is None:
-            try:
-                self._client = docker.from_env()
-                self._client.ping()
-            except docker.errors.DockerException as e:
-                raise SandboxError(f"cannot reach the Docker engine ({e}); is dockerd running?") from e
+            self._client = _engine()
         return self._client
 
     def _start(self, spec: SandboxSpec) -> DockerSandbox:
@@ -263,21 +294,6 @@ class DockerSandboxes:
             if not self._pool.add(gate):  # closed meanwhile
                 remove_containers(gate)
                 return
-
-    def _prune(self) -> Pruned:
-        selector = [f"{name}={value}" for name, value in self._selector.items()]
-        removed: list[str] = []
-        kept: dict[str, str] = {}
-        # Another run on the same engine may remove a container between the listing and its inspection: skip it.
-        for container in self._docker().containers.list(all=True, filters={"label": selector}, ignore_removed=True):
-            made_by = RunIdentity.from_labels(container.labels)
-            why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(self.run)
-            if why is None:
-                remove_containers(container)
-                removed.append(container.id)
-            else:
-                kept[container.id] = why
-        return Pruned(tuple(removed), kept)
 
 
 class DockerSandbox:

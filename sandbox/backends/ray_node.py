@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from sandbox.backends.docker_sandboxes import DockerSandbox, DockerSandboxes
+from sandbox.backends.docker_sandboxes import prune as prune_engine
 from sandbox.backends.gate_containers import GATE_POOL
 from sandbox.backends.interface import ExecResult, SandboxError, SandboxSpec
 
@@ -84,7 +85,7 @@ class SandboxNode:
 
     async def prune(self) -> int:
         """Remove the containers on this node's engine of trajproxy runs that are gone; how many."""
-        return len((await DockerSandboxes("unused").prune()).removed)
+        return len((await prune_engine()).removed)
 
     async def start(self, spec: SandboxSpec) -> str:
         box = await self._sandboxes.start(spec)

@@ -13,28 +13,22 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
-from sandbox.agents.bundles import Bundles
-from sandbox.agents.injection import InjectedAgent, inject
-from sandbox.agents.manifests import load
-from sandbox.backends.interface import Limits
-from sandbox.run.identity import RunIdentity
-from sandbox.run.places import Refused, run_proxy, run_sandboxes, socket_place
-from sandbox.run.policies import Policy, policy_from, policy_options
+from proxy.storage.samples import turn_failure
+from sandbox.backends.identity import RunIdentity
+from sandbox.console import console as _console
+from sandbox.run.places import Refused, run_proxy, run_sandboxes
+from sandbox.run.plan import Plan, plan
+from sandbox.run.policies import ModelPolicy, TrainerPolicy
 from sandbox.run.report import ResultsFile, exit_status, progress_text, status_line, summarise
-from sandbox.run.report import console as _console
-from sandbox.run.resume import RAN_BY, RUN, cancel_abandoned, done_tasks, still_to_run
-from sandbox.run.runner import Outcome, Progress, RunConfig, Runner
+from sandbox.run.resume import cancel_abandoned, done_tasks, still_to_run
+from sandbox.run.runner import Outcome, Progress, Runner
 from sandbox.run.signals import Interrupted, until_signalled, until_stopped
-from sandbox.tasks.read import read_tasks
-from sandbox.tasks.task import Task, TaskError
-
-ORACLE = "oracle"  # --agent oracle: each task's own solution instead of an agent
+from sandbox.tasks.task import Task
 
 if TYPE_CHECKING:
     import signal
@@ -46,13 +40,13 @@ def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
     """Run `trajproxy run`; returns the exit status."""
     console = _console()
     try:
-        parsed, policy, config = _prepared(console, args)
-        results = _results_file(args)
+        planned = plan(console, args, labels)
+        results = _results_file(planned)
     except Refused as e:
         console.print(f"trajproxy run: {e}", style="red", markup=False, soft_wrap=True)
         return 2
     try:
-        return asyncio.run(until_signalled(_run(args, parsed, policy, config, labels, results), _on_signal))
+        return asyncio.run(until_signalled(_run(planned, results), _on_signal))
     except Interrupted as e:
         console.print(f"[yellow]interrupted ({e.signal.name}): the unfinished episodes are recorded as cancelled")
         return e.exit_status
@@ -64,75 +58,13 @@ def run_command(args: argparse.Namespace, labels: dict[str, str]) -> int:
             results.close()
 
 
-def _prepared(console: Any, args: argparse.Namespace) -> tuple[list[Task | TaskError], Policy, RunConfig]:
-    """The tasks, the policy and how to run them, as the command line asks; Refused says why not."""
-
-    def model_failed(episode_id: str, message: str) -> None:
-        console.print(f"{episode_id}: {message} (its agent got a 502)", style="red", markup=False, soft_wrap=True)
-
-    if args.resume and args.fork is not None:
-        raise Refused("--resume and --fork do not go together: forks are new episodes each time")
-    if args.keep_serving and args.proxy_url:
-        raise Refused("--keep-serving keeps the run's own trajproxy up; --proxy-url's stays up anyway")
-    if args.ray and args.proxy_url:
-        raise Refused("--ray runs a trajproxy replica on each node for its sandboxes: leave out --proxy-url")
-    if args.ray and not args.database_url.startswith("postgresql"):
-        raise Refused("--ray needs a Postgres --database-url: the replicas on the cluster's nodes share it")
-    if not Path(args.tasks).exists():
-        raise Refused(f"no such file or directory: {args.tasks}")
-    if args.proxy_url:
-        args.socket_source, args.socket_name = socket_place(args.socket_source)
-    try:
-        policy = policy_from(args.policy, policy_options(args.policy_option), on_failure=model_failed)
-        parsed = list(read_tasks(args.tasks, image=args.image, image_template=args.image_template, format=args.format))
-        injected = None
-        if args.agent and args.agent != ORACLE:
-            injected = _injected(console, args.agent, args.model, args.bundles)
-    except (ValueError, OSError) as e:  # TaskError, ManifestError and BundleError are ValueErrors
-        raise Refused(str(e)) from e
-    return parsed, policy, _config(args, injected)
-
-
-def _config(args: argparse.Namespace, injected: InjectedAgent | None) -> RunConfig:
-    given = Limits()
-    return RunConfig(
-        metadata={RAN_BY: ran_by(args), RUN: RunIdentity.current().labels()},
-        agent_cmd=args.agent_cmd or "",
-        agent=injected,
-        oracle=args.agent == ORACLE,
-        agent_timeout_s=args.agent_timeout_s,
-        episode_timeout_s=args.episode_timeout_s,
-        grade_timeout_s=args.grade_timeout_s,
-        grading=args.grading,
-        limits=None
-        if args.cpus is None and args.memory_mb is None
-        else Limits(
-            cpus=args.cpus or given.cpus,
-            memory_bytes=args.memory_mb * 1024**2 if args.memory_mb else given.memory_bytes,
-            pids=args.pids,
-        ),
-        read_only=args.read_only,
-        scratch_bytes=args.scratch_mb * 1024**2,
-    )
-
-
-def ran_by(args: argparse.Namespace) -> dict[str, str]:
-    """Who runs the tasks, as each episode records it: what makes a task done for `--resume`."""
-    return {
-        "agent": args.agent or f"--agent-cmd {args.agent_cmd}",
-        "model": args.model or "",
-        "policy": args.policy,
-        "grading": args.grading or "the format's",
-    }
-
-
-def _results_file(args: argparse.Namespace) -> ResultsFile | None:
-    if not args.results:
+def _results_file(planned: Plan) -> ResultsFile | None:
+    if not planned.results:
         return None
     try:
-        return ResultsFile(args.results, append=args.resume)
+        return ResultsFile(planned.results, append=planned.resume)
     except OSError as e:
-        raise Refused(f"--results {args.results}: {e.strerror}") from e
+        raise Refused(f"--results {planned.results}: {e.strerror}") from e
 
 
 def _on_signal(signum: signal.Signals, first: bool) -> None:
@@ -147,47 +79,88 @@ def _on_signal(signum: signal.Signals, first: bool) -> None:
     _console().print(said, style="yellow", markup=False, soft_wrap=True)
 
 
-async def _run(
-    args: argparse.Namespace,
-    parsed: list[Task | TaskError],
-    policy: Policy,
-    config: RunConfig,
-    labels: dict[str, str],
-    results: ResultsFile | None,
-) -> int:
+async def _run(planned: Plan, results: ResultsFile | None) -> int:
     console = _console()
-    tasks = [task for task in parsed if isinstance(task, Task)]
-    rejected = [e for e in parsed if isinstance(e, TaskError)]
+    tasks, rejected = planned.tasks, planned.rejected
     async with (
-        run_proxy(args) as (url, token, socket_source, socket_name, counter),
-        run_sandboxes(
-            console, args, labels, (socket_source, socket_name, counter, token), args.forks if args.fork else len(tasks)
-        ) as sandboxes,
-        AsyncTrainerClient(url, token=token) as trainer,
+        run_proxy(planned.proxy) as proxy,
+        run_sandboxes(console, planned.sandboxes, proxy) as sandboxes,
+        AsyncTrainerClient(proxy.url, token=proxy.token) as trainer,
     ):
         forks: list[EpisodeCreated] = []
         skipped: list[Outcome] = []
-        if args.fork is not None:  # the forked episode's task, n times, each in a fork
-            tasks, forks = await _forks(trainer, args, tasks)
+        if planned.fork is not None:  # the forked episode's task, n times, each in a fork
+            tasks, forks = await _forks(trainer, planned, tasks)
             rejected = []
-        elif args.resume:
-            tasks, skipped = await _resumed(console, trainer, args, tasks)
+        elif planned.resume:
+            tasks, skipped = await _resumed(console, trainer, planned.ran_by, tasks)
         for error in rejected:
             console.print(f"[red]skipped: {error}")
             episode = await trainer.create_episode(task=str(error), metadata={"rejected": True})
             await trainer.finish(episode.id, "failed", str(error))
             if results is not None:
                 results.rejected(error, episode.id)
-        if args.policy == "trainer" and not config.oracle and tasks:  # the oracle asks no policy
-            console.print(f"waiting for a trainer at {url}/api (GET /api/turns/next)")
-        runner = functools.partial(Runner, trainer, sandboxes, policy, config)
-        on_outcome = results.outcome if results is not None else None
-        running = _Running(runner, on_outcome, tasks, args.concurrency, forks)
-        outcomes = await _run_tasks(console, url, running, args.progress_every_s)
+        if isinstance(planned.policy, TrainerPolicy) and not planned.config.oracle and tasks:  # the oracle asks none
+            console.print(f"waiting for a trainer at {proxy.url}/api (GET /api/turns/next)")
+        failures = _ModelFailures(console, trainer) if isinstance(planned.policy, ModelPolicy) else None
+        hearing: list[Callable[[Outcome], None]] = []
+        if results is not None:
+            hearing.append(results.outcome)
+        if failures is not None:
+            hearing.append(failures.heard)
+        runner = functools.partial(Runner, trainer, sandboxes, planned.policy, planned.config)
+        running = _Running(runner, _each(hearing), tasks, planned.concurrency, forks)
+        outcomes = await _run_tasks(console, proxy.url, running, planned.progress_every_s)
+        if failures is not None:
+            await failures.told()
         summarise(console, outcomes, rejected, skipped)
-        if args.keep_serving:
-            await _keep_serving(console, url)
+        if planned.keep_serving:
+            await _keep_serving(console, proxy.url)
         return exit_status(outcomes, rejected)
+
+
+def _each(hearing: list[Callable[[Outcome], None]]) -> Callable[[Outcome], None] | None:
+    """One callback that tells each of `hearing` of an outcome (None for none)."""
+    if not hearing:
+        return None
+
+    def tell(outcome: Outcome) -> None:
+        for heard in hearing:
+            heard(outcome)
+
+    return tell
+
+
+class _ModelFailures:
+    """Says which calls a run's model failed, as each failed task ends. Its agent had the provider's message at
+    once (a 502, in its own dialect) from trajproxy, which answers the model's calls itself; the run reads the
+    episode's turns once here, not a round trip per call."""
+
+    def __init__(self, console: Any, trainer: AsyncTrainerClient) -> None:
+        self._console = console
+        self._trainer = trainer
+        self._telling: set[asyncio.Task[None]] = set()
+
+    def heard(self, outcome: Outcome) -> None:
+        if outcome.status == "failed" and outcome.episode_id is not None:
+            telling = asyncio.get_running_loop().create_task(self._tell(outcome.episode_id))
+            self._telling.add(telling)
+            telling.add_done_callback(self._telling.discard)
+
+    async def told(self) -> None:
+        """Once every failure heard of is told."""
+        await asyncio.gather(*self._telling, return_exceptions=True)
+
+    async def _tell(self, episode_id: str) -> None:
+        try:
+            turns = (await self._trainer.trajectory(episode_id)).turns
+        except (TrajproxyAPIError, httpx.HTTPError):
+            return  # the outcome says the task failed; which call, if any, is a detail
+        failed = [said for turn in turns if turn.status == "failed" and (said := turn_failure(turn.id, turn.reason))]
+        if failed:
+            more = f"; {len(failed) - 1} more of its calls failed" if len(failed) > 1 else ""
+            said = f"{episode_id}: {failed[0]} (its agent got the error at once){more}"
+            self._console.print(said, style="red", markup=False, soft_wrap=True)
 
 
 async def _keep_serving(console: Any, url: str) -> None:
@@ -214,7 +187,7 @@ class _Running:
 async def _run_tasks(console: Any, url: str, run: _Running, progress_every_s: float) -> list[Outcome]:
     """Run the tasks with their counts shown live (the calls parked on a reply read from trajproxy's /health); off
     a terminal, where rich shows only the last frame, a plain progress line every `progress_every_s`."""
-    from rich.live import Live  # lazy: rich loads only when something is shown (sandbox.run.report)
+    from rich.live import Live  # lazy: rich loads only when something is shown (sandbox.console)
 
     try:
         with Live(status_line(Progress(total=len(run.tasks))), console=console, refresh_per_second=4) as live:
@@ -243,12 +216,11 @@ async def _tell_progress(console: Any, progress: Progress, every_s: float) -> No
 
 
 async def _resumed(
-    console: Any, trainer: Any, args: argparse.Namespace, tasks: list[Task]
+    console: Any, trainer: Any, who: dict[str, str], tasks: list[Task]
 ) -> tuple[list[Task], list[Outcome]]:
-    """The tasks not done yet in the trainer's database by this run's agent, model, policy and grading (see
+    """The tasks not done yet in the trainer's database by this run's agent, model, policy and grading (`who`; see
     sandbox.run.resume for which count as done), and an outcome for each skipped, saying why; a killed run's
     unfinished episodes of these tasks are closed as cancelled."""
-    who = ran_by(args)
     ids = [task.id for task in tasks]
     if closed := await cancel_abandoned(trainer, ids, who, RunIdentity.current()):
         console.print(f"resuming: {closed} episode(s) a killed run left unfinished recorded as cancelled")
@@ -261,23 +233,23 @@ async def _resumed(
     return todo, [Outcome(task, episode_id, "skipped", None, said) for task, episode_id in done]
 
 
-async def _forks(trainer: Any, args: argparse.Namespace, tasks: list[Task]) -> tuple[list[Task], list[Any]]:
-    """The task of the episode --fork names, found among `tasks` by its id, and the forks made of it."""
-    parent_id, at_turn = args.fork
+async def _forks(trainer: Any, planned: Plan, tasks: list[Task]) -> tuple[list[Task], list[Any]]:
+    """The task of the episode --fork names, found among `tasks` by its id, and the forks made of it, each answered
+    by the run's policy once its replay ends."""
+    assert planned.fork is not None
+    wanted = planned.fork
     try:
-        parent = await trainer.episode(parent_id)
+        parent = await trainer.episode(wanted.parent)
         task_id = parent.metadata.get("task_id")
         task = next((task for task in tasks if task.id == task_id), None)
         if task is None:
             raise SystemExit(
-                f"trajproxy run: episode {parent_id} ran task {task_id!r}, which {args.tasks} does not hold"
+                f"trajproxy run: episode {wanted.parent} ran task {task_id!r}, which {planned.tasks_path} does not hold"
             )
-        options = {"ignore": args.fork_ignore, "on_divergence": args.on_divergence}
-        if args.fork_min_similarity is not None:
-            options["min_similarity"] = args.fork_min_similarity
-        forks = await trainer.fork(parent_id, at_turn, args.forks, **options)
+        options = {**wanted.options, **planned.policy.episode}
+        forks = await trainer.fork(wanted.parent, wanted.at_turn, wanted.n, **options)
     except TrajproxyAPIError as e:
-        raise SystemExit(f"trajproxy run: cannot fork {parent_id}@{at_turn}: {e}") from None
+        raise SystemExit(f"trajproxy run: cannot fork {wanted.parent}@{wanted.at_turn}: {e}") from None
     return [task] * len(forks), forks
 
 
@@ -289,17 +261,3 @@ async def _watch_parked(url: str, progress: Progress, show: Any) -> None:
                 progress.parked = int((await http.get("/health")).json()["open_turns"])
                 show(progress)
             await asyncio.sleep(1)
-
-
-def _injected(console: Any, agent: str, model: str | None, root: str | None) -> InjectedAgent:
-    """The agent's manifest and its bundle, built now (with a progress display) if it is not built yet;
-    ValueError (ManifestError, BundleError) says in one line why it cannot be had."""
-    manifest = load(agent)
-    bundles = Bundles(Path(root) if root else None)
-    if bundles.find(manifest) is not None:
-        return inject(agent, model, bundles)
-    with console.status(f"building {manifest.name} {manifest.version} (once)") as status:
-        injected = inject(agent, model, bundles, on_step=lambda step: status.update(f"{manifest.name}: {step}"))
-    built = injected.bundle
-    console.print(f"built {manifest.name} {manifest.version} ({built.digest[:12]}) in {built.built_s:g} s")
-    return injected

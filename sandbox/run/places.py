@@ -1,13 +1,13 @@
 """Where a `trajproxy run` meets its trajproxy and starts its sandboxes: the trajproxy given (`--proxy-url` with
 the socket its sandboxes' gates reach it by) or one started here, and this machine's Docker engine or the nodes of a
-Ray cluster (`--ray`)."""
+Ray cluster (`--ray`). Each takes what it needs, said in a small frozen value, not the command line."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import docker.errors
 
 from proxy.core.errors import StorageError
 from proxy.servers.embedded import CannotListen, embedded_proxy
-from sandbox.backends.docker_sandboxes import DockerSandboxes
+from sandbox.backends.docker_sandboxes import DockerSandboxes, prune
 from sandbox.backends.gate_containers import GATE_POOL, SOCKET_NAME
 from sandbox.backends.interface import SandboxCounter, SandboxError, Sandboxes
 from sandbox.backends.ray_sandboxes import ray_sandboxes
@@ -26,7 +26,59 @@ class Refused(Exception):
     """What the command line asks for cannot be run; the message says why in one line (exit status 2)."""
 
 
-def socket_place(given: str | None) -> tuple[str, str]:
+@dataclass(frozen=True, slots=True)
+class SocketPlace:
+    """Where the sandboxes' gates reach trajproxy: the folder or Docker volume to mount, and the socket's name in it."""
+
+    source: str
+    name: str = SOCKET_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class GivenProxy:
+    """A trajproxy running already (`--proxy-url`): its URL, its trainer token, and its socket for the gates."""
+
+    url: str
+    token: str | None
+    socket: SocketPlace
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyWanted:
+    """Which trajproxy a run uses: the one `given`, else one started here on `database_url` and `port`, its
+    database `shared` with the replicas of a Ray cluster's nodes."""
+
+    given: GivenProxy | None
+    database_url: str
+    port: int
+    shared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyPlace:
+    """A running trajproxy as the run reaches it: its URL and trainer token, the socket its sandboxes' gates reach
+    it by, and (where it runs in this process) what counts the sandboxes started for its metrics."""
+
+    url: str
+    token: str | None
+    socket: SocketPlace
+    counter: SandboxCounter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxesWanted:
+    """Where a run's sandboxes start: the nodes of the Ray cluster at `ray` (its replicas on `database_url`), else
+    this machine's Docker engine, gates kept ready for `concurrency` agents at once and `starts` in all. Every
+    container carries `labels`."""
+
+    ray: str | None
+    database_url: str
+    concurrency: int
+    starts: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def socket_place(given: str | None) -> SocketPlace:
     """--socket-source as the sandboxes' gates will use it (the folder or volume to mount, the socket's name in it):
     the socket's path, a folder holding proxy.sock, or a Docker volume holding proxy.sock. Checked here, before any
     sandbox starts: a gate that cannot reach trajproxy only shows as agents failing."""
@@ -39,7 +91,7 @@ def socket_place(given: str | None) -> tuple[str, str]:
             raise Refused(f"--socket-source {given}: no Docker volume of that name (give a socket's path)") from None
         except docker.errors.DockerException as e:
             raise Refused(f"--socket-source {given}: cannot ask the Docker engine about it ({e})") from None
-        return given, SOCKET_NAME
+        return SocketPlace(given)
     path = Path(given).absolute()
     folder = path.is_dir()
     if folder:
@@ -49,24 +101,16 @@ def socket_place(given: str | None) -> tuple[str, str]:
         what = f"no socket {SOCKET_NAME} in that folder" if folder else "not a socket"
         there = f" (sockets there: {', '.join(found)})" if found else ""
         raise Refused(f"--socket-source {given}: {what}{there}; give the path of trajproxy's --socket-path")
-    return str(path.parent), path.name
+    return SocketPlace(str(path.parent), path.name)
 
 
 @contextlib.asynccontextmanager
-async def run_sandboxes(
-    console: Any,
-    args: argparse.Namespace,
-    labels: dict[str, str],
-    proxy: tuple[str, str, SandboxCounter | None, str | None],
-    starts: int,
-) -> AsyncIterator[Sandboxes]:
-    """Where this run's sandboxes start: the nodes of a Ray cluster (--ray), else this machine's Docker engine, with
-    `proxy`'s socket source and name, sandbox counter and trainer token, for about `starts` agents. Either way,
-    containers that runs now gone left on an engine (a crash, a kill -9) are removed first."""
-    socket_source, socket_name, counter, token = proxy
-    if args.ray:
+async def run_sandboxes(console: Any, wanted: SandboxesWanted, proxy: ProxyPlace) -> AsyncIterator[Sandboxes]:
+    """Where this run's sandboxes start, reaching `proxy`: the nodes of a Ray cluster, else this machine's Docker
+    engine. Either way, containers that runs now gone left on an engine (a crash, a kill -9) are removed first."""
+    if wanted.ray:
         try:  # Ray itself loads only once this is entered: an optional extra, that a run without --ray never loads
-            async with ray_sandboxes(args.ray, args.database_url, token, labels) as spread:
+            async with ray_sandboxes(wanted.ray, wanted.database_url, proxy.token, wanted.labels) as spread:
                 slots = sum(node.slots for node in spread.nodes)
                 console.print(f"sandboxes on {len(spread.nodes)} Ray node(s), {slots} at once")
                 yield spread
@@ -74,11 +118,15 @@ async def run_sandboxes(
             raise SystemExit(f"trajproxy run: {e}") from e
         return
     with contextlib.suppress(SandboxError):  # no engine: each task says so
-        if removed := (await DockerSandboxes("unused").prune()).removed:
+        if removed := (await prune()).removed:
             console.print(f"removed {len(removed)} container(s) left by trajproxy runs that are gone")
-    pool = min(args.concurrency, GATE_POOL)
     local = DockerSandboxes(
-        socket_source, socket_name, labels=labels, counter=counter, gate_pool=pool, pooled_at_most=starts
+        proxy.socket.source,
+        proxy.socket.name,
+        labels=wanted.labels,
+        counter=proxy.counter,
+        gate_pool=min(wanted.concurrency, GATE_POOL),
+        pooled_at_most=wanted.starts,
     )
     warming = asyncio.create_task(local.warm())  # the first tasks' gates, started while the run sets up
     try:
@@ -90,17 +138,16 @@ async def run_sandboxes(
 
 
 @contextlib.asynccontextmanager
-async def run_proxy(
-    args: argparse.Namespace,
-) -> AsyncIterator[tuple[str, str | None, str, str, SandboxCounter | None]]:
-    """A running trajproxy's URL, trainer token, socket source and name, and (when it runs here) its sandbox counter:
-    the one given, or one started here."""
-    if args.proxy_url:
-        yield args.proxy_url.rstrip("/"), args.trainer_token, args.socket_source, args.socket_name, None
+async def run_proxy(wanted: ProxyWanted) -> AsyncIterator[ProxyPlace]:
+    """The trajproxy `wanted`: the one given, or one started here for as long as this is entered."""
+    if wanted.given is not None:
+        yield ProxyPlace(wanted.given.url.rstrip("/"), wanted.given.token, wanted.given.socket)
         return
     try:
-        async with embedded_proxy(args.database_url, args.port, **({"shared": True} if args.ray else {})) as proxy:
-            yield proxy.url, proxy.token, proxy.socket_folder, SOCKET_NAME, proxy.metrics
+        async with embedded_proxy(
+            wanted.database_url, wanted.port, **({"shared": True} if wanted.shared else {})
+        ) as proxy:
+            yield ProxyPlace(proxy.url, proxy.token, SocketPlace(proxy.socket_folder), proxy.metrics)
     except CannotListen as e:
         raise SystemExit(f"trajproxy run: {e}; pass another --port") from e
     except StorageError as e:

@@ -1,20 +1,23 @@
 """Who answers an episode's LLM calls during a run: an external trainer, a script, or a model.
 
-A policy serves the turns of the episodes it is given until they finish. The trainer policy does
-nothing: an external trainer pulls the turns over the trainer API.
+A policy serves the turns of the episodes it is given until they finish. The trainer's and a model's do nothing
+here: an external trainer pulls the turns over the trainer API, and a model answers in trajproxy itself, named
+when each episode is created (a run policy's `episode`, the API's `policy` and `policy_options`), as the API does.
+A script answers from the run, over the trainer API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import pydantic
+
+from proxy import schema
 from proxy.client import AsyncTrainerClient, TrajproxyAPIError
-from proxy.core.values import SERVED_KINDS
-from proxy.schema.requests import served_base_problem
+from proxy.core.values import POLICY_KINDS
 from proxy.settings import key_values
 
 _POLL_S = 1.0
@@ -28,6 +31,10 @@ class Policy(Protocol):
 
 class TrainerPolicy:
     """An external trainer answers: nothing to do here."""
+
+    @property
+    def episode(self) -> dict[str, Any]:
+        return {"policy": "trainer"}  # named, not left to the API's default: a fork's would be its parent's
 
     async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
         await asyncio.Event().wait()
@@ -54,6 +61,10 @@ class ScriptedPolicy:
         if not self.replies:
             raise ValueError(f"{path}: the script has no replies")
 
+    @property
+    def episode(self) -> dict[str, Any]:
+        return {"policy": "trainer"}  # to trajproxy, the trainer's: the run answers over the trainer API
+
     async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
         answered = await _replayed(trainer, episode_id)
         while True:
@@ -63,31 +74,38 @@ class ScriptedPolicy:
                 await _answer(trainer.reply(turn.id, message=reply, lease_id=turn.lease_id))
 
 
-OnFailure = Callable[[str, str], None]  # (episode id, what the model's provider said)
-
-
 class ModelPolicy:
-    """Forwards every turn to a model through litellm (any name litellm knows, e.g. openai/gpt-4o-mini).
+    """A model answers, in trajproxy itself: any name litellm knows (`model:openai/gpt-4o-mini`) or the policy being
+    trained on its inference server (`vllm:NAME`, `sglang:NAME`, its token ids recorded). Each episode is created
+    with it (`episode`: the API's `policy` and `policy_options`), so the broker sends every call to the model as it
+    parks, with no round trip through the run: nothing to do here.
 
-    A call the model fails goes back to its agent at once as a 502 with the provider's message, in the agent's
-    own dialect, rather than staying parked until the turn times out: recorded as the model's answer (its
-    `answered_by`), not the trainer's. `on_failure` hears it too."""
+    A call the model fails goes back to its agent at once as a 502 with the provider's message, in the agent's own
+    dialect; its turn is recorded failed with that message, an infrastructure failure of the episode's samples
+    rather than a score."""
 
-    def __init__(self, model: str, options: dict[str, Any] | None = None, on_failure: OnFailure | None = None) -> None:
-        self.model = model
+    def __init__(self, spec: str, options: dict[str, Any] | None = None) -> None:
+        self.spec = spec
         self.options = options or {}
-        self._on_failure = on_failure or (lambda _episode_id, _message: None)
+        _check(spec, self.options)
+
+    @property
+    def episode(self) -> dict[str, Any]:
+        return {"policy": self.spec, "policy_options": self.options}
 
     async def serve(self, trainer: AsyncTrainerClient, episode_id: str) -> None:
-        while True:
-            for turn in await trainer.next_turns(episode=episode_id, max=8, wait_s=_POLL_S * 10):
-                await _answer(self._forward(trainer, turn.id, turn.lease_id, episode_id))
+        await asyncio.Event().wait()
 
-    async def _forward(self, trainer: AsyncTrainerClient, turn_id: str, lease_id: str | None, episode_id: str) -> None:
-        # a failure is the model's answer, recorded as the model's (answered_by), never as the trainer's
-        turn = await trainer.forward(turn_id, self.model, self.options, lease_id=lease_id, on_failure="agent")
-        if turn.reply is not None and turn.reply.error is not None:
-            self._on_failure(episode_id, turn.reply.error.message)
+
+def _check(spec: str, options: dict[str, Any]) -> None:
+    """Refuse a policy the API would refuse, by the API's own rule (a served policy names its server, its
+    `api_base`, ending in /v1): said now, in the command line's words, before any sandbox starts."""
+    try:
+        schema.EpisodeCreate(policy=spec, policy_options=options)
+    except pydantic.ValidationError as e:
+        said = str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+        said = said.replace(f"policy {spec}:", f"--policy {spec}:").replace("policy_options.", "--policy-option ")
+        raise ValueError(said if said.startswith(f"--policy {spec}") else f"--policy {spec}: {said}") from None
 
 
 async def _replayed(trainer: AsyncTrainerClient, episode_id: str) -> int:
@@ -108,25 +126,21 @@ async def _answer(call: Any) -> None:
             raise
 
 
-def policy_from(spec: str, options: dict[str, Any] | None = None, on_failure: OnFailure | None = None) -> Policy:
+RunPolicy = TrainerPolicy | ScriptedPolicy | ModelPolicy
+
+
+def policy_from(spec: str, options: dict[str, Any] | None = None) -> RunPolicy:
     """`trainer`, `scripted:FILE`, `model:NAME` or `vllm:NAME` / `sglang:NAME` (a served policy, whose token ids
-    are recorded), with the model's `options`; `on_failure` hears of the calls a model failed."""
+    are recorded), with the model's `options`; ValueError says why not."""
     kind, _, argument = spec.partition(":")
-    if options and kind not in ("model", *SERVED_KINDS):
+    if options and kind not in POLICY_KINDS:
         raise ValueError(f"--policy-option is for model:, vllm: and sglang: policies, not {kind}")
     if kind == "trainer" and not argument:
         return TrainerPolicy()
     if kind == "scripted" and argument:
         return ScriptedPolicy(argument)
-    if kind == "model" and argument:
-        return ModelPolicy(argument, options, on_failure=on_failure)
-    if kind in SERVED_KINDS and argument:
-        base = (options or {}).get("api_base")
-        if base is None:
-            raise ValueError(f"--policy {spec} needs --policy-option api_base=URL, its server (http://HOST:PORT/v1)")
-        if (problem := served_base_problem(base)) is not None:
-            raise ValueError(f"--policy {spec}: --policy-option api_base {problem}")
-        return ModelPolicy(spec, options, on_failure=on_failure)
+    if kind in POLICY_KINDS and argument:
+        return ModelPolicy(spec, options)
     raise ValueError(f"unknown policy {spec!r}: use trainer, scripted:FILE, model:NAME, vllm:NAME or sglang:NAME")
 
 

@@ -3,55 +3,20 @@ exit status."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rich.table import Table  # lazy: as rich's console
+    from rich.table import Table  # lazy: as rich's console (sandbox.console)
 
     from sandbox.run.runner import Outcome, Progress
     from sandbox.tasks.task import TaskError
 
 
-_UNTERMINAL_WIDTH = 160  # off a terminal (a pipe, a CI log) rich would take 80 columns and fold the table tight
-
-
-def console() -> Any:
-    """Standard error, as wide as its terminal; off one, as wide as a log reads well."""
-    from rich.console import Console  # lazy: rich loads only when something is shown, not for `trajproxy --help`
-
-    console = Console(file=_Unbreakable(sys.stderr))  # type: ignore[arg-type]  # a file in all rich uses
-    if not console.is_terminal:
-        console.width = max(console.width, _UNTERMINAL_WIDTH)
-    return console
-
-
-class _Unbreakable:
-    """A stream whose writes never fail: once its terminal has hung up (SIGHUP, then EIO) or its pipe has closed,
-    what a run says goes nowhere, and the run goes on cleaning up and exits with its own status."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        with contextlib.suppress(OSError):
-            return self._stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        with contextlib.suppress(OSError):
-            self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's own
-        return getattr(self._stream, name)
-
-
 def status_line(progress: Progress) -> Table:
-    from rich.table import Table  # lazy: as rich's console
+    from rich.table import Table  # lazy: as rich's console (sandbox.console)
 
     mean = "-" if progress.mean_reward is None else f"{progress.mean_reward:.3f}"
     done = progress.finished + progress.failed
@@ -83,7 +48,7 @@ def summarise(
 ) -> None:
     """The end-of-run table: each task run, and each `--resume` skipped (status `skipped`, with the episode that
     did it and why); then the output of the agents that failed, and the totals."""
-    from rich.table import Column, Table  # lazy: as rich's console
+    from rich.table import Column, Table  # lazy: as rich's console (sandbox.console)
 
     skipped = skipped or []
     ids = [outcome.episode_id or "-" for outcome in [*skipped, *outcomes]]

@@ -10,7 +10,7 @@ ones recorded before runs said who ran them. Forks of an episode never count for
 accounts for one task of its id, so a file that holds the same task twice runs it until it is done twice.
 
 Episodes a killed run left `pending` or `running` are closed as `cancelled`, naming the run that resumes, once that
-run is known to be gone (`sandbox.run.identity`, from the `metadata.run` every episode records).
+run is known to be gone (`sandbox.backends.identity`, from the `metadata.run` every episode records).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
 from proxy.client import TrajproxyAPIError
-from sandbox.run.identity import RunIdentity
+from sandbox.backends.identity import RunIdentity
 
 if TYPE_CHECKING:
     from proxy.client import AsyncTrainerClient

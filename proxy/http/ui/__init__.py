@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse, Response
 
 from proxy.core.broker import Broker
+from proxy.http.edge import framework_errors
 from proxy.http.ui.actions import action_routes, login_routes
 from proxy.http.ui.auth import LoginNeeded, UiAuth
 from proxy.http.ui.closing import closing_routes
@@ -23,7 +24,10 @@ from proxy.http.ui.summary import summary_routes
 from proxy.storage.sql import SqlStore
 
 
-def add_ui(app: FastAPI, broker: Broker, store: SqlStore, token: str | None) -> None:
+def page_app(broker: Broker, store: SqlStore, token: str | None) -> FastAPI:
+    """The page's own app, mounted under /ui in the route table: its routes, its login's redirects, its headers."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    framework_errors(app)
     pages = Pages(broker, store, UiAuth(token), templates())
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")  # no data: no token
     routers = (login_routes(pages), page_routes(pages), action_routes(pages), closing_routes(pages))
@@ -37,3 +41,4 @@ def add_ui(app: FastAPI, broker: Broker, store: SqlStore, token: str | None) -> 
 
     app.add_exception_handler(LoginNeeded, to_login)  # type: ignore[arg-type]
     app.add_middleware(UiHeaders)
+    return app

@@ -16,7 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from proxy import schema
 from proxy.core.errors import NotFound, TrajproxyError
 from proxy.core.values import Turn
-from proxy.http.trainer_json import reply_from
+from proxy.http.turns import reply_from
 from proxy.http.ui.auth import check_door, local_path
 from proxy.http.ui.forms import Refused, hand_answer, hand_error, hand_reward
 from proxy.http.ui.pages import Pages, field, form

@@ -20,9 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.core.errors import Forbidden
-from proxy.core.keys import same_secret
-from proxy.http.edge import parse_bearer
-from proxy.http.metrics import on_sandbox_socket
+from proxy.core.values import same_secret
+from proxy.http.edge import from_sandbox, parse_bearer
 
 COOKIE = "trajproxy_ui"
 _SESSION_S = 7 * 86400
@@ -95,7 +94,7 @@ class UiAuth:
 
 def check_door(request: Request) -> None:
     """Forbidden on the sandbox socket, and for a form posted from another site; before any token is looked at."""
-    if on_sandbox_socket(request):
+    if from_sandbox(request.scope):
         raise Forbidden("the page is not served on the sandbox socket; use trajproxy's TCP address")
     if request.method == "POST" and not _same_origin(request):
         raise Forbidden("a form posted from another site is refused")

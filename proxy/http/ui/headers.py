@@ -2,8 +2,8 @@
 
 Scripts and styles come from the package's own files only (no inline script, so an injected `<script>` does not
 run), no other page may frame this one (a page on another port of the same host could frame the logged-in answer
-form and click its button), no type sniffing, and no referrer leaves with a link. Plain ASGI: other paths pass
-straight through, so the agents' and the trainer's routes pay one string comparison.
+form and click its button), no type sniffing, and no referrer leaves with a link. Plain ASGI, around the page's
+own app only: no other route crosses it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import proxy.http.ui.display as display
 from proxy.core.errors import NotFound
 from proxy.core.values import Turn, episode_return, episode_rewards
 from proxy.http.trainer import json_response
-from proxy.http.trainer_json import turn_view
+from proxy.http.turns import turn_view
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
 from proxy.http.ui.lineage import lineage
 from proxy.http.ui.pages import Pages

@@ -22,7 +22,7 @@ import docker.errors
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.images import context_tag
 from sandbox.backends.interface import Limits, SandboxError
-from sandbox.run.report import console as _console
+from sandbox.console import console as _console
 from sandbox.tasks.taskmaker.baseline import Baseline, probe_box, run_baseline
 from sandbox.tasks.taskmaker.environment import write_context
 from sandbox.tasks.taskmaker.mutate import interleaved, mutations

@@ -1,4 +1,4 @@
-"""The ledger keeps the turns settled lately at hand, bounded by their number and by what they hold: a coding agent's
+"""`Endings` keeps the turns settled lately at hand, bounded by their number and by what they hold: a coding agent's
 call can be a megabyte, a fuzzer's 16 MiB, and 4,096 of them (or 64) held gigabytes. A turn whose write is still on
 its way stays at hand whatever its size, so its latest state is never read stale from the store."""
 
@@ -11,9 +11,9 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+from proxy.core.endings import Endings, held_bytes
 from proxy.core.errors import NotFound
-from proxy.core.ledger import Ledger, held_bytes
-from proxy.core.parking import ParkingLot
+from proxy.core.open_turns import OpenTurns
 from proxy.core.values import Reply, TurnStatus
 from proxy.storage.sql import SqlStore
 from tests.test_store import episode_value, turn_value
@@ -22,12 +22,12 @@ MiB = 2**20
 HELD_S = 30.0
 
 
-async def kept(ledger: Ledger, turn_ids: list[str]) -> list[bool]:
-    """Which of the turns the ledger still has at hand (none was ever written, so the store knows none of them)."""
+async def kept(endings: Endings, turn_ids: list[str]) -> list[bool]:
+    """Which of the turns `Endings` still has at hand (none was ever written, so the store knows none of them)."""
     found = []
     for turn_id in turn_ids:
         try:
-            await ledger.turn(turn_id)
+            await endings.turn(turn_id)
             found.append(True)
         except NotFound:
             found.append(False)
@@ -36,22 +36,22 @@ async def kept(ledger: Ledger, turn_ids: list[str]) -> list[bool]:
 
 def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_path: Path) -> None:
     async def body() -> None:
-        store = SqlStore(f"sqlite:///{tmp_path}/ledger.db")
+        store = SqlStore(f"sqlite:///{tmp_path}/endings.db")
         await store.open()
         try:
-            ledger = Ledger(ParkingLot(lambda _slot: None), store, time.time)
+            endings = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
             one_mib, sixteen_mib = b"x" * MiB, b"x" * 16 * MiB  # each turn's wire the same bytes: memory is shared
             big = [turn_value("ep_big", seq, wire=one_mib, status=TurnStatus.ANSWERED) for seq in range(100)]
             for turn in big:
-                ledger.remember(turn)
+                endings.remember(turn)
             # Each holds its call as received and as parsed, about 2 MiB: the newest 64 fit in 128 MiB
             assert held_bytes(big[0]) == 2 * MiB
-            assert await kept(ledger, [turn.id for turn in big]) == [False] * 36 + [True] * 64
+            assert await kept(endings, [turn.id for turn in big]) == [False] * 36 + [True] * 64
 
             huge = [turn_value("ep_huge", seq, wire=sixteen_mib, status=TurnStatus.ANSWERED) for seq in range(70)]
             for turn in huge:
-                ledger.remember(turn)
-            assert await kept(ledger, [turn.id for turn in huge]) == [False] * 66 + [True] * 4  # 16 MiB calls: 4
+                endings.remember(turn)
+            assert await kept(endings, [turn.id for turn in huge]) == [False] * 66 + [True] * 4  # 16 MiB calls: 4
 
             ids = Reply(prompt_token_ids=tuple(range(MiB)), completion_token_ids=(1, 2), logprobs=(-0.5, -0.25))
             with_ids = turn_value("ep_ids", 0, status=TurnStatus.ANSWERED, reply=ids)
@@ -59,11 +59,11 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
 
             small = [turn_value("ep_small", seq, status=TurnStatus.ANSWERED) for seq in range(4100)]
             for turn in small:
-                ledger.remember(turn)
-            assert await kept(ledger, [turn.id for turn in small]) == [False] * 4 + [True] * 4096
-            assert not any(await kept(ledger, [turn.id for turn in huge]))
+                endings.remember(turn)
+            assert await kept(endings, [turn.id for turn in small]) == [False] * 4 + [True] * 4096
+            assert not any(await kept(endings, [turn.id for turn in huge]))
 
-            fresh = Ledger(ParkingLot(lambda _slot: None), store, time.time)
+            fresh = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
             half_mib = b"x" * (MiB // 2)
             half = [turn_value("ep_half", seq, wire=half_mib, status=TurnStatus.ANSWERED) for seq in range(100)]
             for turn in half:
@@ -79,37 +79,37 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
 
 def test_a_settled_turn_stays_at_hand_whatever_its_size_until_its_write_is_done(tmp_path: Path) -> None:
     async def body() -> None:
-        path = tmp_path / "ledger.db"
+        path = tmp_path / "endings.db"
         store = SqlStore(f"sqlite:///{path}")
         await store.open()
-        lot = ParkingLot(lambda _slot: None)
-        ledger = Ledger(lot, store, time.time)
+        open_turns = OpenTurns(lambda _open_turn: None)
+        endings = Endings(open_turns, store, time.time)
         episode = episode_value()
         await store.add_episode(episode)
         sixteen_mib = b"x" * 16 * MiB
         parked = [turn_value(episode.id, seq, wire=sixteen_mib) for seq in range(8)]
         for turn in parked:
             await store.add_turn(turn)
-        slots = [lot.park(turn) for turn in parked]
+        opened = [open_turns.park(turn) for turn in parked]
 
         other = sqlite3.connect(path, isolation_level=None)  # another process, holding the database's write lock
         other.execute("BEGIN IMMEDIATE")
         try:
-            writes = [ledger.end([slot], TurnStatus.EXPIRED, "no reply") for slot in slots]
-            # Not recorded yet: the store has each parked, the ledger as it ended, and no agent has heard
+            writes = [endings.end([open_turn], TurnStatus.EXPIRED, "no reply") for open_turn in opened]
+            # Not recorded yet: the store has each parked, `Endings` as it ended, and no agent has heard
             assert all(stored.status is TurnStatus.PARKED for stored in await store.turns(episode.id))
-            assert [(await ledger.turn(turn.id)).status for turn in parked] == [TurnStatus.EXPIRED] * 8
-            assert not any(slot.answer.done() for slot in slots)
+            assert [(await endings.turn(turn.id)).status for turn in parked] == [TurnStatus.EXPIRED] * 8
+            assert not any(open_turn.answer.done() for open_turn in opened)
         finally:
             other.execute("ROLLBACK")
             other.close()
         await asyncio.wait_for(asyncio.gather(*writes), HELD_S)
         assert all(stored.status is TurnStatus.EXPIRED for stored in await store.turns(episode.id))
-        assert all(slot.answer.done() for slot in slots)
+        assert all(open_turn.answer.done() for open_turn in opened)
         # Recorded: the newest 4 stay at hand (128 MiB of them), the others are read from the store
         with closing(sqlite3.connect(path, isolation_level=None)) as other:
             other.execute("DELETE FROM turn")
-        assert await kept(ledger, [turn.id for turn in parked]) == [False] * 4 + [True] * 4
+        assert await kept(endings, [turn.id for turn in parked]) == [False] * 4 + [True] * 4
         await store.close()
 
     asyncio.run(body())
