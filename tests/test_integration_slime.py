@@ -24,29 +24,15 @@ pytestmark = pytest.mark.timeout(1200)  # the first run on a machine builds slim
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "tests" / "integrations" / "slime_check.py"
 EXAMPLE = ROOT / "examples" / "tasks" / "calc" / "tasks.jsonl"
-SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # as .ci/trainers/slime.txt pins it
 # The model is random: every call is forced to think a word, then fix the bug (the grader's tests then pass).
 FIX = r"<think>[a-z]{1,6}</think>\n```bash\nsed -i 's/return a - b/return a \+ b/' calc\.py\n```"
 
 
 def slime_python() -> str:
-    """slime's virtualenv's python: `$TRAJPROXY_TEST_SLIME_PYTHON`, else built by `.ci/trainer-venv slime` from a
-    source tree of the pinned commit (made from the clone `$TRAJPROXY_SLIME_GIT` names, when it is missing)."""
+    """slime's virtualenv's python: `$TRAJPROXY_TEST_SLIME_PYTHON`, else built by `.ci/trainer-venv slime` (which
+    unpacks the pinned commit's tree from `../shared/third_party` when the cache lacks it)."""
     if given := os.environ.get("TRAJPROXY_TEST_SLIME_PYTHON"):
         return given
-    source = Path.home() / ".cache" / "trajproxy" / "sources" / f"slime-{SLIME_COMMIT}"
-    if not (source / "setup.py").exists():
-        clone = os.environ.get("TRAJPROXY_SLIME_GIT")
-        if not clone:
-            message = f"no slime source at {source}: set TRAJPROXY_SLIME_GIT to a clone of THUDM/slime"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-        source.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(
-            ["git", f"--git-dir={clone}", "archive", SLIME_COMMIT], capture_output=True, check=True
-        )
-        subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
     built = subprocess.run(["bash", ".ci/trainer-venv", "slime"], cwd=ROOT, capture_output=True, text=True, check=True)
     return built.stdout.strip().splitlines()[-1]
 
