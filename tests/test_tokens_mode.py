@@ -5,7 +5,6 @@ on every sampled id. The same episodes in chat mode, whose agents drop their rea
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
@@ -17,7 +16,6 @@ from typing import Any
 import anthropic
 import httpx
 import openai
-import orjson
 import pytest
 from fastapi import FastAPI, Request, Response
 from google import genai
@@ -25,7 +23,6 @@ from google.genai import types
 
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
-from proxy.storage.export import Filters, export, source
 from tests.conftest import LiveServer, serve_app
 from tests.served_checks import ask
 from tests.test_served_policy import BASH_PARAMETERS, exported, sampled, served_run
@@ -390,13 +387,7 @@ def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_i
     assert len(rows) == 3 and {branch for branch, _, _ in rows} == {0}
     assert all(reply["served"]["mode"] == "tokens" for reply in replies)
     assert [reply.get("extends_parent") for reply in replies] == [None] + [True] * (len(rows) - 1)
-    out = io.BytesIO()
-    engine_ = source(f"sqlite:///{database}")
-    try:
-        export(engine_, out, "tokens", Filters())
-    finally:
-        engine_.dispose()
-    (line,) = [orjson.loads(text) for text in out.getvalue().splitlines()]
+    (line,) = exported(f"sqlite:///{database}")
     assert sum(line["loss_mask"]) == sum(len(reply["completion_token_ids"]) for reply in replies)
     assert not engine.containers.list(all=True, filters={"label": label})
 
