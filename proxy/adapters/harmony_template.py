@@ -102,8 +102,8 @@ class HarmonyTemplate:
     ) -> list[int] | None:
         """The ids harmony writes for `new` messages after a reply, up to the next `<|start|>assistant`
         (`ended`: closed by `<|call|>` or `<|return|>`); None where a tool result's function is not known (from the
-        calls in `history` or the result's `name`)."""
-        names = _names([*history, *new])
+        calls of the reply that ends `history`, or the result's `name`)."""
+        names = _names([*history[-1:], *new])  # results answer the reply they follow: a cost that does not grow
         if any(m.get("role") == "tool" and names.get(str(m.get("tool_call_id"))) is None for m in new):
             return None
         written = self._render([m for message in new for m in self._messages(message, names)])
