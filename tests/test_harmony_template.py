@@ -17,6 +17,7 @@ import pytest
 
 from proxy.adapters.harmony_template import HARMONY, HarmonyTemplate, harmony
 from proxy.adapters.tool_parsers import parser
+from proxy.core.errors import UpstreamError
 from proxy.core.values import JsonObject
 
 TOOLS: list[JsonObject] = [
@@ -136,6 +137,8 @@ def test_the_prompt_holds_the_system_prompt_and_tools_once(template: HarmonyTemp
     )
     assert "# Instructions\n\nYou are terse." in text and "type bash = (_: {" in text
     assert HarmonyTemplate("high").decode(HarmonyTemplate("high").prompt(FIRST, None)).count("Reasoning: high") == 1
+    with pytest.raises(UpstreamError, match=r"^reasoning_effort 'extreme': one of low, medium, high$"):
+        HarmonyTemplate("extreme")
 
 
 def test_a_delta_needs_the_function_a_result_answers(template: HarmonyTemplate) -> None:

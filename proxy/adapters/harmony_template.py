@@ -67,8 +67,10 @@ class HarmonyTemplate:
         self._h, self._encoding = harmony()
         self._system = self._h.SystemContent.new()
         if reasoning_effort is not None:
-            effort = self._h.ReasoningEffort(reasoning_effort.capitalize())
-            self._system = self._system.with_reasoning_effort(effort)
+            efforts = {effort.value.lower(): effort for effort in self._h.ReasoningEffort}
+            if reasoning_effort.lower() not in efforts:
+                raise UpstreamError(f"reasoning_effort {reasoning_effort!r}: one of {', '.join(efforts)}")
+            self._system = self._system.with_reasoning_effort(efforts[reasoning_effort.lower()])
         special = self._encoding.encode
         self.end_of_turn: int = special("<|return|>", allowed_special="all")[0]
         self._end: int = special("<|end|>", allowed_special="all")[0]
