@@ -192,9 +192,9 @@ def test_what_does_not_parse_is_text_with_an_error(text: str, error: str) -> Non
 
 def test_the_parser_takes_linear_time_on_a_long_reply() -> None:
     calls = "<|start|>assistant".join(
-        f'<|channel|>commentary to=functions.bash<|message|>{{"command": "echo {n}"}}<|call|>' for n in range(5_000)
+        f'<|channel|>commentary to=functions.bash<|message|>{{"command": "echo {n}"}}<|call|>' for n in range(1_000)
     )
-    assert len(parser("harmony").parse(calls, TOOLS).tool_calls) == 5_000
+    assert len(parser("harmony").parse(calls, TOOLS).tool_calls) == 1_000
 
 
 def test_the_vocabulary_loads_offline_from_the_copy_litellm_ships() -> None:
