@@ -5,6 +5,7 @@ on every sampled id. The same episodes in chat mode, whose agents drop their rea
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -14,11 +15,13 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from fastapi import FastAPI, Request, Response
 
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
+from proxy.storage.export import Filters, export, source
 from testkit.dialect_agents import AGENTS, CALLS, tokens_policy
 from testkit.served_checks import ask
 from tests.conftest import LiveServer, serve_app
@@ -232,7 +235,13 @@ def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_i
     assert len(rows) == 3 and {branch for branch, _, _ in rows} == {0}
     assert all(reply["served"]["mode"] == "tokens" for reply in replies)
     assert [reply.get("extends_parent") for reply in replies] == [None] + [True] * (len(rows) - 1)
-    (line,) = exported(f"sqlite:///{database}")
+    out = io.BytesIO()
+    engine_ = source(f"sqlite:///{database}")
+    try:
+        export(engine_, out, "tokens", Filters())
+    finally:
+        engine_.dispose()
+    (line,) = [orjson.loads(text) for text in out.getvalue().splitlines()]
     assert sum(line["loss_mask"]) == sum(len(reply["completion_token_ids"]) for reply in replies)
     assert not engine.containers.list(all=True, filters={"label": label})
 
