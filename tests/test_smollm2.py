@@ -61,9 +61,10 @@ def user_turn(parent_sampled: list[int], content: str) -> str:
     return closing(parent_sampled) + USER_OPEN + content + USER_CLOSE
 
 
-# The agent runs what the model writes in its sandbox, and it is told in its system prompt how to stop: an untrained
-# 135M model at temperature 1 writes any command (or copies `echo TASK_COMPLETE` and ends the episode at its first
-# turn). So the server samples a few words and one of three harmless commands, its output still the model's own ids.
+# The agent runs what the model writes in its sandbox, and it is told in its system prompt how to stop: a 135M model
+# not yet trained on the task, at temperature 1, writes any command (or copies `echo TASK_COMPLETE` and ends the
+# episode at its first turn). So the server samples a few words and one of three harmless commands: still the model's
+# own ids, and a run of three turns every time.
 SHELL = r"[A-Za-z ,.']{0,40}\n```bash\n(ls|pwd|cat calc\.py)\n```"
 
 
