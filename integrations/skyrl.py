@@ -341,7 +341,9 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
             return self._rollouts
 
     async def _sample(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
-        """One parked turn, sampled by SkyRL's engine: token ids in, token ids and their logprobs out."""
+        """One parked turn, sampled by SkyRL's engine: token ids in, token ids and their logprobs out, under the
+        engine's weight version when it was sent (the turn's policy version)."""
+        version = getattr(self._client, "weight_version", None)
         request = {
             "prompt_token_ids": [prompt_ids],
             "sampling_params": {**sampling, "logprobs": 0},
@@ -355,6 +357,7 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
             list(out["response_ids"][0]),
             list(logprobs[0]) if logprobs and logprobs[0] is not None else None,
             reason if reason in ("stop", "length", "abort") else "stop",
+            str(version) if isinstance(version, int) and not isinstance(version, bool) else None,
         )
 
     def _cache_salt(self) -> str | None:

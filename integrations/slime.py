@@ -97,7 +97,8 @@ def episode_sampling(sampling_params: dict[str, Any]) -> dict[str, Any]:
 
 def generated_of(response: dict[str, Any]) -> Generated:
     """What SGLang's `/generate` sampled: ids and logprobs from `output_token_logprobs` ([logprob, id, text] per
-    token), else `output_ids` without logprobs; why it stopped from `finish_reason.type`."""
+    token), else `output_ids` without logprobs; why it stopped from `finish_reason.type`; the weights that sampled
+    from `weight_version` (each turn's policy version: the Samples' `weight_versions`)."""
     meta = response.get("meta_info") or {}
     entries = meta.get("output_token_logprobs")
     if entries:
@@ -106,7 +107,9 @@ def generated_of(response: dict[str, Any]) -> Generated:
         ids, logprobs = [int(i) for i in response.get("output_ids") or []], None
     finish = meta.get("finish_reason")
     why = finish.get("type") if isinstance(finish, dict) else finish
-    return Generated(ids, logprobs, why if why in ("length", "abort") else "stop")
+    version = meta.get("weight_version")  # the engine's weights, as slime's own rollout reads them
+    named = str(version) if isinstance(version, str | int) and not isinstance(version, bool) else None
+    return Generated(ids, logprobs, why if why in ("length", "abort") else "stop", named)
 
 
 def task_of(sample: Any) -> Task:

@@ -36,116 +36,14 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from integrations.rollouts import Generated, Rollouts, find_task
+from integrations.verl_outputs import agent_loop_output, agent_loop_outputs, policy_version
 from sandbox.tasks.task import Task
 
 __all__ = ["TrajproxyAgentLoop", "agent_loop_output", "agent_loop_outputs", "close"]
 
 # verl's sampling options that the episode takes as they are (vLLM spells them alike); verl's win over a row's own
 VERL_SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
-
-
-def agent_loop_output(
-    line: dict[str, Any], *, prompt_length: int, response_length: int, logprobs: bool
-) -> dict[str, Any]:
-    """The fields of verl's AgentLoopOutput for one sample line (all but metrics): the line's ids as they are, the
-    prompt left-cut to `prompt_length` (as verl cuts its own), the response cut to `response_length` (verl pads to it
-    and cannot take more: the cut ids are lost, counted in `response_cut`). An infrastructure failure keeps its ids
-    with no loss and reward 0.0 (verl has no status to drop a sequence by): flagged, for a filter to drop it."""
-    prompt, completion = list(line["prompt_ids"]), list(line["completion_ids"])
-    failed = bool(line["infrastructure_failure"])
-    mask = [0] * len(completion) if failed else list(line["loss_mask"])
-    rollout_logprobs = line["logprobs"] if line["logprobs"] is not None else [0.0] * len(completion)
-    reward = 0.0 if failed else line["reward"]
-    prompt_cut = max(0, len(prompt) - prompt_length)
-    response_cut = max(0, len(completion) - response_length)
-    info = {
-        "episode_id": line["episode_id"],
-        "rollout_id": line["rollout_id"],
-        "status": line["status"],
-        "branch": line["branch"],
-        "turn_ids": list(line["turn_ids"]),
-        "policy_versions": list(line["policy_versions"]),
-        "stop_reason": "length" if response_cut else line["stop_reason"],
-        "rewards": dict(line["rewards"]),
-        "reward_split": line["reward_split"],
-        "drifts": len(line["drifts"]),
-        "stale_turns": line["stale_turns"],
-        "prompt_cut": prompt_cut,
-        "response_cut": response_cut,
-        "trained_cut": sum(mask[response_length:]),
-        "infrastructure_failure": failed,
-        "failure_reason": line["failure_reason"],
-    }
-    return {
-        "prompt_ids": prompt[prompt_cut:],
-        "response_ids": completion[:response_length],
-        "response_mask": mask[:response_length],
-        "response_logprobs": rollout_logprobs[:response_length] if logprobs else None,
-        "reward_score": reward,
-        "num_turns": 2 * len(line["turns"]),  # each call: the messages before it, and its reply
-        "extra_fields": {"trajproxy": info},
-    }
-
-
-def agent_loop_outputs(
-    rollout: Rollout,
-    *,
-    prompt_length: int,
-    response_length: int,
-    logprobs: bool,
-    branches: str = "main",
-    fallback_prompt_ids: list[int] | None = None,
-    pad_id: int = 0,
-) -> list[dict[str, Any]]:
-    """The AgentLoopOutput fields of a rollout: with `branches="main"` one, its line with the most sampled ids (the
-    earliest of equals), the others named in `untrained_lines`; with "all" one per line, in order. A rollout without
-    any line (its sandbox or task failed before the agent's first call) is one failed sequence: the fallback prompt,
-    one pad id at no loss, reward 0.0."""
-    lines = rollout.samples
-    if not lines:
-        prompt = list(fallback_prompt_ids or [pad_id])
-        line = {
-            "prompt_ids": prompt,
-            "completion_ids": [pad_id],
-            "loss_mask": [0],
-            "logprobs": [0.0],
-            "turns": [],
-            "turn_ids": [],
-            "policy_versions": [],
-            "branch": 0,
-            "stop_reason": None,
-            "drifts": [],
-            "stale_turns": 0,
-            "reward": None,
-            "reward_split": None,
-            "rewards": {},
-            "rollout_id": None,
-            "episode_id": rollout.episode_id,
-            "status": rollout.status,
-            "infrastructure_failure": True,
-            "failure_reason": rollout.reason or f"the episode {rollout.status} before any call",
-        }
-        lines = [line]
-    if branches == "all":
-        chosen = lines
-    elif branches == "main":
-        chosen = [max(lines, key=lambda line: (sum(line["loss_mask"]), -lines.index(line)))]
-    else:
-        raise ValueError(f"branches: 'main' or 'all', not {branches!r}")
-    outputs = [
-        agent_loop_output(line, prompt_length=prompt_length, response_length=response_length, logprobs=logprobs)
-        for line in chosen
-    ]
-    untrained = [
-        {"branch": line["branch"], "turn_ids": list(line["turn_ids"]), "sampled_ids": sum(line["loss_mask"])}
-        for line in lines
-        if not any(line is kept for kept in chosen)
-    ]
-    for output in outputs:
-        output["extra_fields"]["trajproxy"]["lines"] = len(rollout.samples)
-        output["extra_fields"]["trajproxy"]["untrained_lines"] = untrained
-    return outputs
 
 
 @dataclass
@@ -199,6 +97,7 @@ class _Worker:
         for name in ("min_global_steps", "max_global_steps", "global_steps"):
             if isinstance(output.extra_fields.get(name), int):
                 calls.global_steps.append(output.extra_fields[name])
+        version = policy_version(output.extra_fields)
         ids = list(output.token_ids)
         if output.stop_reason in ("aborted", "abort"):
             finish = "abort"
@@ -206,7 +105,7 @@ class _Worker:
             finish = "length"
         else:
             finish = "stop"
-        return Generated(ids, list(output.log_probs) if output.log_probs is not None else None, finish)
+        return Generated(ids, list(output.log_probs) if output.log_probs is not None else None, finish, version)
 
 
 _worker: _Worker | None = None  # one per process: verl builds agent loops per row, with no place to keep a Rollouts

@@ -102,6 +102,7 @@ def test_the_generators_generate_gives_the_recorded_episodes_field_for_field(
         episode = episodes[key]
         turns = episode["turns"]
         assert len(turns) == TURNS and {turn["branch"] for turn in turns} == {0}
+        assert {turn["policy_version"] for turn in turns} == {"0"}  # the client's weight version: no sync yet
         assert episode["metadata"]["skyrl"] == {
             "run": "check", "global_step": 7, "phase": "train", "trajectory_id": f"calc_{row}", "weights": "tiny-v0",
         }  # fmt: skip

@@ -82,6 +82,7 @@ def test_slimes_rollout_runs_a_sandboxed_episode_whose_samples_are_what_the_engi
     assert sample["response_length"] == len(line["completion_ids"])
     assert sample["loss_mask"] == line["loss_mask"] and sample["rollout_log_probs"] == line["logprobs"]
     assert sample["rollout_id"] == line["rollout_id"] and (sample["index"], sample["group_index"]) == (0, 0)
+    assert sample["weight_versions"] == line["policy_versions"] == ["7"] * 3  # each turn's, as SGLang named them
     assert sample["label"] == "add must add" and sample["status"] == "completed" and not sample["remove_sample"]
     assert sample["metadata"]["trajproxy"]["episode_id"] == line["episode_id"]
     assert "sed -i" in sample["response"]  # the sampled text, decoded

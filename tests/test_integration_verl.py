@@ -118,6 +118,8 @@ def test_the_agent_loop_runs_a_sandboxed_agent_through_verls_engine_and_returns_
     assert info["branch"] == 0 and info["lines"] == 1 and info["untrained_lines"] == []
     assert info["infrastructure_failure"] is False and info["response_cut"] == 0 and info["prompt_cut"] == 0
     assert output["extra_fields"]["min_global_steps"] == output["extra_fields"]["max_global_steps"] == 7
+    assert info["policy_versions"] == ["7"] * 3  # verl's global steps, each turn's policy version
+    assert info["logprobs_missing"] is False
 
     # verl's own padding into its batch keeps the masks
     assert_padded(got["padded"], 0, output)

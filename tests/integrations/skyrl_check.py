@@ -54,6 +54,7 @@ async def recorded(rollouts: Rollouts, episode_id: str) -> dict[str, Any]:
             "prompt_token_ids": turn.reply.prompt_token_ids,
             "completion_token_ids": turn.reply.completion_token_ids,
             "logprobs": turn.reply.logprobs,
+            "policy_version": turn.reply.policy_version,
         }
         for turn in trajectory.turns
         if turn.reply is not None

@@ -68,6 +68,7 @@ class RouterStandIn:
             "prompt_tokens": len(body["input_ids"]),
             "completion_tokens": len(ids),
             "output_token_logprobs": [[lp, i, None] for lp, i in zip(logprobs, ids, strict=True)],
+            "weight_version": "7",  # SGLang names the weights it holds; slime's rollout reads them from here
         }
         return web.json_response({"text": choice["text"], "output_ids": ids, "meta_info": meta})
 
