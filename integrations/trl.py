@@ -58,6 +58,7 @@ class TrlRollouts:
         self._on_rollout = on_rollout
         self._running: set[asyncio.Task[Rollout]] = set()
         self.rollouts: list[Rollout] = []  # every rollout handed to TRL, in order
+        self.handed: dict[str, list[Any]] | None = None  # what TRL was handed last (`to_trl`'s output)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trajproxy-rollouts", daemon=True)
         self._thread.start()
@@ -78,7 +79,8 @@ class TrlRollouts:
         ]
         done = self.call(self._run_all([str(p) for p in prompts], keys, seeds))
         self.rollouts.extend(done)
-        return to_trl(done, group_size, eos=_eos(trainer))
+        self.handed = to_trl(done, group_size, eos=_eos(trainer))
+        return self.handed
 
     async def _run_all(self, task_ids: list[str], keys: list[str], seeds: list[int | None]) -> list[Rollout]:
         gate = asyncio.Semaphore(self._concurrency)
