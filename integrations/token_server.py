@@ -42,6 +42,26 @@ class Generated:
     policy_version: str | None = None
 
 
+@dataclass(slots=True)
+class ResponseBudget:
+    """A rollout's response budget over all of its calls (verl's `response_length`, slime's
+    `rollout_max_response_len`): the ids after its first call's prompt (each call's sampled ids and the environment's
+    between them) may not pass `total`, so each call's `max_tokens` is held to what is left (at least 1: an engine
+    refuses 0; the trainer's own cut then keeps the line within the budget). A prompt that does not continue the
+    first (a rewritten history, another branch) starts from the whole budget."""
+
+    total: int
+    first: list[int] | None = None
+
+    def max_tokens(self, prompt_ids: list[int], asked: int | None) -> int:
+        if self.first is None:
+            self.first = list(prompt_ids)
+        first = self.first
+        extends = prompt_ids[: len(first)] == first
+        left = self.total - (len(prompt_ids) - len(first)) if extends else self.total
+        return max(1, min(int(asked or self.total), left))
+
+
 # generate(key, prompt_ids, sampling): sampling as vLLM names it (temperature, top_p, max_tokens, stop, seed, ...)
 Generate = Callable[[str, list[int], dict[str, Any]], Awaitable[Generated]]
 

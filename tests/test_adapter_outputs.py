@@ -1,11 +1,13 @@
 """What the trainers' adapters hand their trainers, from episodes recorded through a live trajproxy: TRL's
 `rollout_func` output (`integrations.trl.to_trl`) and verl's AgentLoopOutput fields (`integrations.verl_outputs`).
 Multi-turn masks keep the environment's ids out of the loss, several lines and failures are said, each turn's policy
-version reaches the output, and a logprob the engine never gave is never made up."""
+version reaches the output, and a logprob the engine never gave is never made up; slime settings the episodes'
+Samples cannot keep to are refused before any episode."""
 
 from __future__ import annotations
 
 import io
+from argparse import Namespace
 from typing import Any
 
 import orjson
@@ -13,6 +15,8 @@ import pytest
 
 from integrations.rollouts import Rollout
 from integrations.slime import generated_of
+from integrations.slime_groups import DROP_ABORTED, POST_PROCESS, SlimeSettingsError, check, refusals
+from integrations.token_server import ResponseBudget
 from integrations.trl import graded_reward, to_trl
 from integrations.verl_outputs import agent_loop_outputs, policy_version
 from proxy.client import TrainerClient
@@ -153,3 +157,40 @@ def test_the_weights_a_trainers_engine_names_are_read_as_the_turns_policy_versio
     generated = generated_of({"meta_info": meta})  # SGLang's /generate, as slime's router answers
     assert (generated.token_ids, generated.logprobs, generated.policy_version) == ([11], [-0.5], "5")
     assert generated_of({"output_ids": [3], "meta_info": {}}).policy_version is None
+
+
+def test_slime_settings_the_episodes_samples_cannot_keep_to_are_refused_at_the_first_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ready = Namespace(
+        partial_rollout=False, rollout_top_p=1.0, advantage_estimator="grpo", rewards_normalization=True,
+        custom_reward_post_process_path=POST_PROCESS, dynamic_sampling_filter_path=DROP_ABORTED,
+    )  # fmt: skip
+    assert refusals(ready) == []
+    check(ready)
+    # slime's defaults for the agent path: each break named, with what to set
+    defaults = Namespace(
+        **{**vars(ready), "custom_reward_post_process_path": None, "dynamic_sampling_filter_path": None}
+    )
+    found = refusals(Namespace(**{**vars(defaults), "partial_rollout": True, "rollout_top_p": 0.9}))
+    assert [why.split(":")[0] for why in found] == [
+        "--partial-rollout",
+        "--rollout-top-p below 1",
+        f"--custom-reward-post-process-path {POST_PROCESS}",
+        f"--dynamic-sampling-filter-path {DROP_ABORTED}",
+    ]
+    with pytest.raises(SlimeSettingsError, match="cannot run with --custom-reward-post-process-path"):
+        check(defaults)
+    assert refusals(Namespace(**{**vars(defaults), "advantage_estimator": "ppo"}))[0].startswith("--dynamic")
+    monkeypatch.setenv("TRAJPROXY_SLIME_REWARD", "half")
+    with pytest.raises(SlimeSettingsError, match="TRAJPROXY_SLIME_REWARD: 'full' or 'split', not 'half'"):
+        check(ready)
+
+
+def test_a_response_budget_holds_over_all_of_a_rollouts_calls() -> None:
+    """verl's response_length and slime's rollout_max_response_len bound a rollout's ids after its first prompt."""
+    budget = ResponseBudget(10)
+    assert budget.max_tokens([1, 2], 8) == 8  # the first call: the whole budget, or less if asked
+    assert budget.max_tokens([1, 2, 3, 4, 5, 6, 7, 8], None) == 4  # six ids used (sampled, and the environment's)
+    assert budget.max_tokens([1, 2, *range(20)], 8) == 1  # spent: one id, the least an engine takes
+    assert budget.max_tokens([9, 2], None) == 10  # another branch starts again
