@@ -37,6 +37,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 from integrations.rollouts import Generated, Rollouts, find_task
+from integrations.token_server import ResponseBudget
 from integrations.verl_outputs import agent_loop_output, agent_loop_outputs, policy_version
 from sandbox.tasks.task import Task
 
@@ -53,9 +54,9 @@ class _Calls:
 
     loop: TrajproxyAgentLoop
     sampling: dict[str, Any]
+    budget: ResponseBudget
     generate_s: float = 0.0
     preempted: int = 0
-    first_prompt: list[int] | None = None
     global_steps: list[int] = field(default_factory=list)
 
 
@@ -69,6 +70,13 @@ class _Worker:
         self.calls: dict[str, _Calls] = {}
         self.tasks: dict[tuple[str, str | None, str | None], Task] = {}
         self.opening = asyncio.Lock()
+        self._gate: asyncio.Semaphore | None = None
+
+    def gate(self, max_episodes: int) -> asyncio.Semaphore:
+        """What holds the worker to `max_episodes` episodes (sandboxes) at once (the first loop's number)."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(max_episodes)
+        return self._gate
 
     async def open(self, loop: TrajproxyAgentLoop) -> Rollouts:
         async with self.opening:
@@ -80,14 +88,8 @@ class _Worker:
     async def generate(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
         calls = self.calls[key]
         loop = calls.loop
-        response_length = loop.rollout_config.response_length
-        if calls.first_prompt is None:
-            calls.first_prompt = list(prompt_ids)
-        first = calls.first_prompt
-        extends = prompt_ids[: len(first)] == first
-        left = response_length - (len(prompt_ids) - len(first)) if extends else response_length
-        max_tokens = max(1, min(int(sampling.get("max_tokens") or response_length), left))
-        params = {**sampling, **calls.sampling, "max_tokens": max_tokens}
+        max_tokens = calls.budget.max_tokens(prompt_ids, sampling.get("max_tokens"))
+        params = engine_params({**sampling, **calls.sampling, "max_tokens": max_tokens}, loop.rollout_config.name)
         began = time.perf_counter()
         try:
             output = await loop.server_manager.generate(request_id=key, prompt_ids=prompt_ids, sampling_params=params)
@@ -143,10 +145,15 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
         turn_timeout_s: float = 600.0,
         agent_timeout_s: float | None = None,
         labels: dict[str, str] | None = None,
+        max_episodes: int = 16,
         **kwargs: Any,
     ) -> None:
-        """Options come from the loop's entry in verl's agent-loop config file; verl passes the rest."""
+        """Options come from the loop's entry in verl's agent-loop config file; verl passes the rest.
+        `max_episodes`: how many episodes (sandboxes) one worker runs at once; its other rows wait their turn."""
         super().__init__(*args, **kwargs)
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes: at least 1, not {max_episodes}")
+        self.max_episodes = max_episodes
         self.database_dir = database_dir
         self.database_url = database_url
         self.agent = agent
@@ -164,8 +171,10 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
             Path(self.database_dir).mkdir(parents=True, exist_ok=True)
             database_url = f"sqlite:///{Path(self.database_dir).resolve()}/rollouts-{os.getpid()}.db"
         kwargs = self.apply_chat_template_kwargs
+        model = self.config.actor_rollout_ref.model
         return {
             "tokenizer": self.tokenizer.name_or_path,
+            "chat_template": model.get("custom_chat_template") if hasattr(model, "get") else None,
             "database_url": database_url,
             "tool_parser": self.tool_parser,
             "sampling": self.sampling,
@@ -185,14 +194,18 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
             raise ValueError("a trajproxy row needs extra_info.tasks and an agent (extra_info.agent or the loop's)")
         task = await self.task(worker, str(row["tasks"]), row.get("task_id"), row.get("image"))
         sampling = {**dict(row.get("sampling") or {}), **_vllm_sampling(sampling_params)}
+        asked = {"logprobs": bool(sampling_params.get("logprobs"))}
+        engine_params({**self.sampling, **sampling, **asked}, self.rollout_config.name)  # refused before the episode
         key = uuid.uuid4().hex
-        calls = worker.calls[key] = _Calls(self, {"logprobs": bool(sampling_params.get("logprobs"))})
-        began = time.perf_counter()
-        try:
-            metadata = {"verl": {k: _plain(kwargs.get(k)) for k in ("index", "uid", "data_source") if k in kwargs}}
-            rollout = await rollouts.run(task, str(agent), key=key, sampling=sampling, metadata=metadata)
-        finally:
-            del worker.calls[key]
+        budget = ResponseBudget(self.rollout_config.response_length)
+        async with worker.gate(self.max_episodes):
+            calls = worker.calls[key] = _Calls(self, asked, budget)
+            began = time.perf_counter()
+            try:
+                metadata = {"verl": {k: _plain(kwargs.get(k)) for k in ("index", "uid", "data_source") if k in kwargs}}
+                rollout = await rollouts.run(task, str(agent), key=key, sampling=sampling, metadata=metadata)
+            finally:
+                del worker.calls[key]
         wall_s = time.perf_counter() - began
         fields = agent_loop_outputs(
             rollout,
@@ -220,6 +233,30 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
         if found is None:
             found = worker.tasks[(tasks, task_id, image)] = await asyncio.to_thread(find_task, tasks, task_id, image)
         return found
+
+
+def engine_params(params: dict[str, Any], backend: str) -> dict[str, Any]:
+    """A call's sampling options as verl's vLLM server takes them: it builds `vllm.SamplingParams(**params)`, where an
+    unknown name is an error in the engine, mid-episode; here it is refused before the episode starts, naming it.
+    `structured_outputs`, given as vLLM's HTTP API spells it (a mapping), becomes vLLM's `StructuredOutputsParams`,
+    which `SamplingParams` needs and does not convert. Another backend's options pass as they are."""
+    if backend != "vllm":
+        return params
+    try:
+        from vllm import SamplingParams  # lazy: verl's vLLM rollout has it; nothing else here needs it
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        return params
+    unknown = sorted(set(params) - set(SamplingParams.__struct_fields__))
+    if unknown:
+        raise ValueError(
+            f"sampling option(s) {', '.join(unknown)}: verl's vLLM server passes a call's sampling options to "
+            "vllm.SamplingParams, which has no such field (the loop's `sampling`, the row's extra_info.sampling)"
+        )
+    structured = params.get("structured_outputs")
+    if isinstance(structured, Mapping):
+        params = {**params, "structured_outputs": StructuredOutputsParams(**structured)}
+    return params
 
 
 def _vllm_sampling(sampling_params: dict[str, Any]) -> dict[str, Any]:
