@@ -49,7 +49,7 @@ TOKEN_OPTIONS = frozenset(
     }
 )
 ON_DISCONTINUITY = ("branch", "fail", "rerender")  # the first is the default
-FIRST_CALL = "the first call of its branch"
+FIRST_CALL = "the first call of its branch"  # as proxy/storage/samples.py reads it
 Post = Callable[[str, JsonObject, float], Awaitable[JsonObject]]
 Sampled = tuple[list[int] | None, list[int] | None, list[float] | None, str, str | None]
 
