@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from proxy.adapters.chat_templates import ChatTemplate, template_text
+from proxy.adapters.parsers import parser
 from proxy.adapters.served_tokens import FIRST_CALL, _prompt, _reply_message
+from proxy.core.errors import UpstreamError
 from proxy.core.values import Reply, Turn, TurnStatus
 from proxy.families import FAMILIES, detect, named
 from tests.family_checks import tokenizer
@@ -186,3 +188,77 @@ def test_every_call_of_a_multi_turn_episode_continues_its_parent(name: str) -> N
     ids, continued, _ = episode.call()
     truth = t.render(episode.history, TOOLS, True)
     continues(episode, ids, continued, truth, cut=True)
+
+
+def test_a_llama_reply_ended_by_eom_id_continues_with_no_end_of_turn_added() -> None:
+    t = renderer("llama3")
+    episode = Episode(t)
+    ids, _, _ = episode.call()
+    eom = t.encode("<|eom_id|>")
+    assert len(eom) == 1 and eom[0] in t.ends and eom[0] != t.end_of_turn
+    episode.answer(ids, '<|python_tag|>{"name": "bash", "parameters": {"command": "ls"}}<|eom_id|>')
+    calls = episode.history[-1]["tool_calls"]
+    episode.history.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "a.txt"})
+    ids, continued, _ = episode.call()
+    parent = episode.turns[-1].reply
+    assert parent is not None and continued == "t0"
+    after = ids[len(parent.prompt_token_ids or ()) + len(parent.completion_token_ids or ()) :]
+    assert t.decode(after).startswith("<|start_header_id|>ipython")  # no <|eot_id|> added after the <|eom_id|>
+
+
+@pytest.mark.parametrize("then", ["branch", "rerender", "fail"])
+def test_a_glm_reply_that_stopped_on_another_role_than_the_next_is_a_discontinuity(then: str) -> None:
+    t = renderer("glm4.5")
+    episode = Episode(t)
+    ids, _, _ = episode.call()
+    one = {"role": "assistant", "content": "", "tool_calls": [call("bash", {"command": "ls"}, 0)]}
+    episode.answer(ids, sampled_text(t, episode.history, one, "<|user|>"))  # stopped on <|user|>, not <|observation|>
+    calls = episode.history[-1]["tool_calls"]
+    episode.history.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "a.txt"})
+    messages = [dict(m) for m in episode.history]
+    if then == "fail":
+        with pytest.raises(UpstreamError, match="on_discontinuity is fail") as refused:
+            _prompt(t, messages, TOOLS, episode.turns[-1], then)
+        assert "\n" not in refused.value.message
+        return
+    ids, continued, why = _prompt(t, messages, TOOLS, episode.turns[-1], then)
+    assert continued is None and why is not None and why.startswith("discontinuity: the reply stopped on '<|user|>'")
+    assert ids == t.prompt(messages, TOOLS)  # rendered in full
+
+
+@pytest.mark.parametrize(
+    ("parser_name", "text", "said"),
+    [
+        (
+            "deepseek_v3",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>bash<｜tool▁sep｜>{nope<｜tool▁call▁end｜>",
+            "not JSON",
+        ),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜>bash{}<｜tool▁call▁end｜>", "is not"),
+        ("glm45", "<tool_call>bash\n<arg_key>command</arg_key>\nls\n</tool_call>", "is not NAME"),
+        ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0{}<|tool_call_end|>", "is not"),
+        (
+            "kimi_k2",
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>[",
+            "not JSON",
+        ),
+    ],
+)
+def test_output_a_new_parser_cannot_read_reaches_the_agent_as_text_with_why(
+    parser_name: str, text: str, said: str
+) -> None:
+    parsed = parser(parser_name).parse(text, TOOLS)
+    assert parsed.tool_calls == () and parsed.content == text
+    assert parsed.error is not None and parsed.error.startswith(f"{parser_name}: ") and said in parsed.error
+
+
+def test_the_v3_fenced_form_and_glm_values_by_their_schema() -> None:
+    fenced = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n"
+        '{"a": 2, "b": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    )
+    (found,) = parser("deepseek_v3").parse(fenced, TOOLS).tool_calls
+    assert (found.name, json.loads(found.arguments)) == ("add", {"a": 2, "b": 3})
+    glm = "<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>42</arg_value>\n</tool_call>"
+    (found,) = parser("glm45").parse(glm, TOOLS).tool_calls
+    assert json.loads(found.arguments) == {"command": "42"}  # a string by its schema, though it reads as JSON
