@@ -105,7 +105,9 @@ class ChatTemplate:
         found = [(after.find(text), text) for text in self.family.end_of_turn if text in after]
         if found:
             at, text = min(found)
-            return tokenizer.convert_tokens_to_ids(text), after[: at + len(text)]
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) == 1:  # a family named for a tokenizer that lacks its tokens falls through to what it has
+                return ids[0], after[: at + len(text)]
         specials = set(tokenizer.all_special_ids)
         ids = tokenizer.encode(after, add_special_tokens=False)
         end = next((i for i in ids if i in specials), tokenizer.eos_token_id)
