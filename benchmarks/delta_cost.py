@@ -2,7 +2,7 @@
 (`served_tokens._prompt`: the parent's prompt and sampled ids, then the template's ids for the new messages) under a
 template written to Qwen3's rules, for conversations of 2k to 64k tokens, beside a whole rendering of the same
 conversation (what re-rendering would cost). No model, no server: the tokenizer is made on the spot
-(`tests/family_checks.py`, byte-level, so a token is a byte).
+(`testkit/family_checks.py`, byte-level, so a token is a byte).
 
     .venv/bin/python benchmarks/delta_cost.py [--repeats 50] [--quick]
 """
@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/family_checks.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit/family_checks.py
 
 from proxy.adapters.chat_templates import ChatTemplate
 from proxy.adapters.served_tokens import _prompt
 from proxy.core.values import Reply, Turn, TurnStatus
 from proxy.families import named
-from tests.family_checks import tokenizer
+from testkit.family_checks import tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 SIZES = (2_000, 8_000, 16_000, 32_000, 64_000)

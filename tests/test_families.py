@@ -1,5 +1,5 @@
 """Each model family's entry, checked on the CPU with no model: a tokenizer made on the spot and a template written
-to the family's documented rules (`tests/family_checks.py`). Over a multi-turn episode with a tool call, parallel
+to the family's documented rules (`testkit/family_checks.py`). Over a multi-turn episode with a tool call, parallel
 tool calls, reasoning kept and dropped, a user turn in the middle and a reply cut by `max_tokens`, every turn
 continues its parent append-only (its ids are the parent's prompt and sampled ids, then what the template writes
 for the new messages), and the family's parser reads back what its template writes for tool calls."""
@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 from proxy.adapters.chat_templates import ChatTemplate, template_text
+from proxy.adapters.chat_templates import renderer as renderer_of
 from proxy.adapters.parsers import parser
 from proxy.adapters.served_tokens import FIRST_CALL, _prompt, _reply_message
 from proxy.core.errors import UpstreamError
 from proxy.core.values import Reply, Turn, TurnStatus
 from proxy.families import FAMILIES, detect, named
-from tests.family_checks import tokenizer
+from testkit.family_checks import tokenizer
 
 TOOLS = [
     {
@@ -115,14 +116,17 @@ def continues(episode: Episode, ids: list[int], continued: str | None, truth: st
     return t.decode(ids)
 
 
-@pytest.mark.parametrize("name", [family.name for family in FAMILIES])
+JINJA = [family.name for family in FAMILIES if family.renderer == "jinja"]  # the others: test_*_template.py
+
+
+@pytest.mark.parametrize("name", JINJA)
 def test_the_family_is_found_from_its_tokenizer(name: str) -> None:
     made = tokenizer(name)
     options = named(name).template_kwargs
     assert detect(template_text(made, None), set(made.get_added_vocab()), options).name == name
 
 
-@pytest.mark.parametrize("name", [family.name for family in FAMILIES])
+@pytest.mark.parametrize("name", JINJA)
 def test_every_call_of_a_multi_turn_episode_continues_its_parent(name: str) -> None:
     t = renderer(name)
     thinks = t.family.reasoning is not None and name != "qwen3-no-thinking"
@@ -195,7 +199,7 @@ def test_a_llama_reply_ended_by_eom_id_continues_with_no_end_of_turn_added() -> 
     episode = Episode(t)
     ids, _, _ = episode.call()
     eom = t.encode("<|eom_id|>")
-    assert len(eom) == 1 and eom[0] in t.ends and eom[0] != t.end_of_turn
+    assert len(eom) == 1 and eom[0] in t.stops and eom[0] != t.end_of_turn
     episode.answer(ids, '<|python_tag|>{"name": "bash", "parameters": {"command": "ls"}}<|eom_id|>')
     calls = episode.history[-1]["tool_calls"]
     episode.history.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "a.txt"})
@@ -262,3 +266,9 @@ def test_the_v3_fenced_form_and_glm_values_by_their_schema() -> None:
     glm = "<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>42</arg_value>\n</tool_call>"
     (found,) = parser("glm45").parse(glm, TOOLS).tool_calls
     assert json.loads(found.arguments) == {"command": "42"}  # a string by its schema, though it reads as JSON
+
+
+def test_a_family_with_an_official_renderer_is_built_by_its_package_not_a_template() -> None:
+    made = renderer_of("unused: harmony carries its own vocabulary", None, {}, "gpt-oss")
+    assert type(made).__name__ == "HarmonyTemplate" and made.family.name == "gpt-oss"
+    assert made.end_of_turn in made.stops

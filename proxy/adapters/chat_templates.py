@@ -18,17 +18,19 @@ the turn (cut by `max_tokens`), the end-of-turn token the template would have wr
 model stops on the next turn's role token (GLM) needs none: the delta begins with that token.
 
 A family's renderer is this class by default (`jinja`); `RENDERERS` maps the other names an entry of
-`proxy/families` may give (a family whose official renderer is a package) to what builds theirs.
+`proxy/families` may give (Mistral's `mistral`, gpt-oss's `harmony`: official renderers that are packages) to the
+module that builds theirs (`proxy/adapters/renderer.py` is what each provides).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from jinja2 import TemplateError
 
@@ -57,21 +59,6 @@ class Discontinuity(ValueError):
     """The template cannot say which ids it writes for the new messages after a reply; the message says why."""
 
 
-class Renderer(Protocol):
-    """What token in, token out asks of a family's renderer (ChatTemplate's public surface); `delta` may return None
-    (or raise Discontinuity) where it cannot say."""
-
-    end_of_turn: int
-
-    def prompt(self, messages: Sequence[JsonObject], tools: Sequence[JsonObject] | None) -> list[int]: ...
-
-    def delta(self, new: Sequence[JsonObject], tools: Sequence[JsonObject] | None, ended: bool) -> list[int] | None: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
 class ChatTemplate:
     """One model's tokenizer and chat template (with `chat_template`, another template in place of its own), and the
     family it belongs to."""
@@ -88,7 +75,7 @@ class ChatTemplate:
         end, self._closing = self._end(after)
         self.end_of_turn: int = end
         single = (tokenizer.encode(text, add_special_tokens=False) for text in family.end_of_turn)
-        self.ends: frozenset[int] = frozenset({end, *(ids[0] for ids in single if len(ids) == 1)})
+        self.stops: frozenset[int] = frozenset({end, *(ids[0] for ids in single if len(ids) == 1)})
         # transformers' encode hands even one text to the Rust tokenizer's thread pool (encode_batch), a wake-up of
         # other threads per call; the Rust tokenizer's own encode does the same on this thread. Used only where it
         # neither truncates nor pads, as transformers' encode above has set it.
@@ -133,9 +120,16 @@ class ChatTemplate:
         """The ids of a whole conversation, rendered for the model to reply to."""
         return self.encode(self.render(messages, tools, generation_prompt=True))
 
-    def delta(self, new: Sequence[JsonObject], tools: Sequence[JsonObject] | None, ended: bool) -> list[int]:
+    def delta(
+        self,
+        new: Sequence[JsonObject],
+        tools: Sequence[JsonObject] | None,
+        ended: bool,
+        history: Sequence[JsonObject] = (),
+    ) -> list[int]:
         """The ids the template writes for `new` messages after a reply (`ended`: whose sampled ids close with an
-        end-of-turn token), up to the next reply's generation prompt. Raises Discontinuity where it cannot say."""
+        end-of-turn token), up to the next reply's generation prompt; `history` is not read: the stand-in stands
+        for it. Raises Discontinuity where it cannot say."""
         try:
             after = self.render([*_STAND_IN, *new], tools, generation_prompt=True)
         except TemplateError as e:
@@ -202,24 +196,45 @@ class ChatTemplates:
             return found
         with self._lock:
             if (found := self._loaded.get(key)) is None:
-                found = self._loaded[key] = renderer(
-                    tokenizer, _tokenizer(tokenizer), _template(chat_template), options or {}, family
-                )
+                found = self._loaded[key] = renderer(tokenizer, _template(chat_template), options or {}, family)
         return found
 
 
-def renderer(where: str, tokenizer: Any, chat_template: str | None, options: JsonObject, family: str | None) -> Any:
-    """The renderer of a tokenizer's family (`family` names it, else its tokenizer says), the family's template
-    options under the episode's."""
+def renderer(where: str, chat_template: str | None, options: JsonObject, family: str | None) -> Any:
+    """The renderer of the tokenizer at `where` as its family builds it (`family` names it, else its tokenizer
+    says), the family's template options under the episode's. A family whose renderer is a package of its own
+    (Mistral's, gpt-oss's) is built from `where` without transformers' tokenizer."""
     try:
-        text = template_text(tokenizer, chat_template)
-        chosen = named(family) if family is not None else detect(text, _vocab(tokenizer), options)
+        chosen = named(family) if family is not None else None
     except ValueError as e:
         raise UpstreamError(f"policy_options.family: {e}") from e
-    build = RENDERERS.get(chosen.renderer)
-    if build is None:
-        raise UpstreamError(f"family {chosen.name}'s renderer {chosen.renderer!r} is not installed in this trajproxy")
-    return build(where, tokenizer, chat_template, {**chosen.template_kwargs, **options}, chosen)
+    if chosen is not None and chosen.renderer != "jinja":
+        return _own_renderer(chosen, where, options)
+    tokenizer = _tokenizer(where)
+    if chosen is None:
+        chosen = detect(template_text(tokenizer, chat_template), _vocab(tokenizer), options)
+    if chosen.renderer != "jinja":
+        return _own_renderer(chosen, where, options)
+    return ChatTemplate(tokenizer, chat_template, {**chosen.template_kwargs, **options}, chosen)
+
+
+# A family entry's `renderer` other than `jinja` -> the module that builds it and how. Imported when an episode asks:
+# each module imports its family's package (mistral-common, openai-harmony) at its top.
+RENDERERS: dict[str, tuple[str, str]] = {
+    "mistral": ("proxy.adapters.mistral_template", "load"),
+    "harmony": ("proxy.adapters.harmony_template", "HarmonyTemplate"),
+}
+
+
+def _own_renderer(family: Family, where: str, options: JsonObject) -> Any:
+    module, name = RENDERERS[family.renderer]
+    try:
+        build = getattr(importlib.import_module(module), name)  # lazy: its family's package, only when asked for
+    except ImportError as e:
+        raise UpstreamError(f"family {family.name} needs trajproxy[served] ({e.name} is not installed)") from e
+    made = build(where) if family.renderer == "mistral" else build(options.get("reasoning_effort"))
+    made.family = family
+    return made
 
 
 def _with_arguments(message: JsonObject) -> JsonObject:
@@ -251,13 +266,6 @@ def template_text(tokenizer: Any, chat_template: str | None) -> str:
 
 def _vocab(tokenizer: Any) -> set[str]:
     return {str(token) for token in tokenizer.get_added_vocab()}
-
-
-# A family entry's `renderer` -> what builds its renderer from (where, tokenizer, template, options, family). A
-# renderer that is a package of its own (mistral-common's, openai-harmony's) is added here under its entry's name.
-RENDERERS: dict[str, Any] = {
-    "jinja": lambda where, tokenizer, template, options, family: ChatTemplate(tokenizer, template, options, family)
-}
 
 
 def _tokenizer(where: str) -> Any:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
 from proxy.adapters.parsers import parser
+from proxy.adapters.renderer import Renderer
 from proxy.core.episodes import same_message
 from proxy.core.errors import UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id, text_of
@@ -225,7 +226,7 @@ def _prompt(
     if n >= len(messages) or not same_message(reply.message, messages[n]):
         return template.prompt(messages, tools), None, "its history does not hold its parent's reply as it was given"
     try:
-        delta = _delta(template, messages[n + 1 :], tools, sampled)
+        delta = _delta(template, messages[n + 1 :], tools, sampled, messages[: n + 1])
     except Discontinuity as e:
         why = _DISCONTINUITY + " ".join(str(e).split())
         if on_discontinuity == "fail":
@@ -236,12 +237,17 @@ def _prompt(
     return [*prompt, *sampled, *delta], parent.id, None
 
 
-def _delta(template: ChatTemplate, new: list[JsonObject], tools: list[JsonObject], sampled: Sequence[int]) -> list[int]:
+def _delta(
+    template: Renderer,
+    new: list[JsonObject],
+    tools: list[JsonObject],
+    sampled: Sequence[int],
+    history: list[JsonObject],
+) -> list[int]:
     """The template's ids for the new messages after the parent's sampled ids; Discontinuity where it cannot say."""
     family: Family = getattr(template, "family", GENERAL)
-    ends = getattr(template, "ends", frozenset({template.end_of_turn}))
-    ended = bool(sampled) and sampled[-1] in ends
-    delta = template.delta(new, tools, ended or family.ends_with_next_header)
+    ended = bool(sampled) and sampled[-1] in template.stops
+    delta = template.delta(new, tools, ended or family.ends_with_next_header, history)
     if delta is None:
         raise Discontinuity("the renderer cannot say what the new messages add after a reply")
     if family.ends_with_next_header and ended:  # the model stopped on the role token that opens the new messages
@@ -262,7 +268,11 @@ def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> 
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
-            {"id": new_id("call"), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            {
+                "id": call.id or new_id("call"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
             for call in parsed.tool_calls
         ]
     return message, parsed.error

@@ -22,13 +22,17 @@ from proxy.families.chatml import CHATML
 from proxy.families.deepseek_v3 import DEEPSEEK_V3
 from proxy.families.family import GENERAL, Family
 from proxy.families.glm45 import GLM45
+from proxy.families.gpt_oss import GPT_OSS
 from proxy.families.kimi_k2 import KIMI_K2
 from proxy.families.llama3 import LLAMA3
+from proxy.families.mistral import MISTRAL
 from proxy.families.qwen3 import QWEN3, QWEN3_NO_THINKING
 from proxy.families.qwen3_coder import QWEN3_CODER, QWEN35
 
 # Most particular first: the first whose `detect` holds is the tokenizer's family.
 FAMILIES: tuple[Family, ...] = (
+    GPT_OSS,
+    MISTRAL,
     KIMI_K2,
     GLM45,
     DEEPSEEK_V3,

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "tests" / "templates"
 
 # Each family's special tokens, as its tokenizer holds them (the first is its eos).
 SPECIALS: dict[str, tuple[str, ...]] = {
