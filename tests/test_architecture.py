@@ -30,6 +30,8 @@ CORE_MAY_NOT_IMPORT = {
     "pydantic",
     "pydantic_settings",
     "transformers",
+    "mistral_common",
+    "openai_harmony",
 }
 
 # library -> the modules (a folder ends in "/") allowed to import it
@@ -40,6 +42,8 @@ HOMES = {
     "sqlalchemy": ("proxy/storage/",),
     "tiktoken": ("proxy/adapters/tiktoken_counter.py",),
     "transformers": ("proxy/adapters/chat_templates.py",),
+    "mistral_common": ("proxy/adapters/mistral_template.py",),
+    "openai_harmony": ("proxy/adapters/harmony_template.py",),
     "uvicorn": ("proxy/servers/uvicorn_front.py",),  # each HTTP server in one adapter, behind servers.front.Front
     "granian": ("proxy/servers/granian_front.py",),
     "docker": (),  # containers are the sandbox's business, never the proxy's
