@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/vllm_server.py
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit/vllm_server.py
 from harness import exit_on_sigterm, percentile
 from measured_server import Server, trajproxy
 

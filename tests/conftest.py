@@ -81,6 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TRAJPROXY_SERVER"] = TEST_SERVER  # for `trajproxy run`'s embedded proxy too, in or out of process
     kept_token(token_file)
     config.pluginmanager.import_plugin("tests.skips")  # under CI, a skip nobody expected fails the run
+    config.pluginmanager.import_plugin("tests.placement")  # under xdist: a file per worker, and vLLM's tests on one
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

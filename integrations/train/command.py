@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,9 @@ def _train(
     vllm_python: str,
     summary: Summary,
 ) -> None:
+    # vLLM runs here in a process of its own, from its own venv (vllm_server), never through TRL: TRL's warning that the
+    # vLLM it finds installed is outside its tested range (five times, as TRL imports) is about a path not taken.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
     # lazy: the train extra's libraries (torch, TRL), which `train` checked are there before loading them
     import datasets
     import torch
