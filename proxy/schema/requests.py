@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -56,6 +57,20 @@ def _check_served(policy: str | None, options: dict[str, object]) -> None:
             raise ValueError(
                 f"policy_options.mode is 'tokens' (token in, token out) or 'chat', not {options['mode']!r}"
             )
+        if options.get("mode", "tokens") == "tokens" and not _installed("transformers"):
+            raise ValueError(
+                f"policy {policy} in tokens mode (token in, token out) renders prompts with the model's tokenizer, "
+                "which needs transformers: pip install 'trajproxy[served]' where trajproxy runs "
+                "(or policy_options.mode 'chat')"
+            )
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported here, found without importing it (transformers takes seconds to)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class RouteIn(_Strict):
