@@ -100,7 +100,7 @@ def plan(console: Any, args: argparse.Namespace, labels: dict[str, str]) -> Plan
         resume=args.resume,
         concurrency=args.concurrency,
         progress_every_s=args.progress_every_s,
-        keep_serving=args.keep_serving,
+        keep_serving=args.keep_serving and proxy.given is None,  # a server found already stays up anyway
         results=args.results,
     )
 
