@@ -17,8 +17,8 @@ import pytest
 
 from integrations.rollouts import Rollout
 from integrations.skyrl import episode_sampling, generator_output
-from tests.conftest import EXAMPLE, ROOT
-from tests.vllm_server import VllmServer
+from testkit.tasks import EXAMPLE, ROOT
+from testkit.vllm_server import VllmServer
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds SkyRL's venv (.ci/trainer-venv skyrl) and starts vLLM
 CHECK = ROOT / "tests" / "integrations" / "skyrl_check.py"

@@ -79,7 +79,7 @@ def test_the_compose_section_names_the_settings_a_shared_engine_needs() -> None:
 def test_the_training_example_makes_the_model_it_trains_with_one_command(tmp_path: Path) -> None:
     """The README's training run names the model its own line makes (examples/rl/tiny_model.py, the tests' model),
     not a cache folder only a test run fills; that line, run as written, finds the tests' build there and keeps it."""
-    from tests.vllm_server import build_tiny_model, vllm_python  # lazy: only this test needs vLLM's Python
+    from testkit.vllm_server import build_tiny_model, vllm_python  # lazy: only this test needs vLLM's Python
 
     (block,) = re.findall(r"\[start:train\] -->\n(.*?)<!-- --8<-- \[end:train\]", README.read_text(), re.DOTALL)
     (made,) = re.findall(r'^"\$PY" examples/rl/tiny_model\.py (\S+)', block, re.MULTILINE)

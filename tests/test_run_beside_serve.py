@@ -11,7 +11,7 @@ import pytest
 
 from proxy.client import TrainerClient
 from proxy.storage.database_lock import DatabaseLock
-from tests.conftest import EXAMPLE
+from testkit.tasks import EXAMPLE
 from tests.test_cli import clean_env, free_port, run_cli, serving
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.storage.export import Filters, export, source
-from tests.vllm_server import build_tiny_model
+from testkit.vllm_server import build_tiny_model
 
 pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[1]

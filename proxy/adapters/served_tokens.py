@@ -201,7 +201,11 @@ def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> 
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
-            {"id": new_id("call"), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            {
+                "id": call.id or new_id("call"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
             for call in parsed.tool_calls
         ]
     return message, parsed.error
