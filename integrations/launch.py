@@ -40,7 +40,10 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     train.add_argument("--tool-parser", default="hermes", help="the model family's tool-call parser (hermes)")
     train.add_argument(
-        "--max-turns", type=int, help="each episode's calls at most: the next one is refused and the agent stops"
+        "--max-turns",
+        type=int,
+        help="each episode's calls at most: the next one is refused (429 budget_exceeded), the agent stops, and the "
+        "episode is graded and finished as truncated (its reason says so), not failed",
     )
     train.add_argument("--agent-timeout-s", type=float, help="each agent's budget (default: the task's)")
     train.add_argument(

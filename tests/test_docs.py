@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import markdown
+
 from tests.test_readme import DOCS, README, ROOT
 
 MKDOCS = ROOT / "mkdocs.yml"
@@ -54,3 +56,28 @@ def test_every_part_of_the_readme_a_page_includes_is_marked_there() -> None:
 def test_the_api_reference_hook_is_where_the_site_loads_it() -> None:
     assert GENERATED.is_file()
     assert f"  - {GENERATED.relative_to(ROOT)}" in MKDOCS.read_text()
+
+
+def _numbered_steps(text: str) -> list[int]:
+    """The numbers of the text's numbered list items (`3. …`), outside code blocks."""
+    steps, fenced = [], False
+    for line in text.splitlines():
+        if re.match(r"\s*(```|~~~)", line):
+            fenced = not fenced
+        elif not fenced and (step := re.match(r"\s*(\d+)\. ", line)):
+            steps.append(int(step.group(1)))
+    return steps
+
+
+def test_every_numbered_list_renders_as_one_list_numbered_as_written() -> None:
+    """A step whose code block or table is not indented under it ends its list: the next step then renders as
+    "1." of a new list, or as a paragraph. Each page, rendered with the site's Markdown extensions, holds as many
+    lists as its steps numbered 1 and as many list items as it has steps."""
+    extensions = ["admonition", "attr_list", "tables", "toc", "pymdownx.highlight", "pymdownx.superfences"]
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        text = page.read_text()
+        html = re.sub(r"<pre.*?</pre>", "", markdown.markdown(text, extensions=extensions), flags=re.S)
+        lists = re.findall(r"<ol[^>]*>.*?</ol>", html, re.S)
+        steps = _numbered_steps(text)
+        assert len(lists) == steps.count(1), (page.name, steps, len(lists))
+        assert sum(listed.count("<li") for listed in lists) == len(steps), (page.name, steps)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +74,24 @@ def test_the_compose_section_names_the_settings_a_shared_engine_needs() -> None:
     compose = text[text.index("`docker compose up`") :][:1500]
     for name in ("TRAJPROXY_PORT", "TRAJPROXY_SOCKETS_VOLUME"):
         assert name in compose, name
+
+
+def test_the_training_example_makes_the_model_it_trains_with_one_command(tmp_path: Path) -> None:
+    """The README's training run names the model its own line makes (examples/rl/tiny_model.py, the tests' model),
+    not a cache folder only a test run fills; that line, run as written, finds the tests' build there and keeps it."""
+    from testkit.vllm_server import build_tiny_model, vllm_python  # lazy: only this test needs vLLM's Python
+
+    (block,) = re.findall(r"\[start:train\] -->\n(.*?)<!-- --8<-- \[end:train\]", README.read_text(), re.DOTALL)
+    (made,) = re.findall(r'^"\$PY" examples/rl/tiny_model\.py (\S+)', block, re.MULTILINE)
+    assert re.search(rf"--model {re.escape(made)} ", block), block  # what the run trains is what that line made
+    assert "ls -d" not in block and "tests/" not in block
+    built = build_tiny_model()
+    there = tmp_path / "tiny-model"
+    shutil.copytree(built, there)
+    line = f'"$PY" examples/rl/tiny_model.py {made}'.replace(made, str(there))
+    done = subprocess.run(
+        ["bash", "-c", line], cwd=ROOT, env={**os.environ, "PY": vllm_python()}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(there)
+    assert (there / ".tiny_model_stamp").read_text() == (built / ".tiny_model_stamp").read_text()

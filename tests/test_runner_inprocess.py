@@ -6,6 +6,7 @@ rewards, diffs, builds, fresh grading, and each way an episode fails."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from proxy.cli.main import main
 from proxy.client import AsyncTrainerClient, TrainerClient
+from proxy.storage.samples import infrastructure_failure
 from sandbox.run.env import AgentEnv
 from sandbox.run.policies import ScriptedPolicy
 from sandbox.run.runner import Outcome, RunConfig, Runner
@@ -177,3 +180,27 @@ def test_agent_env_steps_the_agent_and_ends_with_its_reward(
     assert kinds == [0, 1, 1, 2]  # FIRST, MID, MID, LAST
     assert reward == 1.0
     assert outcome is not None and (outcome.status, outcome.reward) == ("finished", 1.0)
+
+
+def test_a_turn_budget_that_runs_out_ends_the_episode_truncated_not_failed(
+    proxy: LiveServer, sandboxes: LocalSandboxes, task: Task, tmp_path: Path
+) -> None:
+    """--max-turns 1 on an agent that needs three calls: its second call is refused (429 budget_exceeded) and it
+    exits non-zero, yet the episode is a truncation of the policy's attempt, graded and finished, so `trajproxy
+    export --status finished` returns it and its line is no infrastructure failure."""
+    [outcome] = asyncio.run(
+        asyncio.wait_for(run_tasks(proxy, sandboxes, [task], "solve.script.jsonl", episode={"max_turns": 1}), 60)
+    )
+    assert (outcome.status, outcome.reward) == ("finished", 0.0), outcome.reason
+    assert outcome.reason.startswith("truncated: over budget: the episode has used its 1 turns"), outcome.reason
+    with TrainerClient(proxy.url, proxy.token) as trainer:
+        episode = trainer.episode(str(outcome.episode_id))
+        assert (episode.status, episode.reason) == ("finished", outcome.reason)
+        assert episode.over_budget == "over budget: the episode has used its 1 turns"
+    out = tmp_path / "finished.jsonl"
+    with pytest.raises(SystemExit) as exported:
+        main(["export", str(out), "--database-url", proxy.settings.database_url, "--status", "finished", "--quiet"])
+    assert exported.value.code == 0
+    [line] = [json.loads(text) for text in out.read_text().splitlines()]
+    assert (line["episode_id"], line["status"], line["reward"]) == (outcome.episode_id, "finished", 0.0)
+    assert infrastructure_failure(episode, line["reward"], None) is None  # the sample format's: a line to train on

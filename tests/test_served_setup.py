@@ -40,6 +40,27 @@ def test_a_served_policy_whose_base_url_does_not_end_in_v1_is_refused_at_once(
         trainer.create_episode(policy="vllm:tiny", policy_options={"api_base": fine})
 
 
+@ON_SQLITE
+def test_a_tokens_mode_policy_without_the_served_extra_is_refused_at_once_saying_what_to_install(
+    trainer: TrainerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without transformers (`trajproxy[served]`), a tokens-mode policy cannot load its tokenizer: the episode is
+    refused when it is made, in one line naming the extra, not with a 502 at the agent's first call. Chat mode, which
+    the server's own template renders, needs no tokenizer here and is still made."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as on a machine without the extra: it cannot import
+    base = {"api_base": "http://127.0.0.1:8100/v1"}
+    for options in (base, {**base, "mode": "tokens"}):
+        with pytest.raises(TrajproxyAPIError) as refused:
+            trainer.create_episode(policy="vllm:tiny", policy_options=options)
+        said = refused.value.message
+        assert refused.value.status == 422 and "pip install 'trajproxy[served]'" in said and "\n" not in said, said
+    with pytest.raises(TrajproxyAPIError) as forwarded:  # a turn forwarded to the policy: the same, at once
+        trainer.forward("turn-unknown", "sglang:tiny", options=base)
+    assert forwarded.value.status == 422 and "trajproxy[served]" in forwarded.value.message
+    assert trainer.episodes().episodes == []
+    trainer.create_episode(policy="vllm:tiny", policy_options={**base, "mode": "chat"})
+
+
 def test_every_served_example_in_the_readme_and_the_docs_has_its_v1_and_a_max_tokens() -> None:
     text = "\n\n".join(page.read_text() for page in pages())
     bases = re.findall(r'api_base(?:=|": ")(http[^\s"`]+)', text)

@@ -72,9 +72,16 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
         assert step["moved"] is not None and step["moved"] > 1e-4  # and what it holds changed
     assert (out / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((out / "checkpoint").glob("*.safetensors"))
+    said = f"summary {out}/summary.json, plot {out}/reward.png, checkpoint {out}/checkpoint"
+    said += f", episodes {out}/trajproxy.db"
+    assert done.stdout.splitlines()[-1] == f"trajproxy train: {said}"  # the run's last line says where all is
     # every sampled id recorded as vLLM sampled it, and trained in the export
     with sqlite3.connect(out / "trajproxy.db") as db:
         replies = [json.loads(reply) for (reply,) in db.execute("SELECT reply FROM turn ORDER BY created_at")]
+        ended = db.execute("SELECT status, reason FROM episode").fetchall()
+    # --max-turns refused each agent's next call: every episode a graded truncation, none failed
+    assert len(ended) == 8, ended
+    assert all(status == "finished" and reason.startswith("truncated: ") for status, reason in ended), ended
     assert len(replies) == 2 * 4 * TURNS
     for reply in replies:
         assert reply["completion_token_ids"] == reply["served"]["response"]["choices"][0]["token_ids"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from integrations.rollouts import Rollout, Rollouts, Served, tasks_of
-from integrations.train.report import Step, Summary, plot, step_line
+from integrations.train.report import Step, Summary, plot, step_line, where_line
 from integrations.train.vllm import SERVER_FLAGS, reload_weights, vllm_server
 from integrations.train.weights import save_weights, served_copy, served_logprobs, trainer_logprobs
 from integrations.trl import TrlRollouts, graded_reward
@@ -80,9 +80,12 @@ def train(args: argparse.Namespace) -> int:
     try:
         _train(args, model_dir, out, tasks, sampling, labels, vllm_python, summary)
     finally:
-        summary.write(Path(args.summary) if args.summary else out / "summary.json")
+        written = Path(args.summary) if args.summary else out / "summary.json"
+        summary.write(written)
+        drawn = Path(args.plot) if args.plot else out / "reward.png"
         if summary.steps:
-            plot(summary, Path(args.plot) if args.plot else out / "reward.png")
+            plot(summary, drawn)
+        print(where_line(summary, written, drawn if summary.steps else None), flush=True)  # the run's last line
     return 0 if summary.completed else 1
 
 

@@ -100,6 +100,15 @@ def step_line(step: Step, steps: int) -> str:
     )
 
 
+def where_line(summary: Summary, written: Path, drawn: Path | None) -> str:
+    """The run's last line: where its summary, plot, checkpoint and episodes are."""
+    checkpoint = summary.checkpoint or "none (the run did not complete)"
+    return (
+        f"trajproxy train: summary {written}, plot {drawn or 'none (no step done)'}, checkpoint {checkpoint}, "
+        f"episodes {summary.out / 'trajproxy.db'}"
+    )
+
+
 def plot(summary: Summary, path: Path) -> None:
     """The mean reward per step, each episode's reward as a dot."""
     import matplotlib  # lazy: the train extra's; only a run that plots loads it

@@ -275,7 +275,7 @@ def _tokenizer(where: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise UpstreamError(
-            "token in, token out needs the model's tokenizer: install trajproxy[served] (transformers)"
+            "token in, token out needs the model's tokenizer: pip install 'trajproxy[served]' (transformers)"
         ) from e
     try:
         return AutoTokenizer.from_pretrained(where)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
+import os
+import signal
 import sys
+import tempfile
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,6 +18,7 @@ from proxy.app import create_app
 from proxy.core.errors import StorageError
 from proxy.servers.front import front
 from proxy.servers.limits import Limits
+from proxy.servers.presence import Serving, announced, presence_file
 from proxy.servers.sockets import listen
 from proxy.settings import Settings
 from proxy.storage.database_lock import check_free
@@ -59,21 +64,54 @@ def serve(settings: Settings) -> None:
     except TokenFileError as e:
         sys.exit(f"trajproxy: {e}")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    try:
-        sockets = listen(settings)
-    except OSError as e:
-        sys.exit(f"trajproxy: cannot listen: {e}")
-    where = f"http://{settings.host}:{sockets[0].getsockname()[1]}"
-    logging.getLogger("trajproxy").info(
-        "serving on %s%s (%s)",
-        where,
-        f" and unix:{settings.socket_path}" if settings.socket_path else "",
-        settings.server,
-    )
-    _announce_token(kept)
-    settle_collector()
-    front(settings.server, app, sockets, settings.log_level, limits=Limits.of(settings)).run()
+    with contextlib.ExitStack() as leaving:
+        if settings.socket_path is None and presence_file(settings.database_url) is not None:
+            # a SQLite database's server also serves sandboxes, on a socket of its own, so that a `trajproxy run`
+            # beside it runs through it (proxy.servers.presence) instead of refusing the database it holds
+            folder = leaving.enter_context(tempfile.TemporaryDirectory(prefix="trajproxy-serve-"))
+            settings = settings.model_copy(update={"socket_path": f"{folder}/proxy.sock"})
+        app = create_app(settings)
+        try:
+            sockets = listen(settings)
+        except OSError as e:
+            sys.exit(f"trajproxy: cannot listen: {e}")
+        port = sockets[0].getsockname()[1]
+        where = f"http://{settings.host}:{port}"
+        logging.getLogger("trajproxy").info(
+            "serving on %s%s (%s)",
+            where,
+            f" and unix:{settings.socket_path}" if settings.socket_path else "",
+            settings.server,
+        )
+        if settings.socket_path:
+            local = f"http://{_local(settings.host)}:{port}"
+            leaving.enter_context(announced(settings.database_url, Serving(os.getpid(), local, settings.socket_path)))
+        _announce_token(kept)
+        settle_collector()
+        _leave_on_sigterm(leaving)
+        front(settings.server, app, sockets, settings.log_level, limits=Limits.of(settings)).run()
+
+
+def _leave_on_sigterm(leaving: contextlib.ExitStack) -> None:
+    """Once the front has shut down on a SIGTERM, it ends the process by the signal (uvicorn raises it again, as
+    the handler it found would): a default handler would end it without unwinding, leaving the presence file and
+    the socket's folder behind. This one lets go of them first, then ends the process by the signal as before."""
+
+    def leave(signum: int, _frame: object) -> None:
+        leaving.close()
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+def _local(host: str) -> str:
+    """Where a process on this machine reaches a server bound to `host`."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
 
 
 def _announce_token(kept: KeptToken | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -62,6 +63,20 @@ def _check_served(policy: str | None, options: dict[str, object]) -> None:
             raise ValueError(f"policy_options.on_discontinuity is 'branch', 'fail' or 'rerender', not {chosen!r}")
         if "family" in options and options["family"] not in BY_NAME:
             raise ValueError(f"policy_options.family is one of {', '.join(sorted(BY_NAME))}, not {options['family']!r}")
+        if options.get("mode", "tokens") == "tokens" and not _installed("transformers"):
+            raise ValueError(
+                f"policy {policy} in tokens mode (token in, token out) renders prompts with the model's tokenizer, "
+                "which needs transformers: pip install 'trajproxy[served]' where trajproxy runs "
+                "(or policy_options.mode 'chat')"
+            )
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported here, found without importing it (transformers takes seconds to)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class RouteIn(_Strict):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,8 @@ import docker.errors
 
 from proxy.core.errors import StorageError
 from proxy.servers.embedded import CannotListen, embedded_proxy
+from proxy.servers.presence import serving
+from proxy.storage.database_lock import check_free
 from sandbox.backends.docker_sandboxes import DockerSandboxes, prune
 from sandbox.backends.gate_containers import GATE_POOL, SOCKET_NAME
 from sandbox.backends.interface import SandboxCounter, SandboxError, Sandboxes
@@ -102,6 +106,32 @@ def socket_place(given: str | None) -> SocketPlace:
         there = f" (sockets there: {', '.join(found)})" if found else ""
         raise Refused(f"--socket-source {given}: {what}{there}; give the path of trajproxy's --socket-path")
     return SocketPlace(str(path.parent), path.name)
+
+
+def proxy_wanted(console: Any, given: GivenProxy | None, database_url: str, port: int, *, shared: bool) -> ProxyWanted:
+    """Which trajproxy the run uses, checked before anything is built: the one given; else the `trajproxy serve` that
+    serves `database_url` already (the run goes through it); else one started here, once its database and port are
+    seen free. Refused says why none can be."""
+    if given is not None:
+        return ProxyWanted(given, database_url, port, shared=shared)
+    try:
+        check_free(database_url, shared=shared)
+    except StorageError as e:
+        if shared or (found := serving(database_url)) is None:
+            raise Refused(str(e)) from None
+        said = f"{found.url} (pid {found.pid}) serves that database already: this run goes through it"
+        console.print(said, markup=False, soft_wrap=True)
+        folder, name = os.path.split(found.socket_path)
+        return ProxyWanted(GivenProxy(found.url, None, SocketPlace(folder, name)), database_url, port)
+    if port:
+        try:
+            with socket.create_server(("127.0.0.1", port)):
+                pass
+        except OSError as e:
+            raise Refused(
+                f"cannot listen on port {port} ({e.strerror}): pass another --port (0: any free one)"
+            ) from None
+    return ProxyWanted(None, database_url, port, shared=shared)
 
 
 @contextlib.asynccontextmanager

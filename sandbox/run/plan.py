@@ -14,7 +14,7 @@ from sandbox.agents.injection import InjectedAgent, inject
 from sandbox.agents.manifests import load
 from sandbox.backends.identity import RunIdentity
 from sandbox.backends.interface import Limits
-from sandbox.run.places import GivenProxy, ProxyWanted, Refused, SandboxesWanted, socket_place
+from sandbox.run.places import GivenProxy, ProxyWanted, Refused, SandboxesWanted, proxy_wanted, socket_place
 from sandbox.run.policies import RunPolicy, policy_from, policy_options
 from sandbox.run.resume import RAN_BY, RUN
 from sandbox.run.runner import RunConfig
@@ -72,6 +72,7 @@ def plan(console: Any, args: argparse.Namespace, labels: dict[str, str]) -> Plan
     try:
         policy = policy_from(args.policy, policy_options(args.policy_option))
         parsed = list(read_tasks(args.tasks, image=args.image, image_template=args.image_template, format=args.format))
+        proxy = proxy_wanted(console, given, args.database_url, args.port, shared=bool(args.ray))
         injected = None
         if args.agent and args.agent != ORACLE:
             injected = _injected(console, args.agent, args.model, args.bundles)
@@ -90,7 +91,7 @@ def plan(console: Any, args: argparse.Namespace, labels: dict[str, str]) -> Plan
         parsed=parsed,
         policy=policy,
         config=_config(args, injected, policy, who),
-        proxy=ProxyWanted(given, args.database_url, args.port, shared=bool(args.ray)),
+        proxy=proxy,
         sandboxes=SandboxesWanted(
             args.ray, args.database_url, args.concurrency, args.forks if fork else runnable, labels
         ),
@@ -99,7 +100,7 @@ def plan(console: Any, args: argparse.Namespace, labels: dict[str, str]) -> Plan
         resume=args.resume,
         concurrency=args.concurrency,
         progress_every_s=args.progress_every_s,
-        keep_serving=args.keep_serving,
+        keep_serving=args.keep_serving and proxy.given is None,  # a server found already stays up anyway
         results=args.results,
     )
 

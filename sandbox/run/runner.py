@@ -50,6 +50,10 @@ DEFAULT_GRADE_TIMEOUT_S = 600.0
 _GIT_S = 120.0
 SETUP_TIMEOUT_S = 600.0
 START_ALLOWANCE_S = 300.0  # of an episode's default deadline: its sandboxes' starts and the diff's capture
+# An episode whose budget refused its agent's call ends finished, its reason opening so: a truncation of the
+# policy's attempt (graded, trained on), not an infrastructure failure; the agent's refused call got its 429.
+TRUNCATED = "truncated: "
+BUDGETS = frozenset({"max_turns", "max_tokens", "deadline_s"})  # the episode options that make a budget
 LOST_RUNS = 3  # a task whose sandbox's machine dies runs again elsewhere, at most this many times in all
 
 
@@ -237,10 +241,20 @@ class Runner:
         done = functools.partial(Outcome, task, episode_id, diff=diff, agent_output=output, timings=timings)
         if agent.timed_out:
             return done("failed", reward, f"the agent ran past its budget of {self._agent_timeout_s(task):g} s")
+        ended = grade.verdict
         if agent.exit_code != 0:
             said = _last_line(agent.output)
-            return done("failed", reward, f"the agent exited with {agent.exit_code}" + (f": {said}" if said else ""))
-        return done("finished", reward, grade.verdict)
+            ended = f"the agent exited with {agent.exit_code}" + (f": {said}" if said else "")
+        if (over := await self._over_budget(episode_id)) is not None:  # the policy's attempt, cut short: trainable
+            return done("finished", reward, f"{TRUNCATED}{over}; {ended}")
+        return done("failed" if agent.exit_code != 0 else "finished", reward, ended)
+
+    async def _over_budget(self, episode_id: str) -> str | None:
+        """Why the episode's budget (turns, tokens, deadline) refused one of its agent's calls, if it did: asked of
+        trajproxy only where the run gives its episodes a budget."""
+        if not BUDGETS & self._config.episode.keys():
+            return None
+        return (await self._trainer.episode(episode_id)).over_budget
 
     async def _act(self, box: Sandbox, task: Task, episode_id: str, key: str) -> ExecResult:
         """Run the agent (or the task's own solution) to its end, its LLM calls answered by the policy."""
