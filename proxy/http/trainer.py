@@ -102,6 +102,7 @@ class TrainerApi:
     ) -> Response:
         """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
         steps = self._steps
+        await self._broker.episode(episode_id)  # 404 for an unknown episode, not after the wait
         step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo, self._shutdown)
         return _timestep(step)
 
