@@ -1,21 +1,26 @@
-"""Small sharp edges of the review (issue 49, item 16): bodies that gave 500 are a one-line 400, and a reset of an
-episode that does not exist is a 404 at once rather than after its wait."""
+"""Small sharp edges of the review (issue 49, item 16): bodies that gave 500 are a one-line 400, a reset of an
+episode that does not exist is a 404 at once rather than after its wait, and the token server serves only the
+keys it gave out."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
+from integrations.token_server import Generated, token_server
 from proxy.client import TrainerClient
 from tests.test_bad_bodies import assert_one_line_4xx
+from tests.vllm_server import build_tiny_model
 
 GEMINI = "/v1beta/models/m:generateContent"
 HI = {"role": "user", "parts": [{"text": "hi"}]}
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the edges, not the storage
+ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the edges, not the storage
 
 
+@ON_SQLITE
 @pytest.mark.parametrize(
     "body",
     [
@@ -33,8 +38,36 @@ def test_gemini_bodies_that_gave_500_are_a_one_line_400(server: Any, trainer: Tr
     assert_one_line_4xx(answer, body)
 
 
+@ON_SQLITE
 @pytest.mark.timeout(30)
 def test_a_reset_of_an_unknown_episode_is_a_404_at_once(server: Any) -> None:
     headers = {"authorization": f"Bearer {server.token}"}
     answer = httpx.post(f"{server.url}/api/episodes/ep_nothere/reset?wait=600", headers=headers, timeout=10)
     assert answer.status_code == 404 and "ep_nothere" in answer.json()["error"]["message"]
+
+
+def test_the_token_server_answers_only_under_the_keys_it_gave_and_refuses_a_body_not_json() -> None:
+    calls: list[str] = []
+
+    async def generate(key: str, prompt: list[int], sampling: dict[str, Any]) -> Generated:
+        calls.append(key)
+        return Generated([5, 6], None)
+
+    async def asked() -> list[tuple[int, str]]:
+        async with token_server(generate, str(build_tiny_model())) as server:
+            given = server.api_base("rollout-1")
+            other = given.replace("rollout-1", "rollout-2")
+            async with httpx.AsyncClient(timeout=30) as http:
+                answers = [
+                    await http.post(f"{other}/completions", json={"prompt": [1, 2]}),
+                    await http.get(f"{other}/models"),
+                    await http.post(f"{given}/completions", content=b"not json"),
+                    await http.post(f"{given}/completions", json=[1, 2]),
+                    await http.post(f"{given}/completions", json={"prompt": [1, 2]}),
+                ]
+        return [(answer.status_code, answer.json().get("error", {}).get("message", "")) for answer in answers]
+
+    refused_post, refused_models, not_json, not_object, served = asyncio.run(asked())
+    assert refused_post == refused_models == (404, "no rollout under this key")
+    assert not_json == (400, "the body is not JSON") and not_object[0] == 400
+    assert served == (200, "") and calls == ["rollout-1"]
