@@ -1,10 +1,11 @@
 """Small sharp edges of the review (issue 49, item 16): bodies that gave 500 are a one-line 400, a reset of an
-episode that does not exist is a 404 at once rather than after its wait, and the token server serves only the
-keys it gave out."""
+episode that does not exist is a 404 at once rather than after its wait, the token server serves only the keys
+it gave out, and no 404 or log line shows a key however the path or query spells it."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 
 from integrations.token_server import Generated, token_server
 from proxy.client import TrainerClient
+from proxy.servers.redaction import KeyRedactor
 from tests.test_bad_bodies import assert_one_line_4xx
 from tests.vllm_server import build_tiny_model
 
@@ -71,3 +73,22 @@ def test_the_token_server_answers_only_under_the_keys_it_gave_and_refuses_a_body
     assert refused_post == refused_models == (404, "no rollout under this key")
     assert not_json == (400, "the body is not JSON") and not_object[0] == 400
     assert served == (200, "") and calls == ["rollout-1"]
+
+
+@ON_SQLITE
+def test_a_404_never_echoes_a_key_wherever_e_falls_in_the_path(server: Any, trainer: TrainerClient) -> None:
+    key = trainer.create_episode().key
+    with httpx.Client(timeout=10) as http:
+        for path in (f"//e/{key}/v1/chat/completions", f"/x/e/{key}/v1/models", f"/e/{key}/nothing", f"/{key}/v1"):
+            answer = http.post(server.url + path, json={})
+            assert 400 <= answer.status_code < 500 and key not in answer.text, (path, answer.text)
+
+
+def test_a_key_under_a_name_the_server_does_not_read_is_kept_out_of_log_lines() -> None:
+    """uvicorn's WebSocket handshake line names the path with its query; `ke%2579` reads as `ke%79`, no name the
+    server takes a key from, yet the agent sent its key there."""
+    for query in ("ke%2579=sk-secret", "%256B%2565y=sk-secret", "a=1&KE%2579=sk-secret"):
+        record = logging.LogRecord("uvicorn.error", logging.INFO, "", 0, '%s - "WebSocket %s" 403', None, None)
+        record.args = ("127.0.0.1:5", f"/api/turns/stream?{query}")
+        assert KeyRedactor().filter(record)
+        assert "sk-secret" not in record.getMessage() and "=<key>" in record.getMessage()
