@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -92,3 +94,17 @@ def test_a_key_under_a_name_the_server_does_not_read_is_kept_out_of_log_lines() 
         record.args = ("127.0.0.1:5", f"/api/turns/stream?{query}")
         assert KeyRedactor().filter(record)
         assert "sk-secret" not in record.getMessage() and "=<key>" in record.getMessage()
+
+
+@ON_SQLITE
+@pytest.mark.settings(no_trainer_token=True)
+def test_an_open_trainer_api_judges_two_host_headers_by_the_first(server: Any) -> None:
+    where = urlsplit(server.url)
+    for hosts, status in ((["evil.example", where.netloc], 403), ([where.netloc, "evil.example"], 200)):
+        with socket.create_connection((where.hostname, where.port), timeout=10) as connection:
+            lines = ["GET /api/episodes HTTP/1.1", *(f"host: {host}" for host in hosts), "connection: close"]
+            connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert answer.split(b" ", 2)[1] == str(status).encode(), (hosts, answer[:300])
