@@ -215,7 +215,12 @@ class Broker:
         live = await self._episodes.load(episode_id)
         if live is None:
             raise closed_error(await self.episode(episode_id))
-        if retry and (same := await self.queue.retried(live, wire)) is not None:
+        # The body of an open turn no agent waits on (its agent hung up, or an earlier process recorded it) is that
+        # turn's retry whether or not the SDK says so (the Gemini SDK does not): its first attempt is gone.
+        orphaned = any(
+            t.exchanges == 0 and t.turn.wire == wire for t in self._context.open_turns.of_episode(episode_id)
+        )
+        if (retry or orphaned) and (same := await self.queue.retried(live, wire)) is not None:
             return same
         # A fork's first calls are answered from its parent's (the check costs nothing for other episodes).
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
