@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse
 
 from proxy.adapters.tool_parsers import PARSERS
 from proxy.client import TrainerClient
+from testkit.vllm_server import build_tiny_model
 from tests.conftest import LiveServer, Running, serve_app
-from tests.vllm_server import build_tiny_model
 
 SAMPLED = [11, 12, 13]  # the ids the stand-in says it sampled, whatever the text
 TOOLS: list[Any] = [

@@ -16,8 +16,8 @@ import pytest
 from integrations.token_server import Generated, token_server
 from proxy.client import TrainerClient
 from proxy.servers.redaction import KeyRedactor
+from testkit.vllm_server import build_tiny_model
 from tests.test_bad_bodies import assert_one_line_4xx
-from tests.vllm_server import build_tiny_model
 
 GEMINI = "/v1beta/models/m:generateContent"
 HI = {"role": "user", "parts": [{"text": "hi"}]}

@@ -156,6 +156,7 @@ class TokenPolicy:
             completion_token_ids=tuple(completion),
             logprobs=tuple(float(v) for v in logprobs) if logprobs is not None else None,
             served=served,
+            policy_version=_version(response.get("policy_version")),
         )
 
     async def _template(self, answerer: Answerer, api_base: str) -> ChatTemplate:
@@ -209,7 +210,11 @@ async def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: st
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
-            {"id": new_id("call"), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            {
+                "id": call.id or new_id("call"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
             for call in parsed.tool_calls
         ]
     return message, parsed.error
@@ -239,6 +244,11 @@ def functions(tools: Any) -> list[JsonObject]:
 def _finish(choice: JsonObject) -> str | None:
     why = choice.get("finish_reason")
     return why if isinstance(why, str) else None
+
+
+def _version(value: Any) -> str | None:
+    """The weights that sampled, where the server names them (a trainer's token server does; vLLM does not)."""
+    return value if isinstance(value, str) and 0 < len(value) <= 200 and "\0" not in value else None
 
 
 def _number(value: Any) -> bool:
