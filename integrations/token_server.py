@@ -7,7 +7,9 @@ turns, the tool parsing and the branches stay trajproxy's, the engine, its routi
 
 Each rollout gets its own base URL, `/r/<key>/v1`, and every call under it reaches `generate(key, prompt_ids,
 sampling)`: the key is the sticky id trainers route by (verl's request id, SkyRL's session id, slime's routing key).
-It listens on loopback only: the trajproxy that calls it runs in the same process (`integrations.rollouts`).
+It listens on loopback only: the trajproxy that calls it runs in the same process (`integrations.rollouts`), and
+it answers only under the keys `api_base` was asked for: another local program cannot make it generate under a key
+of its choosing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -70,9 +72,11 @@ Generate = Callable[[str, list[int], dict[str, Any]], Awaitable[Generated]]
 class TokenServer:
     url: str
     model: str
+    keys: set[str] = field(default_factory=set)  # the keys given out, the only ones served
 
     def api_base(self, key: str) -> str:
-        """The OpenAI-style base URL whose calls reach `generate` with this key."""
+        """The OpenAI-style base URL whose calls reach `generate` with this key (from now on)."""
+        self.keys.add(key)
         return f"{self.url}/r/{quote(key, safe='')}/v1"
 
 
@@ -81,9 +85,17 @@ async def token_server(generate: Generate, tokenizer: str, model: str = "policy"
     """Serve `generate` on 127.0.0.1 (a free port) until the block ends; `tokenizer`: the model's folder (or hub
     name), whose tokenizer turns the sampled ids into the text trajproxy parses (special tokens kept)."""
     decode = (await asyncio.to_thread(ChatTemplates().get, tokenizer)).decode
+    keys: set[str] = set()
 
     async def completions(request: web.Request) -> web.Response:
-        body = await request.json()
+        if request.match_info["key"] not in keys:
+            return _error(404, "no rollout under this key")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object")
         prompt = body.get("prompt")
         if not isinstance(prompt, list) or not all(isinstance(i, int) for i in prompt):
             return _error(400, "prompt: a list of token ids is expected")
@@ -106,7 +118,9 @@ async def token_server(generate: Generate, tokenizer: str, model: str = "policy"
             answer[POLICY_VERSION] = str(generated.policy_version)
         return web.json_response(answer)
 
-    async def models(_request: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.Response:
+        if request.match_info["key"] not in keys:
+            return _error(404, "no rollout under this key")
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "root": tokenizer}]})
 
     app = web.Application()
@@ -118,7 +132,7 @@ async def token_server(generate: Generate, tokenizer: str, model: str = "policy"
     await site.start()
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield TokenServer(f"http://127.0.0.1:{port}", model)
+        yield TokenServer(f"http://127.0.0.1:{port}", model, keys)
     finally:
         await runner.cleanup()
 

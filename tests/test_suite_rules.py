@@ -88,7 +88,8 @@ def upper_bounds_on_elapsed_time(source: str) -> list[int]:
     """The lines of asserts that bound a measured duration from above (`time.monotonic() - started < 5`, or a name
     holding such a difference): what a slow moment of a shared machine fails. A lower bound (`took_s >= sleep_s`),
     measured from before its cause, cannot fail by slowness, and a deadline (`time.monotonic() < deadline`) bounds a
-    wait for an event: both pass."""
+    wait for an event: both pass, as does a comparison of two durations measured in the same test (a floor taken on
+    the same machine at the same moment, which a slow moment slows alike)."""
     found = set()
     for function in ast.walk(ast.parse(source)):
         if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -112,6 +113,8 @@ class Durations:
             for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
                 sides = [compare.left, *compare.comparators]
                 for left, op, right in zip(sides, compare.ops, sides[1:], strict=False):
+                    if self._measured(left) and self._measured(right):
+                        continue
                     below = isinstance(op, ast.Lt | ast.LtE) and self._measured(left)
                     if below or (isinstance(op, ast.Gt | ast.GtE) and self._measured(right)):
                         yield node.lineno
@@ -161,6 +164,8 @@ def test_quick():
     assert took_s >= 1  # a lower bound: slowness cannot fail it
     deadline = time.monotonic() + 5
     assert time.monotonic() < deadline  # a bounded wait
+    floor_s = time.monotonic() - deadline
+    assert took_s < 3 * floor_s  # against a floor measured alike
 """
     assert upper_bounds_on_elapsed_time(source) == [6, 7]
 

@@ -26,7 +26,9 @@ class Parsed:
 
 
 class ToolParser(Protocol):
-    """Reads one model family's raw output; `tools` are the request's OpenAI chat tools."""
+    """Reads one model family's raw output; `tools` are the request's OpenAI chat tools. The text is a model's, so
+    any text: `parse` never raises (what does not parse is a `Parsed` with an `error`), and takes time linear in the
+    text's length."""
 
     @property
     def name(self) -> str: ...  # read-only, so that frozen dataclasses implement it

@@ -158,7 +158,7 @@ class TokenPolicy:
         if logprobs is not None and (len(logprobs) != len(completion) or not all(_number(v) for v in logprobs)):
             logprobs = None  # not one per sampled token: not to be trusted for a loss
         family: Family = getattr(template, "family", GENERAL)
-        message, parse_error = _reply_message(text, tools, str(options.get("tool_parser") or family.tool_parser))
+        message, parse_error = await _reply_message(text, tools, str(options.get("tool_parser") or family.tool_parser))
         served: JsonObject = {
             "server": endpoint.name,
             "mode": "tokens",
@@ -259,11 +259,19 @@ def _delta(
     return delta
 
 
-def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> tuple[JsonObject, str | None]:
+# Parsing is linear in the output, yet a long one would hold the loop, and every other call, for that long.
+_PARSED_ON_THE_LOOP_CHARS = 16_384
+
+
+async def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> tuple[JsonObject, str | None]:
     try:
-        parsed = parser(parser_name).parse(text, tools)
+        reader = parser(parser_name)
     except ValueError as e:
         raise UpstreamError(f"policy_options.tool_parser: {e}") from e
+    if len(text) <= _PARSED_ON_THE_LOOP_CHARS:
+        parsed = reader.parse(text, tools)
+    else:
+        parsed = await asyncio.to_thread(reader.parse, text, tools)
     message: JsonObject = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning is not None:
         message["reasoning_content"] = parsed.reasoning

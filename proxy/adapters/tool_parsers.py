@@ -37,9 +37,8 @@ _END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>")
 _THINK, _THINK_END = "<think>", "</think>"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
-_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)</function>", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
 _UNCLOSED_PARAMETER = re.compile(r"^<parameter=[^>\n]*>", re.MULTILINE)
+_SPACE = re.compile(r"\s*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +54,27 @@ class FormatParser:
             return Parsed(content=None, reasoning=reasoning, tool_calls=())
         try:
             content, calls = self.body(body, tools)
-        except _Unparsed as e:
+        # Besides _Unparsed, what JSON raises on a number too long or nesting too deep, wherever a format meets it:
+        # such output is text with an error like any other, never a failed turn.
+        except (_Unparsed, ValueError, RecursionError) as e:
             error = f"{self.name}: " + " ".join(str(e).split())
             return Parsed(content=body.strip() or None, reasoning=reasoning, tool_calls=(), error=error)
         return Parsed(content=content, reasoning=reasoning, tool_calls=calls)
 
 
 def _without_end_markers(text: str) -> str:
-    text = text.rstrip()
-    while marker := next((m for m in _END_MARKERS if text.endswith(m)), None):
-        text = text.removesuffix(marker).rstrip()
-    return text
+    """The text less the end-of-turn markers and whitespace that trail it; by index, as a model may sample
+    thousands of them and each cut of a copy would cost the whole text again."""
+    end = _trimmed(text, len(text))
+    while marker := next((m for m in _END_MARKERS if text.endswith(m, 0, end)), None):
+        end = _trimmed(text, end - len(marker))
+    return text[:end]
+
+
+def _trimmed(text: str, end: int) -> int:
+    while end and text[end - 1].isspace():
+        end -= 1
+    return end
 
 
 def _split_reasoning(text: str) -> tuple[str | None, str | None]:
@@ -105,7 +114,7 @@ def _arguments(value: Any, where: str) -> str:
     if isinstance(value, str):  # some models write the arguments object as a JSON string
         try:
             value = json.loads(value)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:
             raise _Unparsed(f'{where}: "arguments" is a string that is not JSON ({e})') from e
     if not isinstance(value, dict):
         raise _Unparsed(f'{where}: "arguments" is not a JSON object')
@@ -130,42 +139,67 @@ def _hermes(body: str, tools: Sequence[JsonObject]) -> tuple[str | None, tuple[T
         where = _where(number, closed)
         try:
             call = json.loads(inside)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, a number too long to convert, or nested too deep
             raise _Unparsed(f"{where} is not JSON ({e})") from e
         calls.append(_json_call(call, where, ("arguments", "parameters")))
     return content, tuple(calls)
 
 
+def _after_space(text: str, position: int) -> int:
+    """Where the text's first character at or after `position` that is not whitespace lies (or its end)."""
+    space = _SPACE.match(text, position)
+    return space.end() if space else position
+
+
 # qwen3_coder
 
 
-def _elements(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
-    """Every match of `pattern` in `text`, or None when anything but whitespace lies around or between them."""
-    matches = list(pattern.finditer(text))
-    edges = [0, *(edge for match in matches for edge in match.span()), len(text)]
-    gaps = (text[edges[i] : edges[i + 1]] for i in range(0, len(edges), 2))
-    return None if any(gap.strip() for gap in gaps) else matches
+def _elements(tag: str, text: str) -> list[tuple[str, str]] | None:
+    """Each `<tag=NAME>...</tag>` in `text` as (NAME, what it holds), or None when anything but whitespace lies
+    around or between them. One pass: each search starts where the element before ended, so that an element never
+    closed costs one scan of the text, not one per element opened after it."""
+    opening, closing = f"<{tag}=", f"</{tag}>"
+    elements: list[tuple[str, str]] = []
+    position = _after_space(text, 0)
+    while position < len(text):
+        if not text.startswith(opening, position):
+            return None
+        name_at = position + len(opening)
+        name_end = text.find(">", name_at)
+        if name_end == -1 or text.find("\n", name_at, name_end) != -1:
+            return None
+        end = text.find(closing, name_end + 1)
+        if end == -1:
+            return None
+        elements.append((text[name_at:name_end], text[name_end + 1 : end]))
+        position = _after_space(text, end + len(closing))
+    return elements
 
 
 def _qwen3_coder(body: str, tools: Sequence[JsonObject]) -> tuple[str | None, tuple[ToolCall, ...]]:
     content, blocks = _blocks(body)
+    schemas = _properties(tools)
     calls: list[ToolCall] = []
     for number, (inside, closed) in enumerate(blocks, 1):
         where = _where(number, closed)
-        functions = _elements(_FUNCTION, inside)
+        functions = _elements("function", inside)
         if not functions:
             raise _Unparsed(f"{where} is not a sequence of <function=NAME>...</function>")
-        for function in functions:
-            name = function[1].strip()
-            parameters = _elements(_PARAMETER, function[2])
+        for function_name, held in functions:
+            name = function_name.strip()
+            parameters = _elements("parameter", held)
             if not name or parameters is None:
-                raise _Unparsed(f"{where}: <function={name}> needs a name and only <parameter=NAME>...</parameter>")
+                raise _Unparsed(
+                    f"{where}: <function={name[:80]}> needs a name and only <parameter=NAME>...</parameter>"
+                )
             # A missing </parameter> swallows the next parameter; with no escaping in the format, a line opening
             # a <parameter= inside a value is read as that mistake rather than guessed at.
-            if any(_UNCLOSED_PARAMETER.search(p[2]) for p in parameters):
-                raise _Unparsed(f"{where}: <function={name}>: a <parameter=...> is not closed before the next")
-            properties = _properties(tools, name)
-            arguments = {p[1].strip(): _typed(_one_newline_off(p[2]), properties.get(p[1].strip())) for p in parameters}
+            if any(_UNCLOSED_PARAMETER.search(value) for _, value in parameters):
+                raise _Unparsed(f"{where}: <function={name[:80]}>: a <parameter=...> is not closed before the next")
+            properties = schemas.get(name, {})
+            arguments = {
+                key.strip(): _typed(_one_newline_off(value), properties.get(key.strip())) for key, value in parameters
+            }
             calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
     return content, tuple(calls)
 
@@ -174,15 +208,17 @@ def _one_newline_off(value: str) -> str:
     return value.removeprefix("\n").removesuffix("\n")
 
 
-def _properties(tools: Sequence[JsonObject], name: str) -> Mapping[str, Any]:
-    """The JSON schema properties of the tool called `name`; empty when the request has no such tool."""
+def _properties(tools: Sequence[JsonObject]) -> Mapping[str, Mapping[str, Any]]:
+    """Each tool's JSON schema properties by its name (the first tool of a name counts), read once per output."""
+    properties: dict[str, Mapping[str, Any]] = {}
     for tool in tools:
         function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and function.get("name") == name:
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(function, dict) and isinstance(name, str) and name not in properties:
             parameters = function.get("parameters")
-            properties = parameters.get("properties") if isinstance(parameters, dict) else None
-            return properties if isinstance(properties, dict) else {}
-    return {}
+            schema = parameters.get("properties") if isinstance(parameters, dict) else None
+            properties[name] = schema if isinstance(schema, dict) else {}
+    return properties
 
 
 _KEEP = object()  # a conversion that did not apply
@@ -217,7 +253,7 @@ def _as(kind: Any, text: str) -> Any:
         return _KEEP
     try:
         value = json.loads(word)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, a number too long to convert, or nested too deep
         return _KEEP
     return value if fits(value) else _KEEP
 
@@ -240,7 +276,8 @@ def _llama3_json(body: str, tools: Sequence[JsonObject]) -> tuple[str | None, tu
 
 
 def _json_calls(text: str) -> tuple[ToolCall, ...]:
-    """`{...}; {...}` as tool calls; decoded one object at a time, since a ';' may sit inside a string."""
+    """`{...}; {...}` as tool calls; decoded one object at a time, since a ';' may sit inside a string, and read by
+    index, since copying what is left after each call would cost the whole text per call."""
     decoder = json.JSONDecoder()
     calls: list[ToolCall] = []
     position = 0
@@ -248,18 +285,18 @@ def _json_calls(text: str) -> tuple[ToolCall, ...]:
         where = f"call {len(calls) + 1}"
         try:
             call, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, a number too long to convert, or nested too deep
             raise _Unparsed(f"{where} is not JSON ({e})") from e
         if not isinstance(call, dict) or not ({"parameters", "arguments"} & call.keys()):
             raise _Unparsed(f'{where} is not an object with "name" and "parameters"')
         calls.append(_json_call(call, where, ("parameters", "arguments")))
-        rest = text[position:].lstrip()
-        if rest.startswith(";") and rest[1:].strip():
-            position = len(text) - len(rest[1:].lstrip())
-        elif rest in ("", ";"):
-            return tuple(calls)
-        else:
+        position = _after_space(text, position)
+        if position < len(text) and text[position] == ";":
+            position = _after_space(text, position + 1)
+        elif position < len(text):
             raise _Unparsed(f"text after {where} is neither '; {{...}}' nor the end")
+        if position == len(text):
+            return tuple(calls)
 
 
 PARSERS: Mapping[str, ToolParser] = MappingProxyType(

@@ -26,6 +26,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from proxy.core.answers import Answers
@@ -53,6 +54,8 @@ from proxy.core.values import (
     same_secret,
 )
 from proxy.core.weights import WeightSync
+
+TurnPages = Callable[[int, int], Awaitable[list[Turn]]]  # (after seq, at most) -> an episode's next turns
 
 log = logging.getLogger("trajproxy")
 
@@ -212,7 +215,12 @@ class Broker:
         live = await self._episodes.load(episode_id)
         if live is None:
             raise closed_error(await self.episode(episode_id))
-        if retry and (same := await self.queue.retried(live, wire)) is not None:
+        # The body of an open turn no agent waits on (its agent hung up, or an earlier process recorded it) is that
+        # turn's retry whether or not the SDK says so (the Gemini SDK does not): its first attempt is gone.
+        orphaned = any(
+            t.exchanges == 0 and t.turn.wire == wire for t in self._context.open_turns.of_episode(episode_id)
+        )
+        if (retry or orphaned) and (same := await self.queue.retried(live, wire)) is not None:
             return same
         # A fork's first calls are answered from its parent's (the check costs nothing for other episodes).
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
@@ -301,6 +309,14 @@ class Broker:
         await self.drain()
         turns, rewards = await asyncio.gather(self._store.turns(episode_id), self._store.rewards(episode_id))
         return episode, turns, rewards
+
+    async def trajectory_pages(self, episode_id: str) -> tuple[Episode, list[Reward], TurnPages]:
+        """A trajectory whose turns are read a page at a time, as they are handed on: a long episode is never all
+        in memory at once. The pages read what is recorded by the time each is read."""
+        episode = await self.episode(episode_id)
+        await self.drain()
+        rewards = await self._store.rewards(episode_id)
+        return episode, rewards, partial(self._store.turns_after, episode_id)
 
 
 @dataclass(frozen=True, slots=True)

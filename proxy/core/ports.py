@@ -40,6 +40,10 @@ class Store(Protocol):
 
     async def turns(self, episode_id: str) -> list[Turn]: ...
 
+    async def turns_after(self, episode_id: str, seq: int, limit: int) -> list[Turn]:
+        """An episode's turns after `seq`, in order, at most `limit`: a long episode read a page at a time."""
+        ...
+
     async def tally(self, episode_id: str) -> Tally:
         """What an episode has used so far, for an open episode this process has not served before."""
         ...

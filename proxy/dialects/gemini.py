@@ -181,6 +181,8 @@ def _user_part(part: JsonObject) -> JsonObject:
     """A part as a chat content part: text as text, the rest (inline data, files) unchanged."""
     if set(part) == {"text"}:
         return {"type": "text", "text": text_field(part["text"], "parts.text")}
+    if part.get("type") == "text" and not isinstance(part.get("text"), str):
+        raise BadRequest("parts.text: a part of type 'text' must have its text, a string")
     return part
 
 
@@ -239,7 +241,10 @@ def _tools(tools: Any) -> list[JsonObject]:
         raise BadRequest("'tools' must be an array of Tool objects")
     converted: list[JsonObject] = []
     for tool in tools:
-        for declaration in _field(tool, "functionDeclarations") or ():
+        declarations = _field(tool, "functionDeclarations") or []
+        if not isinstance(declarations, list):
+            raise BadRequest("tools.functionDeclarations: must be an array of FunctionDeclaration objects")
+        for declaration in declarations:
             converted.append({"type": "function", "function": _function(declaration)})
         # Google's own tools (googleSearch, codeExecution, ...) pass through under their names.
         converted.extend({"type": kind, kind: value} for kind, value in tool.items() if not kind.startswith("function"))

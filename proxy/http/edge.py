@@ -19,6 +19,7 @@ stop, at once: left waiting, it held the server for its whole grace and was canc
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.core import errors
-from proxy.core.values import JsonObject
+from proxy.core.values import KEY_PREFIX, JsonObject
 
 STATUS: dict[type[errors.TrajproxyError], int] = {
     errors.PayloadTooLarge: 413,
@@ -211,11 +212,15 @@ async def disconnected(receive: Receive) -> None:
 
 
 def redact(path: str) -> str:
-    """A path fit for messages and logs: an episode key in it is replaced."""
-    if path.startswith("/e/"):
-        _, _, rest = path[3:].partition("/")
-        return "/e/<key>/" + rest
-    return path
+    """A path fit for messages and logs: an episode key in it is replaced wherever it falls (`//e/<key>/v1`, which
+    no route takes, names a key as surely as `/e/<key>/v1`), and so is anything spelled like a key."""
+    if "/e/" in path:
+        path = _KEY_SEGMENT.sub("/e/<key>", path)
+    return _KEY_LIKE.sub("<key>", path) if KEY_PREFIX in path else path
+
+
+_KEY_SEGMENT = re.compile(r"/e/[^/]*")
+_KEY_LIKE = re.compile(re.escape(KEY_PREFIX) + r"[^/?#\s]*")
 
 
 UPGRADE_REFUSED = "trajproxy serves plain HTTP only: send this request again without 'Upgrade: websocket'"

@@ -5,10 +5,19 @@ refused, and no browser may say that another origin's page sent it (`Origin`, `S
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 OPEN = "trajproxy has no trainer token (--no-trainer-token)"
+
+
+def first_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """A request's headers by name, each as first sent: two `Host` headers are judged by the first, as the routing
+    before us reads it, never by a second one added to pass."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in raw:
+        headers.setdefault(name, value)
+    return headers
 
 
 class LocalCallers:

@@ -53,7 +53,7 @@ from proxy.http.edge import (
     timed_body,
     too_deep,
 )
-from proxy.http.origins import LocalCallers
+from proxy.http.origins import LocalCallers, first_headers
 
 WEBSOCKET = "WEBSOCKET"  # a route's method for a WebSocket handshake
 ANY = "*"  # as a method: every HTTP method (its handler says which it allows); as a path: every path
@@ -268,7 +268,7 @@ class Router:
     async def _admit_open(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Check a request to an open route (the page, the docs, metrics): with no token, the page is as open as the
         API, so it too answers only requests to a local host. False once it has been refused."""
-        if self._token is not None or (foreign := self._callers.foreign_host(dict(scope["headers"]))) is None:
+        if self._token is not None or (foreign := self._callers.foreign_host(first_headers(scope["headers"]))) is None:
             return True
         await self._drain(scope, receive)
         await _refuse(send, 403, Forbidden.kind, foreign)
@@ -298,7 +298,7 @@ class Router:
 
     def _check_token(self, scope: Scope) -> None:
         if self._token is None:  # nothing to show: a program on this machine may call, a web page may not
-            headers = dict(scope["headers"])
+            headers = first_headers(scope["headers"])
             if (foreign := self._callers.foreign_host(headers) or self._callers.foreign_page(headers)) is not None:
                 raise Forbidden(foreign)
             return

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import orjson
 from fastapi import Query, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Scope
 
 from proxy import schema
@@ -22,7 +22,7 @@ from proxy.core.steps import Steps, TimeStep
 from proxy.core.values import AgentError, Answerer, Episode, EpisodeStatus, JsonObject, Reply, answerer_of
 from proxy.dialects.dialect import agent_env
 from proxy.http.edge import SHUTTING_DOWN, Shutdown, error_body, status_of
-from proxy.http.trainer_json import episode_settings, episode_view, reward_view, timestep_view, trajectory_view
+from proxy.http.trainer_json import episode_settings, episode_view, reward_view, timestep_view, trajectory_json
 from proxy.http.turns import Ended, reply_from, turn_view, until_disconnect
 from proxy.settings import Settings
 
@@ -90,7 +90,8 @@ class TrainerApi:
         return json_response(reward_view(reward), 201)
 
     async def trajectory(self, episode_id: str) -> Response:
-        return json_response(trajectory_view(*await self._broker.trajectory(episode_id)))
+        episode, rewards, pages = await self._broker.trajectory_pages(episode_id)  # a 404 before the first byte
+        return StreamingResponse(trajectory_json(episode, rewards, pages), media_type="application/json")
 
     async def reset(
         self,
@@ -101,6 +102,7 @@ class TrainerApi:
     ) -> Response:
         """dm_env's reset: the FIRST TimeStep, whose observation is the agent's first call in chat shape."""
         steps = self._steps
+        await self._broker.episode(episode_id)  # 404 for an unknown episode, not after the wait
         step = await until_disconnect(request.receive, steps.reset(episode_id, wait, lease), steps.undo, self._shutdown)
         return _timestep(step)
 

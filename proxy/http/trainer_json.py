@@ -3,11 +3,15 @@ a trainer's reply as the domain's are `proxy.http.turns`', which every turn cros
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 
+import orjson
+
 from proxy import schema
+from proxy.core.broker import TurnPages
 from proxy.core.steps import TimeStep
-from proxy.core.values import Answerer, Budget, Episode, JsonObject, Reward, Turn, answerer_of
+from proxy.core.values import Answerer, Budget, Episode, JsonObject, Reward, answerer_of
 from proxy.http.turns import turn_view
 
 
@@ -52,19 +56,27 @@ def reward_view(reward: Reward) -> JsonObject:
     return asdict(reward)
 
 
-def trajectory_view(episode: Episode, turns: list[Turn], rewards: list[Reward]) -> JsonObject:
+PAGE_BYTES = 1 << 20  # about how much of a trajectory is held at once while it is sent
+
+
+async def trajectory_json(episode: Episode, rewards: list[Reward], pages: TurnPages) -> AsyncIterator[bytes]:
+    """A trajectory as JSON, made a page of turns at a time: each page as many turns as fit PAGE_BYTES by the
+    pages before it, so that memory stays about that whatever the episode's size."""
     by_turn: dict[str, list[JsonObject]] = {}
     for reward in rewards:
         if reward.turn_id is not None:
             by_turn.setdefault(reward.turn_id, []).append(reward_view(reward))
-    return {
-        "episode": episode_view(episode),
-        "turns": [{**turn_view(turn), "rewards": by_turn.get(turn.id, [])} for turn in turns],
-        "rewards": [reward_view(reward) for reward in rewards if reward.turn_id is None],
-        "policy_versions": list(
-            dict.fromkeys(turn.reply.policy_version for turn in turns if turn.reply and turn.reply.policy_version)
-        ),
-    }
+    yield b'{"episode":' + orjson.dumps(episode_view(episode)) + b',"turns":['
+    versions: dict[str, None] = {}
+    seq, limit, separator = -1, 1, b""
+    while page := await pages(seq, limit):
+        chunk = b",".join(orjson.dumps({**turn_view(turn), "rewards": by_turn.get(turn.id, [])}) for turn in page)
+        versions |= dict.fromkeys(t.reply.policy_version for t in page if t.reply and t.reply.policy_version)
+        yield separator + chunk
+        seq, separator = page[-1].seq, b","
+        limit = max(1, min(256, PAGE_BYTES * len(page) // max(1, len(chunk))))
+    rest = [reward_view(reward) for reward in rewards if reward.turn_id is None]
+    yield b'],"rewards":' + orjson.dumps(rest) + b',"policy_versions":' + orjson.dumps(list(versions)) + b"}"
 
 
 def episode_settings(body: schema.EpisodeCreate) -> JsonObject:

@@ -61,9 +61,20 @@ def _redacted_pair(pair: re.Match[str]) -> str:
     """A query's pair with its value hidden if its name, decoded as the server decodes it (`%6Bey` is `key`), is one
     that carries a secret; a line is matched by what it means, not by how it is spelled."""
     name = pair.group(1)
-    if unquote_plus(name).strip().lower() in _SECRET_PARAMS:
+    if _decoded(name).strip().lower() in _SECRET_PARAMS:
         return f"{name}=<key>"
     return pair.group(0)
+
+
+def _decoded(name: str) -> str:
+    """A name decoded until it no longer changes: `ke%2579` is no name the server reads as `key`, yet an agent that
+    sends its key under it has sent its key, and a line must not show it."""
+    for _ in range(8):
+        plain = unquote_plus(name)
+        if plain == name:
+            break
+        name = plain
+    return name
 
 
 def install_log_filter(servers: tuple[str, ...] = ("uvicorn", "uvicorn.error", "uvicorn.access")) -> None:

@@ -12,7 +12,7 @@ content, not of its calls times its context.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +27,6 @@ from proxy.storage.pieces import (
     cut,
     decode_parts,
     encode_parts,
-    middle_hashes,
     pack,
     request_from,
     unpack,
@@ -315,7 +314,7 @@ def _contents(conn: Connection, rows: Sequence[Any], wires: bool) -> tuple[list[
     lists: dict[str, tuple[list[bytes], list[bytes]]] = {}
     for row in pieced:
         _lists(row.id, chains, lists)
-    values = _pieces(conn, chains, wires)
+    values = _pieces(conn, [lists[row.id] for row in pieced], wires)
     decoded: dict[bytes, Any] = {}
     wire_bodies: list[bytes] = []
     requests: list[JsonObject] = []
@@ -370,9 +369,10 @@ def _lists(turn_id: str, chains: dict[str, tuple[str | None, bytes, bytes]], lis
         lists[step] = (decode_parts(wire_parts, base[0]), decode_parts(request_parts, base[1]))
 
 
-def _pieces(conn: Connection, chains: dict[str, tuple[str | None, bytes, bytes]], wires: bool) -> dict[bytes, bytes]:
-    """Every piece these chains name (their wire bodies' too, if `wires`), each read once."""
-    wanted = sorted({h for _, wire, request in chains.values() for h in _named(wire if wires else b"\0\0", request)})
+def _pieces(conn: Connection, needed: Sequence[tuple[list[bytes], list[bytes]]], wires: bool) -> dict[bytes, bytes]:
+    """Every piece these turns' lists (wire body, request) name, each read once: the turns' own, not those of the
+    bases their lists were read from, so that a page of an episode's turns reads about the page."""
+    wanted = sorted({h for wire, request in needed for h in (*(wire if wires else ()), *request)})
     found: dict[bytes, bytes] = {}
     for at in range(0, len(wanted), _AT_ONCE):
         some = wanted[at : at + _AT_ONCE]
@@ -381,8 +381,3 @@ def _pieces(conn: Connection, chains: dict[str, tuple[str | None, bytes, bytes]]
     if len(found) < len(wanted):
         raise StorageError(f"the database lacks {len(wanted) - len(found)} piece(s) of turns' content")
     return found
-
-
-def _named(wire: bytes, request: bytes) -> Iterator[bytes]:
-    yield from middle_hashes(wire)
-    yield from middle_hashes(request)

@@ -136,6 +136,12 @@ class SqlStore(StoreWrites):
         stmt = select(turns).where(turns.c.episode_id == episode_id).order_by(turns.c.seq)
         return await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
 
+    async def turns_after(self, episode_id: str, seq: int, limit: int) -> list[Turn]:
+        stmt = (
+            select(turns).where(turns.c.episode_id == episode_id, turns.c.seq > seq).order_by(turns.c.seq).limit(limit)
+        )
+        return await self._read(lambda conn: turns_of(conn, conn.execute(stmt).all()))
+
     async def tally(self, episode_id: str) -> Tally:
         stmt = select(
             func.max(turns.c.seq),

@@ -43,13 +43,16 @@ def login_routes(pages: Pages) -> APIRouter:
         if (wait_s := throttle.wait_s(client)) > 0:  # not even checked: guessing costs time, however parallel
             message = f"too many failed logins from {client}; try again in {retry_after(wait_s)} s"
             return Response(message, 429, {"retry-after": retry_after(wait_s)}, media_type="text/plain")
+        # Counted as failed from now until it succeeds: tries sent together would all pass the wait above if each
+        # were counted only once its token is checked, after the body is read.
+        in_a_row = throttle.failed(client)
         fields = await form(request)
         target = local_path(field(fields, "next"))
         response = RedirectResponse(target, 303)
         if pages.auth.log_in(field(fields, "token"), response, request):
             throttle.succeeded(client)
             return response
-        log.warning("a login to the page from %s failed (%d in a row)", client, throttle.failed(client))
+        log.warning("a login to the page from %s failed (%d in a row)", client, in_a_row)
         refused = "That is not the trainer token."
         return pages.render(request, "login.html", 401, target=target, refused=refused, live=None)
 

@@ -2,7 +2,9 @@
 
 A client's first few failures cost nothing (a person mistypes); from then on each failure makes it wait twice as long
 as the last before its next try is even checked, up to a minute, so guessing the token from one address takes
-years. A login succeeds and the count starts again. Clients are remembered in a bounded map, oldest forgotten first.
+years. A try counts as a failure from when it comes, before its token is read, so that tries sent all at once meet
+the wait as they come rather than once all are checked; a login succeeds and the count starts again. Clients are
+remembered in a bounded map, oldest forgotten first.
 """
 
 from __future__ import annotations
