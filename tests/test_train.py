@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.storage.export import Filters, export, source
+from proxy.storage.token_ids import unpack
 from tests.vllm_server import build_tiny_model
 
 pytestmark = pytest.mark.timeout(900)
@@ -67,10 +68,11 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     assert list((out / "checkpoint").glob("*.safetensors"))
     # every sampled id recorded as vLLM sampled it, and trained in the export
     with sqlite3.connect(out / "trajproxy.db") as db:
-        replies = [json.loads(reply) for (reply,) in db.execute("SELECT reply FROM turn ORDER BY created_at")]
+        query = "SELECT reply, token_ids FROM turn ORDER BY created_at"
+        replies = [(json.loads(reply), unpack(ids)[2]) for reply, ids in db.execute(query)]
     assert len(replies) == 8
-    for reply in replies:
-        assert reply["completion_token_ids"] == reply["served"]["response"]["choices"][0]["token_ids"]
+    for reply, sampled in replies:
+        assert list(sampled or ()) == reply["served"]["response"]["choices"][0]["token_ids"]
     engine_ = source(f"sqlite:///{out / 'trajproxy.db'}")
     try:
         exported = io.BytesIO()
@@ -78,7 +80,7 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     finally:
         engine_.dispose()
     samples = [json.loads(line) for line in exported.getvalue().splitlines()]
-    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(r["completion_token_ids"]) for r in replies)
+    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(sampled or ()) for _, sampled in replies)
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
