@@ -10,8 +10,10 @@ prompt, SGLang's `/generate` with `input_ids`); the text sampled becomes the age
 by the model family's parser (`policy_options.tool_parser`). Where the text does not parse, the agent gets it as
 text and the turn records why (`served.parse_error`).
 
-Each continued turn also renders its whole conversation with the template, as a chat endpoint would, and records
-where that text first differs from the ids sent (`served.template_differs`): what chat mode would have lost.
+Continued turns also render their whole conversation with the template, as a chat endpoint would, and record where
+that text first differs from the ids sent (`served.template_differs`): what chat mode would have lost. That costs
+the whole conversation, so by default only the turns whose message count reaches a power of two check
+(`_checked`; `check_template: "every"` checks each).
 """
 
 from __future__ import annotations
@@ -122,14 +124,12 @@ class TokenPolicy:
         template = await self._template(answerer, api_base)
         messages = [_message(m) for m in request.get("messages") or () if isinstance(m, dict)]
         ids, continued = _prompt(template, messages, tools, parent)
-        differs = (
-            template.difference(ids, messages, tools) if continued and options.get("check_template", True) else None
-        )
+        differs = template.difference(ids, messages, tools) if _checked(options, continued, parent, messages) else None
         sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
         url = endpoint.url(api_base)
         response = await self._post(url, endpoint.ask(answerer.model, ids, sampling), timeout_s)
         read, completion, logprobs, text, why = endpoint.sampled(response)
-        if read is not None and list(read) != ids:
+        if read is not None and read != ids:  # one comparison at C speed (both lists, from JSON and `_prompt`)
             raise UpstreamError("the policy's server read other prompt ids than it was sent")
         if not isinstance(completion, list) or not all(isinstance(i, int) for i in completion):
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
@@ -141,7 +141,7 @@ class TokenPolicy:
             "mode": "tokens",
             "sampling": sampling,
             "continued": continued,
-            "response": {k: v for k, v in response.items() if k != "prompt_token_ids"},
+            "response": kept(response),
         }
         if differs is not None:
             served["template_differs"] = {"at": differs.at, "rendered": differs.rendered, "sent": differs.sent}
@@ -156,6 +156,8 @@ class TokenPolicy:
             completion_token_ids=tuple(completion),
             logprobs=tuple(float(v) for v in logprobs) if logprobs is not None else None,
             served=served,
+            # by construction: its parent's prompt and sampled ids, then more
+            extends_parent=True if continued else None,
         )
 
     async def _template(self, answerer: Answerer, api_base: str) -> ChatTemplate:
@@ -189,6 +191,20 @@ def _prompt(
             if delta is not None:
                 return [*prompt, *sampled, *delta], parent.id
     return template.prompt(messages, tools), None
+
+
+def _checked(options: JsonObject, continued: str | None, parent: Turn | None, messages: list[JsonObject]) -> bool:
+    """Whether this continued turn's whole conversation is rendered to find where the template would differ: on
+    every turn with `check_template: "every"`, never with false, and by default on the turns whose message count
+    reaches a power of two (a branch's 8th message, 16th, 32nd, ...), so that the check, which costs the whole
+    conversation, costs a constant per turn on average."""
+    check = options.get("check_template", True)
+    if continued is None or parent is None or not check:
+        return False
+    if check == "every":
+        return True
+    before = len(parent.request.get("messages") or ())
+    return before.bit_length() < len(messages).bit_length()
 
 
 def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> tuple[JsonObject, str | None]:
@@ -226,6 +242,22 @@ def functions(tools: Any) -> list[JsonObject]:
             fields = ("name", "description", "parameters", "strict")
             kept.append({"type": "function", "function": {k: function[k] for k in fields if k in function}})
     return kept
+
+
+def kept(response: JsonObject) -> JsonObject:
+    """The server's answer as kept on the turn: verbatim, less what the reply holds already: the prompt ids it echoes
+    (on every turn, the whole conversation's) and the sampled ids' logprobs (with each token's text, and its top
+    alternatives where asked)."""
+    kept = {k: v for k, v in response.items() if k != "prompt_token_ids"}
+    if isinstance(choices := response.get("choices"), list):
+        kept["choices"] = [_kept_choice(choice) for choice in choices]
+    return kept
+
+
+def _kept_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    return {k: v for k, v in choice.items() if k not in ("prompt_token_ids", "logprobs")}
 
 
 def _finish(choice: JsonObject) -> str | None:
