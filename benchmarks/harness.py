@@ -130,10 +130,13 @@ def percentile(values: list[float], q: float) -> float:
 @contextlib.contextmanager
 def fresh_database(url: str | None) -> Iterator[str]:
     """A fresh, empty database for one run: a SQLite file (no `url`), or a scratch schema of the Postgres at
-    `url`, dropped afterwards."""
+    `url`, dropped afterwards (a SQLite `url`: that file, the caller's)."""
     if url is None:
         with tempfile.TemporaryDirectory() as folder:
             yield f"sqlite:///{folder}/bench.db"
+        return
+    if url.startswith("sqlite"):
+        yield url
         return
     schema = f"bench_{secrets.token_hex(6)}"
     admin = sqlalchemy.create_engine(engine_url(url))
