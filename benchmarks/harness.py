@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import sqlalchemy
@@ -118,6 +119,15 @@ def start_server(
         spy = [str(BIN / "py-spy"), "record", "--threads", "--rate", "250", "--format", "raw", "-o", profile, "--"]
     health = f"http://{HOST}:{port}/health"
     return start_pinned(command, health, open_files=open_files, wrapper=spy, pinned=pinned)
+
+
+def print_table(title: str, columns: Sequence[tuple[str, str, str]], rows: list[dict[str, Any]]) -> None:
+    """Rows as a markdown table under a `###` title: a column per (header, key, format)."""
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header for header, _, _ in columns) + " |")
+    print("|" + "|".join("---:" for _ in columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(format(row[key], style) for _, key, style in columns) + " |", flush=True)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/vllm_server.py
-from harness import exit_on_sigterm, start_pinned
+from harness import exit_on_sigterm, print_table, start_pinned
 from measured_server import Server, trajproxy
 
 from tests.vllm_server import CACHE, free_port, tiny_model_hash
@@ -78,7 +78,8 @@ class Way:
 def tool_result(rng: random.Random) -> str:
     """2-4 KB of a test run's log, in the words the tiny model's tokenizer was trained on (about 3 characters a
     token, as a coding agent's context runs: 200 turns to 200k+ tokens)."""
-    lines, size = [], rng.randrange(2048, 4096)
+    lines: list[str] = []
+    size = rng.randrange(2048, 4096)
     while sum(map(len, lines)) < size:
         who, verb, colour, thing = (rng.choice(words) for words in (PEOPLE, VERBS, COLOURS, THINGS))
         lines.append(f"test {rng.randrange(1000)}: {who} {verb} the {colour} {thing}, ok {rng.randrange(100)}\n")
@@ -218,13 +219,10 @@ COLUMNS = [
 
 
 def table(rows: list[dict[str, Any]]) -> None:
-    print("\n### A long episode, each turn's cost and the bytes stored (`long_episode.py`)\n")
-    print("| " + " | ".join(header for header, _, _ in COLUMNS) + " |")
-    print("|" + "|".join("---:" for _ in COLUMNS) + "|")
     for row in rows:
         row["others"] = f"{row['others_10_29']:.2f} / {row['others_100_119']:.2f}"
         row["at_100k"] = f"{row['turns_per_s_100k']:.0f} ({row['context_near_100k']:,})"
-        print("| " + " | ".join(format(row[key], style) for _, key, style in COLUMNS) + " |", flush=True)
+    print_table("A long episode, each turn's cost and the bytes stored (`long_episode.py`)", COLUMNS, rows)
 
 
 def tokenizers(given: list[Path]) -> list[Path]:
