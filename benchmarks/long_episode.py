@@ -11,7 +11,8 @@ counts. Printed: CPU per turn against the context (mean over turns 10-29 and 100
 ms per 1k tokens of context, least squares), the turns per second one core answers near 100k tokens, and the bytes
 each database holds after the episode (less an empty one's) against the final prompt's ids at 4 bytes each.
 `--tokenizer` names the model folders whose tokenizers to run with (default: the tiny model the tests build, and
-SmolLM2's where ~/.cache/trajproxy holds it).
+SmolLM2's where ~/.cache/trajproxy holds it); `--check-template every` renders the whole conversation on every
+continued turn (`served.template_differs`), as before issue 48.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: te
 from harness import exit_on_sigterm, print_table, start_pinned
 from measured_server import Server, trajproxy
 
-from tests.vllm_server import CACHE, free_port, tiny_model_hash
+from tests.vllm_server import CACHE, build_tiny_model, free_port, tiny_model_hash
 
 WAYS = ("tokens", "chat", "plain")
 TOOLS = [
@@ -98,10 +99,11 @@ def standin(model_dir: Path) -> Iterator[str]:
         server.wait()
 
 
-def begin(client: httpx.Client, way: Way, api_base: str) -> None:
+def begin(client: httpx.Client, way: Way, api_base: str, check: Any) -> None:
     body: dict[str, Any] = {"task": f"long episode, {way.name}"}
     if way.name != "plain":
-        body |= {"policy": "vllm:tiny", "policy_options": {"api_base": api_base, "mode": way.name, "max_tokens": 64}}
+        options = {"api_base": api_base, "mode": way.name, "max_tokens": 64, "check_template": check}
+        body |= {"policy": "vllm:tiny", "policy_options": options}
     created = client.post(f"{way.server.url}/api/episodes", json=body)
     created.raise_for_status()
     way.episode, way.key = created.json()["id"], created.json()["key"]
@@ -151,7 +153,7 @@ def stored_bytes(database: Path) -> int:
         return int(pages * db.execute("PRAGMA page_size").fetchone()[0])
 
 
-def run(model_dir: Path, turns: int, seed: int) -> list[dict[str, Any]]:
+def run(model_dir: Path, turns: int, seed: int, check: Any = True) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     results = [tool_result(rng) for _ in range(turns)]
     with (
@@ -167,7 +169,7 @@ def run(model_dir: Path, turns: int, seed: int) -> list[dict[str, Any]]:
             ways.append(Way(name, server, database))
         empty = stored_bytes(ways[0].database)
         for way in ways:
-            begin(client, way, api_base)
+            begin(client, way, api_base, check)
         for i, result in enumerate(results):
             for way in ways[i % 3 :] + ways[: i % 3]:
                 context = ways[0].context[-1] if ways[0].context else 0
@@ -230,8 +232,6 @@ def tokenizers(given: list[Path]) -> list[Path]:
         return given
     tiny = CACHE / f"tiny-model-{tiny_model_hash()}"
     if not tiny.exists():
-        from tests.vllm_server import build_tiny_model
-
         tiny = build_tiny_model()
     return [tiny, *(found.parent for found in sorted(CACHE.glob("smollm2-*/tokenizer.json"))[:1])]
 
@@ -241,6 +241,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--tokenizer", type=Path, action="append", default=[], help="a model folder (again: more)")
     parser.add_argument("--seed", type=int, default=48)
+    parser.add_argument(
+        "--check-template",
+        default="sampled",
+        choices=["sampled", "every", "never"],
+        help="policy_options.check_template",
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke: 32 turns, the tiny model's tokenizer")
     parser.add_argument("--repeats", type=int, default=1, help="accepted for benchmarks/all.py")
     args = parser.parse_args()
@@ -250,7 +256,8 @@ def main() -> None:
     exit_on_sigterm()
     rows = []
     for folder in folders:
-        rows += [{"tokenizer": folder.name.split("-")[0], **row} for row in run(folder, args.turns, args.seed)]
+        check = {"sampled": True, "every": "every", "never": False}[args.check_template]
+        rows += [{"tokenizer": folder.name.split("-")[0], **row} for row in run(folder, args.turns, args.seed, check)]
     table(rows)
 
 

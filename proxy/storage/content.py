@@ -307,7 +307,8 @@ class TurnsSaved:
         return [], [(self._statement, rows)]
 
     def committed(self) -> None:
-        self._lengths.learn(self._learnt)
+        if self._learnt:  # (a call without ids runs nothing of token_ids.py: tests/test_call_trace.py)
+            self._lengths.learn(self._learnt)
 
 
 def _json(turn: Turn) -> bytes:
