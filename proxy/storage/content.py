@@ -198,7 +198,7 @@ class Contents:
 
     def __init__(self, dialect: str) -> None:
         self.insert = insert_pieces(dialect)
-        self._known: OrderedDict[bytes, None] = OrderedDict()
+        self._known: OrderedDict[bytes, bytes] = OrderedDict()  # each hash to itself: one object per piece held
         self._last: OrderedDict[str, _Last] = OrderedDict()
         self._held = 0
         self.lengths = Lengths()  # how many ids the turns written hold, for their children's prompts
@@ -218,10 +218,14 @@ class Contents:
         """A write committed: its pieces are stored, and its turn is its episode's last."""
         known = self._known
         for h in stored:
-            known[h] = None
+            known[h] = h
             known.move_to_end(h)
         while len(known) > _KNOWN:
             known.popitem(last=False)
+        # The lists held name each piece by the object `known` holds, not the one cutting this turn made: episodes
+        # whose calls share pieces (a system prompt, tools) then hold one 33-byte object each, not one per episode
+        last.wire = [known.get(h, h) for h in last.wire]
+        last.request = [known.get(h, h) for h in last.request]
         if (before := self._last.pop(last.episode_id, None)) is not None:
             self._held -= len(before.wire) + len(before.request)
         self._last[last.episode_id] = last
