@@ -33,8 +33,8 @@ from sandbox.backends.interface import SandboxSpec  # noqa: E402
 from sandbox.run.runner import RunConfig, Runner  # noqa: E402
 from sandbox.tasks.formats.jsonl import ExitCode  # noqa: E402
 from sandbox.tasks.task import Task  # noqa: E402
-from tests.test_injection import BARE, BARE_DOCKERFILE, PRESETS, TASK, text_commands  # noqa: E402
-from tests.test_runner import BAKED_MINIMAL  # noqa: E402
+from testkit.presets import BARE, BARE_DOCKERFILE, PRESETS, TASK, text_commands  # noqa: E402
+from testkit.tasks import BAKED_MINIMAL  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from harness import percentile  # noqa: E402

@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/
 from harness import BIN, HOST, exit_on_sigterm, fresh_database, start_server
 
-from tests.served_checks import ask
-from tests.vllm_server import VllmServer, build_tiny_model, copy_model, free_port, reload_weights, vllm_python
-from tests.vllm_server import vllm_server as serving
+from testkit.served_checks import ask
+from testkit.vllm_server import VllmServer, build_tiny_model, copy_model, free_port, reload_weights, vllm_python
+from testkit.vllm_server import vllm_server as serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "examples" / "tasks" / "calc" / "tasks.jsonl"

@@ -27,6 +27,9 @@ from sqlalchemy.engine import make_url
 
 from proxy.storage.engines import engine_url
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout, for testkit/ (not installed)
+from testkit.databases import fresh_schema
+
 HOST = "127.0.0.1"
 SERVER_CORE, LOAD_CORE = 0, 1 if (os.cpu_count() or 1) > 1 else 0
 BIN = Path(sys.executable).parent
@@ -148,18 +151,8 @@ def fresh_database(url: str | None) -> Iterator[str]:
     if url.startswith("sqlite"):
         yield url
         return
-    schema = f"bench_{secrets.token_hex(6)}"
-    admin = sqlalchemy.create_engine(engine_url(url))
-    try:
-        with admin.begin() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
-        try:
-            yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-        finally:
-            with admin.begin() as conn:
-                conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
-    finally:
-        admin.dispose()
+    with fresh_schema(url) as scoped:
+        yield scoped
 
 
 @contextlib.contextmanager

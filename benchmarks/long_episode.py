@@ -33,11 +33,12 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/vllm_server.py
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit/vllm_server.py
 from harness import exit_on_sigterm, print_table, start_pinned
 from measured_server import Server, trajproxy
 
-from tests.vllm_server import CACHE, build_tiny_model, free_port, tiny_model_hash
+from integrations.train.vllm import free_port
+from testkit.vllm_server import CACHE, build_tiny_model, tiny_model_hash
 
 WAYS = ("tokens", "chat", "plain")
 TOOLS = [

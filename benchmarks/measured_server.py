@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness import HOST, fresh_database, start_server
 
-from tests.vllm_server import free_port
+from integrations.train.vllm import free_port
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ import docker
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from tests.conftest import EXAMPLE, fresh_schema  # noqa: E402
-from tests.test_ray import two_nodes  # noqa: E402
+from testkit.databases import fresh_schema  # noqa: E402
+from testkit.ray_cluster import two_nodes  # noqa: E402
+from testkit.tasks import EXAMPLE  # noqa: E402
 
 TRAJPROXY = str(Path(sys.executable).parent / "trajproxy")
 

@@ -48,7 +48,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: te
 from harness import exit_on_sigterm, percentile, print_table
 from measured_server import Server, trajproxy
 
-from tests.vllm_server import build_tiny_model, copy_model, vllm_python, vllm_server
+from testkit.vllm_server import build_tiny_model, copy_model, vllm_python, vllm_server
 
 MODES = ("chat", "tokens")
 MESSAGES = [

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from sandbox.tasks.taskmaker.validate import free_port, trajproxy  # noqa: E402
 from sandbox.tasks.taskmaker.write import solution_script  # noqa: E402
-from tests.test_tasks_make import sdist  # noqa: E402
+from testkit.sdists import sdist  # noqa: E402
 
 
 def solve_with_agent(task: Path, scratch: Path) -> dict[str, object]:

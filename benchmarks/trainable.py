@@ -27,8 +27,8 @@ from harness import HOST, exit_on_sigterm, fresh_database, start_server
 
 from proxy.client import TrainerClient
 from proxy.storage.export import Filters, export, source
-from tests.test_tokens_mode import AGENTS, tokens_policy
-from tests.vllm_server import build_tiny_model, copy_model, free_port, vllm_python, vllm_server
+from testkit.dialect_agents import AGENTS, tokens_policy
+from testkit.vllm_server import build_tiny_model, copy_model, free_port, vllm_python, vllm_server
 
 
 def measure(vllm: Any, database_url: str, episodes: int) -> dict[str, dict[str, int]]:

@@ -71,6 +71,7 @@ class Rollouts:
         tool_parser: str = "hermes",
         sampling: dict[str, Any] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
         turn_timeout_s: float = 600.0,
         agent_timeout_s: float | None = None,
         labels: dict[str, str] | None = None,
@@ -79,15 +80,19 @@ class Rollouts:
         """`generate`: the trainer's generate call (served to trajproxy by a token server), or a vLLM server that
         trajproxy calls itself; `tokenizer`: the served model's folder (its chat template and tokenizer);
         `sampling`: every episode's sampling options, as vLLM names them (a run's own override them);
-        `database_url`: where episodes are recorded (default: a SQLite file in a temporary folder, removed at the
-        end); `labels`: on every sandbox container, besides trajproxy's own; `episode`: more of every episode's
-        options (the API's: max_turns, max_tokens, deadline_s, max_staleness, ...)."""
+        `chat_template`: a template (its text, or a file's path) in place of the tokenizer's own, as the trainer's
+        user set it (verl's `custom_chat_template`); `database_url`: where episodes are recorded (default: a SQLite
+        file in a temporary folder, removed at the end); `labels`: on every sandbox container, besides trajproxy's
+        own; `episode`: more of every episode's options (the API's: max_turns, max_tokens, deadline_s,
+        max_staleness, ...)."""
         self._generate = generate
         self._tokenizer = tokenizer
         self._database_url = database_url
         self._options: dict[str, Any] = {"mode": "tokens", "tokenizer": tokenizer, "tool_parser": tool_parser}
         if chat_template_kwargs:
             self._options["chat_template_kwargs"] = chat_template_kwargs
+        if chat_template:
+            self._options["chat_template"] = chat_template
         self._sampling = dict(sampling or {})
         self._turn_timeout_s = turn_timeout_s
         self._agent_timeout_s = agent_timeout_s

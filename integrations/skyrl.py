@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import typing_extensions
 
 from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from integrations.token_server import ResponseBudget
 from sandbox.tasks.task import Task
 
 EXTRA_TASKS, EXTRA_TASK_ID, EXTRA_AGENT = "tasks", "task_id", "agent"
@@ -217,12 +218,15 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         chat_template_kwargs: dict[str, Any] | None = None,
         turn_timeout_s: float = 600.0,
         agent_timeout_s: float | None = None,
+        max_total_length: int | None = None,
     ) -> None:
         """`inference_engine_client`: SkyRL's (`InferenceEngineInterface`, e.g. `RemoteInferenceClient`);
         `tokenizer`: the policy's folder (its chat template); `agent`: the rows' agent unless a row names one;
         `model`: the engine's model or LoRA adapter to sample (default: the client's); `step_wise`,
         `overlong_filtering`: SkyRL's `generator.step_wise_trajectories` and `generator.apply_overlong_filtering`;
-        `use_cache_salt`: salt the engine's prefix cache with the weights' version, as SkyRL's generators do."""
+        `use_cache_salt`: salt the engine's prefix cache with the weights' version, as SkyRL's generators do;
+        `max_total_length`: an episode's ids, its first prompt and all that follows, at most this many (each call's
+        `max_tokens` held to what is left, at least 1), as SkyRL's `generator.max_input_length` bounds its own."""
         if _GeneratorInterface is None:
             raise ImportError("TrajproxyGenerator needs SkyRL: pip install skyrl")
         self._client = inference_engine_client
@@ -234,6 +238,8 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         self._overlong_filtering = overlong_filtering
         self._use_cache_salt = use_cache_salt
         self._limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._max_total_length = max_total_length
+        self._budgets: dict[str, ResponseBudget] = {}
         self._rollouts_options: dict[str, Any] = {
             "tokenizer": tokenizer,
             "database_url": database_url,
@@ -301,6 +307,7 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         except Exception as e:  # the trajectory is masked, as SkyRL's generators mask a failed trial; the batch goes on
             rollout = Rollout(key, None, "failed", None, f"the rollout raised {type(e).__name__}: {e}", [])
         finally:
+            self._budgets.pop(key, None)
             await self._client.finish_session(key)
         return rollout, time.monotonic() - began
 
@@ -341,7 +348,14 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
             return self._rollouts
 
     async def _sample(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
-        """One parked turn, sampled by SkyRL's engine: token ids in, token ids and their logprobs out."""
+        """One parked turn, sampled by SkyRL's engine: token ids in, token ids and their logprobs out, under the
+        engine's weight version when it was sent (the turn's policy version)."""
+        version = getattr(self._client, "weight_version", None)
+        if self._max_total_length is not None:
+            budget = self._budgets.get(key)
+            if budget is None:
+                budget = self._budgets[key] = ResponseBudget(max(1, self._max_total_length - len(prompt_ids)))
+            sampling = {**sampling, "max_tokens": budget.max_tokens(prompt_ids, sampling.get("max_tokens"))}
         request = {
             "prompt_token_ids": [prompt_ids],
             "sampling_params": {**sampling, "logprobs": 0},
@@ -355,6 +369,7 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
             list(out["response_ids"][0]),
             list(logprobs[0]) if logprobs and logprobs[0] is not None else None,
             reason if reason in ("stop", "length", "abort") else "stop",
+            str(version) if isinstance(version, int) and not isinstance(version, bool) else None,
         )
 
     def _cache_salt(self) -> str | None:

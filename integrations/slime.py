@@ -1,7 +1,13 @@
 """slime's custom generate function: each sample is an unmodified agent's episode in a Docker sandbox, its calls
 answered by slime's own SGLang router, graded by its task, and returned as one `Sample` per branch line.
 
-    python train.py ... --custom-generate-function-path integrations.slime.generate
+    python train.py ... --custom-generate-function-path integrations.slime.generate \
+        --custom-reward-post-process-path integrations.slime_groups.post_process_rewards \
+        --dynamic-sampling-filter-path integrations.slime_groups.drop_aborted_groups
+
+The two hooks make slime's GRPO groups and dropped groups hold with episodes (`integrations.slime_groups`); the first
+sample refuses a configuration they cannot keep to (`--partial-rollout`, `--rollout-top-p` < 1, the hooks unset),
+naming what to set.
 
 A sample names its task in `sample.metadata`, either way:
 
@@ -20,6 +26,7 @@ then `minimal` (a preset's name or a manifest's path). The model's tokenizer and
 | `TRAJPROXY_SLIME_TOOL_PARSER` | how tool calls are read from the output: `hermes` (default), `qwen3_coder`, ... |
 | `TRAJPROXY_SLIME_TURN_TIMEOUT_S`, `TRAJPROXY_SLIME_AGENT_TIMEOUT_S` | how long a call, and an agent, may take |
 | `TRAJPROXY_SLIME_LABELS` | a JSON object of labels put on every sandbox container |
+| `TRAJPROXY_SLIME_REWARD` | each Sample's reward: `full` (default: the episode's, on each of its Samples) or `split` |
 
 trajproxy renders and continues each call's prompt ids (`integrations.rollouts`); `RouterGenerate` sends them to the
 router's `/generate` (`input_ids`, `sampling_params`, `return_logprob`), routed by the sample's `session_id` in the
@@ -42,6 +49,8 @@ from typing import Any
 import aiohttp
 
 from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from integrations.slime_groups import check, reward_convention
+from integrations.token_server import ResponseBudget
 from proxy.adapters.chat_templates import ChatTemplates
 from sandbox.tasks.formats import jsonl
 from sandbox.tasks.task import Task
@@ -54,16 +63,20 @@ DEFAULT_AGENT = "minimal"
 class RouterGenerate:
     """The `Generate` of `Rollouts` as a call to SGLang's native `/generate` (slime's router or one engine): the
     sampled ids and their logprobs from `meta_info.output_token_logprobs`, as slime's own rollout reads them.
-    `aborted`: asked before each call; when it says so the call is refused unsent (slime is aborting its engines)."""
+    `aborted`: asked before each call; when it says so the call is refused unsent (slime is aborting its engines).
+    `budgets`: a rollout's response budget over its calls, by key (`rollout_max_response_len` for each episode)."""
 
     url: str  # http://HOST:PORT/generate
     aborted: Callable[[], bool] = lambda: False
     timeout_s: float = 3600.0
+    budgets: dict[str, ResponseBudget] = field(default_factory=dict)
     _session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)
 
     async def __call__(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
         if self.aborted():
             return Generated([], None, "abort")
+        if (budget := self.budgets.get(key)) is not None:
+            sampling = {**sampling, "max_tokens": budget.max_tokens(prompt_ids, sampling.get("max_tokens"))}
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(self.timeout_s))
         payload = {"input_ids": prompt_ids, "sampling_params": sglang_params(sampling), "return_logprob": True}
@@ -97,7 +110,8 @@ def episode_sampling(sampling_params: dict[str, Any]) -> dict[str, Any]:
 
 def generated_of(response: dict[str, Any]) -> Generated:
     """What SGLang's `/generate` sampled: ids and logprobs from `output_token_logprobs` ([logprob, id, text] per
-    token), else `output_ids` without logprobs; why it stopped from `finish_reason.type`."""
+    token), else `output_ids` without logprobs; why it stopped from `finish_reason.type`; the weights that sampled
+    from `weight_version` (each turn's policy version: the Samples' `weight_versions`)."""
     meta = response.get("meta_info") or {}
     entries = meta.get("output_token_logprobs")
     if entries:
@@ -106,7 +120,9 @@ def generated_of(response: dict[str, Any]) -> Generated:
         ids, logprobs = [int(i) for i in response.get("output_ids") or []], None
     finish = meta.get("finish_reason")
     why = finish.get("type") if isinstance(finish, dict) else finish
-    return Generated(ids, logprobs, why if why in ("length", "abort") else "stop")
+    version = meta.get("weight_version")  # the engine's weights, as slime's own rollout reads them
+    named = str(version) if isinstance(version, str | int) and not isinstance(version, bool) else None
+    return Generated(ids, logprobs, why if why in ("length", "abort") else "stop", named)
 
 
 def task_of(sample: Any) -> Task:
@@ -120,14 +136,19 @@ def task_of(sample: Any) -> Task:
 
 
 def samples_of(
-    lines: Sequence[dict[str, Any]], base: Any, decode: Callable[[list[int]], str] | None = None
+    lines: Sequence[dict[str, Any]],
+    base: Any,
+    decode: Callable[[list[int]], str] | None = None,
+    reward: str = "full",
 ) -> list[Any]:
     """An episode's sample lines (`proxy/storage/sample.schema.json`) as slime `Sample`s, one per line, in order:
     `tokens` the line's prompt and completion ids, `loss_mask` and `rollout_log_probs` over its completion, the
-    reward split over the episode's trainable lines (`reward_split`), `rollout_id` the episode's (shared by every
-    line, so slime's loss counts the episode once), `index`/`group_index`/`prompt`/`label`/`session_id` the base
-    sample's. A line of an infrastructure failure is ABORTED, with no loss and reward 0.0 (slime drops its group);
-    one cut by the token budget is TRUNCATED; others COMPLETED."""
+    episode's whole reward on each (`reward="full"`, as slime's own agent path does) or the reward split over its
+    trainable lines (`"split"`: `reward_split`), `rollout_id` the episode's (shared by every line, so slime's loss
+    counts the episode once), `weight_versions` each turn's policy version, `index`, `group_index`, `prompt`,
+    `label`, `session_id` the base sample's. A line of an infrastructure failure is ABORTED, with no loss and reward
+    0.0 (`slime_groups.drop_aborted_groups` drops its group); one cut by the token budget is TRUNCATED; others
+    COMPLETED."""
     from slime.utils.types import Sample  # lazy: slime, installed from its repository, loads only in its run
 
     samples = []
@@ -152,7 +173,7 @@ def samples_of(
                 response_length=len(completion),
                 loss_mask=[0] * len(completion) if failed else list(line["loss_mask"]),
                 rollout_log_probs=list(logprobs) if logprobs is not None else None,
-                reward=0.0 if failed else line["reward_split"],
+                reward=0.0 if failed else line["reward" if reward == "full" else "reward_split"],
                 remove_sample=failed,
                 status=status,
                 weight_versions=[v for v in line["policy_versions"] if v is not None],
@@ -186,6 +207,8 @@ class Service:
     built agent bundles) is kept here."""
 
     def __init__(self, args: Any) -> None:
+        check(args)  # slime settings the episodes' Samples cannot keep to are refused here, before any episode
+        self.reward = reward_convention()
         url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
         self.generate = RouterGenerate(url, aborted=_slime_aborting)
         env = os.environ
@@ -245,14 +268,22 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     if not sample.session_id:
         sample.session_id = str(uuid.uuid4())
     agent = (sample.metadata or {}).get("agent") or running.agent
-    rollout = await running.rollouts.run(
-        task_of(sample),
-        agent,
-        key=sample.session_id,
-        sampling=episode_sampling(sampling_params),
-        metadata={"slime_index": sample.index, "slime_group_index": sample.group_index},
-    )
-    samples = samples_of(rollout.samples, sample, running.decode)
+    sampling = episode_sampling(sampling_params)
+    # the episode's calls together get slime's response budget (`rollout_max_response_len`), not each call
+    total = getattr(args, "rollout_max_response_len", None) or sampling.get("max_tokens")
+    if total:
+        running.generate.budgets[sample.session_id] = ResponseBudget(int(total))
+    try:
+        rollout = await running.rollouts.run(
+            task_of(sample),
+            agent,
+            key=sample.session_id,
+            sampling=sampling,
+            metadata={"slime_index": sample.index, "slime_group_index": sample.group_index},
+        )
+    finally:
+        running.generate.budgets.pop(sample.session_id, None)
+    samples = samples_of(rollout.samples, sample, running.decode, running.reward)
     if not samples:
         return [aborted_sample(sample, _why_empty(rollout))]
     if evaluation:

@@ -26,17 +26,40 @@ from proxy.adapters.chat_templates import ChatTemplates
 # What vLLM's completions request carries for trajproxy's tokens mode that is not sampling (served_tokens.py)
 _NOT_SAMPLING = frozenset({"model", "prompt", "return_token_ids", "logprobs", "stream", "skip_special_tokens"})
 FINISH_REASONS = ("stop", "length", "abort")
+POLICY_VERSION = "policy_version"  # the answer's field naming the weights that sampled it (served_tokens.py reads it)
 
 
 @dataclass(frozen=True, slots=True)
 class Generated:
-    """What a trainer's generate call sampled: the ids, their logprobs (one per id, or None), and why it stopped
-    ("abort": the engine dropped the request, as a weight update may; the turn fails, its episode is flagged an
-    infrastructure failure)."""
+    """What a trainer's generate call sampled: the ids, their logprobs (one per id, or None: never made up), why it
+    stopped ("abort": the engine dropped the request, as a weight update may; the turn fails, its episode is flagged
+    an infrastructure failure), and the version of the weights that sampled it, as the trainer names them (verl's
+    global steps, SkyRL's and slime's weight versions): the turn's policy version, which `max_staleness` bounds."""
 
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str = "stop"
+    policy_version: str | None = None
+
+
+@dataclass(slots=True)
+class ResponseBudget:
+    """A rollout's response budget over all of its calls (verl's `response_length`, slime's
+    `rollout_max_response_len`): the ids after its first call's prompt (each call's sampled ids and the environment's
+    between them) may not pass `total`, so each call's `max_tokens` is held to what is left (at least 1: an engine
+    refuses 0; the trainer's own cut then keeps the line within the budget). A prompt that does not continue the
+    first (a rewritten history, another branch) starts from the whole budget."""
+
+    total: int
+    first: list[int] | None = None
+
+    def max_tokens(self, prompt_ids: list[int], asked: int | None) -> int:
+        if self.first is None:
+            self.first = list(prompt_ids)
+        first = self.first
+        extends = prompt_ids[: len(first)] == first
+        left = self.total - (len(prompt_ids) - len(first)) if extends else self.total
+        return max(1, min(int(asked or self.total), left))
 
 
 # generate(key, prompt_ids, sampling): sampling as vLLM names it (temperature, top_p, max_tokens, stop, seed, ...)
@@ -78,7 +101,10 @@ async def token_server(generate: Generate, tokenizer: str, model: str = "policy"
             "finish_reason": generated.finish_reason,
         }
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}
-        return web.json_response({"object": "text_completion", "model": model, "choices": [choice], "usage": usage})
+        answer = {"object": "text_completion", "model": model, "choices": [choice], "usage": usage}
+        if generated.policy_version is not None:
+            answer[POLICY_VERSION] = str(generated.policy_version)
+        return web.json_response(answer)
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "root": tokenizer}]})

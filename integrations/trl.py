@@ -14,7 +14,8 @@ reward as the extra field `graded_reward`, which `graded_reward` (the reward fun
 TRL trains one sequence per episode. An episode of several branches (a sub-agent, a compaction) gives TRL its first
 line, and the rest are counted in `dropped_lines`: their ids are not trained. An episode whose infrastructure failed
 (a lost sandbox, an engine that aborted) or that sampled nothing gets a one-token completion with no loss and its
-group's mean reward, so that it moves neither its group's baseline nor the model.
+group's mean reward, so that it moves neither its group's baseline nor the model. Logprobs are the engine's; where a
+line has none, each id's is None, which TRL (1.16) takes as unknown and corrects nothing by, never a made-up 0.0.
 
 TRL calls `rollout_func` from its training loop, which is synchronous: the episodes run on an event loop of their
 own, in a thread that lives as long as this object (`close`).
@@ -57,6 +58,7 @@ class TrlRollouts:
         self._on_rollout = on_rollout
         self._running: set[asyncio.Task[Rollout]] = set()
         self.rollouts: list[Rollout] = []  # every rollout handed to TRL, in order
+        self.handed: dict[str, list[Any]] | None = None  # what TRL was handed last (`to_trl`'s output)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trajproxy-rollouts", daemon=True)
         self._thread.start()
@@ -77,7 +79,8 @@ class TrlRollouts:
         ]
         done = self.call(self._run_all([str(p) for p in prompts], keys, seeds))
         self.rollouts.extend(done)
-        return to_trl(done, group_size, eos=_eos(trainer))
+        self.handed = to_trl(done, group_size, eos=_eos(trainer))
+        return self.handed
 
     async def _run_all(self, task_ids: list[str], keys: list[str], seeds: list[int | None]) -> list[Rollout]:
         gate = asyncio.Semaphore(self._concurrency)
@@ -152,12 +155,15 @@ def to_trl(rollouts: Sequence[Rollout], group_size: int, eos: int) -> dict[str, 
             first = rollout.samples[0]["prompt_ids"] if rollout.samples else [eos]
             out["prompt_ids"].append(first)
             out["completion_ids"].append([eos])
-            out["logprobs"].append([0.0])
+            out["logprobs"].append([None])
             out["env_mask"].append([0])
             continue
         out["prompt_ids"].append(line["prompt_ids"])
         out["completion_ids"].append(line["completion_ids"])
-        out["logprobs"].append(line["logprobs"] or [0.0] * len(line["completion_ids"]))
+        # no logprobs recorded: None per id, which TRL reads as unknown (no importance correction), never as 0.0
+        out["logprobs"].append(
+            line["logprobs"] if line["logprobs"] is not None else [None] * len(line["completion_ids"])
+        )
         out["env_mask"].append(line["loss_mask"])
     return out
 

@@ -36,116 +36,15 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from integrations.rollouts import Generated, Rollouts, find_task
+from integrations.token_server import ResponseBudget
+from integrations.verl_outputs import agent_loop_output, agent_loop_outputs, policy_version
 from sandbox.tasks.task import Task
 
 __all__ = ["TrajproxyAgentLoop", "agent_loop_output", "agent_loop_outputs", "close"]
 
 # verl's sampling options that the episode takes as they are (vLLM spells them alike); verl's win over a row's own
 VERL_SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
-
-
-def agent_loop_output(
-    line: dict[str, Any], *, prompt_length: int, response_length: int, logprobs: bool
-) -> dict[str, Any]:
-    """The fields of verl's AgentLoopOutput for one sample line (all but metrics): the line's ids as they are, the
-    prompt left-cut to `prompt_length` (as verl cuts its own), the response cut to `response_length` (verl pads to it
-    and cannot take more: the cut ids are lost, counted in `response_cut`). An infrastructure failure keeps its ids
-    with no loss and reward 0.0 (verl has no status to drop a sequence by): flagged, for a filter to drop it."""
-    prompt, completion = list(line["prompt_ids"]), list(line["completion_ids"])
-    failed = bool(line["infrastructure_failure"])
-    mask = [0] * len(completion) if failed else list(line["loss_mask"])
-    rollout_logprobs = line["logprobs"] if line["logprobs"] is not None else [0.0] * len(completion)
-    reward = 0.0 if failed else line["reward"]
-    prompt_cut = max(0, len(prompt) - prompt_length)
-    response_cut = max(0, len(completion) - response_length)
-    info = {
-        "episode_id": line["episode_id"],
-        "rollout_id": line["rollout_id"],
-        "status": line["status"],
-        "branch": line["branch"],
-        "turn_ids": list(line["turn_ids"]),
-        "policy_versions": list(line["policy_versions"]),
-        "stop_reason": "length" if response_cut else line["stop_reason"],
-        "rewards": dict(line["rewards"]),
-        "reward_split": line["reward_split"],
-        "drifts": len(line["drifts"]),
-        "stale_turns": line["stale_turns"],
-        "prompt_cut": prompt_cut,
-        "response_cut": response_cut,
-        "trained_cut": sum(mask[response_length:]),
-        "infrastructure_failure": failed,
-        "failure_reason": line["failure_reason"],
-    }
-    return {
-        "prompt_ids": prompt[prompt_cut:],
-        "response_ids": completion[:response_length],
-        "response_mask": mask[:response_length],
-        "response_logprobs": rollout_logprobs[:response_length] if logprobs else None,
-        "reward_score": reward,
-        "num_turns": 2 * len(line["turns"]),  # each call: the messages before it, and its reply
-        "extra_fields": {"trajproxy": info},
-    }
-
-
-def agent_loop_outputs(
-    rollout: Rollout,
-    *,
-    prompt_length: int,
-    response_length: int,
-    logprobs: bool,
-    branches: str = "main",
-    fallback_prompt_ids: list[int] | None = None,
-    pad_id: int = 0,
-) -> list[dict[str, Any]]:
-    """The AgentLoopOutput fields of a rollout: with `branches="main"` one, its line with the most sampled ids (the
-    earliest of equals), the others named in `untrained_lines`; with "all" one per line, in order. A rollout without
-    any line (its sandbox or task failed before the agent's first call) is one failed sequence: the fallback prompt,
-    one pad id at no loss, reward 0.0."""
-    lines = rollout.samples
-    if not lines:
-        prompt = list(fallback_prompt_ids or [pad_id])
-        line = {
-            "prompt_ids": prompt,
-            "completion_ids": [pad_id],
-            "loss_mask": [0],
-            "logprobs": [0.0],
-            "turns": [],
-            "turn_ids": [],
-            "policy_versions": [],
-            "branch": 0,
-            "stop_reason": None,
-            "drifts": [],
-            "stale_turns": 0,
-            "reward": None,
-            "reward_split": None,
-            "rewards": {},
-            "rollout_id": None,
-            "episode_id": rollout.episode_id,
-            "status": rollout.status,
-            "infrastructure_failure": True,
-            "failure_reason": rollout.reason or f"the episode {rollout.status} before any call",
-        }
-        lines = [line]
-    if branches == "all":
-        chosen = lines
-    elif branches == "main":
-        chosen = [max(lines, key=lambda line: (sum(line["loss_mask"]), -lines.index(line)))]
-    else:
-        raise ValueError(f"branches: 'main' or 'all', not {branches!r}")
-    outputs = [
-        agent_loop_output(line, prompt_length=prompt_length, response_length=response_length, logprobs=logprobs)
-        for line in chosen
-    ]
-    untrained = [
-        {"branch": line["branch"], "turn_ids": list(line["turn_ids"]), "sampled_ids": sum(line["loss_mask"])}
-        for line in lines
-        if not any(line is kept for kept in chosen)
-    ]
-    for output in outputs:
-        output["extra_fields"]["trajproxy"]["lines"] = len(rollout.samples)
-        output["extra_fields"]["trajproxy"]["untrained_lines"] = untrained
-    return outputs
 
 
 @dataclass
@@ -155,9 +54,9 @@ class _Calls:
 
     loop: TrajproxyAgentLoop
     sampling: dict[str, Any]
+    budget: ResponseBudget
     generate_s: float = 0.0
     preempted: int = 0
-    first_prompt: list[int] | None = None
     global_steps: list[int] = field(default_factory=list)
 
 
@@ -171,6 +70,13 @@ class _Worker:
         self.calls: dict[str, _Calls] = {}
         self.tasks: dict[tuple[str, str | None, str | None], Task] = {}
         self.opening = asyncio.Lock()
+        self._gate: asyncio.Semaphore | None = None
+
+    def gate(self, max_episodes: int) -> asyncio.Semaphore:
+        """What holds the worker to `max_episodes` episodes (sandboxes) at once (the first loop's number)."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(max_episodes)
+        return self._gate
 
     async def open(self, loop: TrajproxyAgentLoop) -> Rollouts:
         async with self.opening:
@@ -182,14 +88,8 @@ class _Worker:
     async def generate(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
         calls = self.calls[key]
         loop = calls.loop
-        response_length = loop.rollout_config.response_length
-        if calls.first_prompt is None:
-            calls.first_prompt = list(prompt_ids)
-        first = calls.first_prompt
-        extends = prompt_ids[: len(first)] == first
-        left = response_length - (len(prompt_ids) - len(first)) if extends else response_length
-        max_tokens = max(1, min(int(sampling.get("max_tokens") or response_length), left))
-        params = {**sampling, **calls.sampling, "max_tokens": max_tokens}
+        max_tokens = calls.budget.max_tokens(prompt_ids, sampling.get("max_tokens"))
+        params = engine_params({**sampling, **calls.sampling, "max_tokens": max_tokens}, loop.rollout_config.name)
         began = time.perf_counter()
         try:
             output = await loop.server_manager.generate(request_id=key, prompt_ids=prompt_ids, sampling_params=params)
@@ -199,6 +99,7 @@ class _Worker:
         for name in ("min_global_steps", "max_global_steps", "global_steps"):
             if isinstance(output.extra_fields.get(name), int):
                 calls.global_steps.append(output.extra_fields[name])
+        version = policy_version(output.extra_fields)
         ids = list(output.token_ids)
         if output.stop_reason in ("aborted", "abort"):
             finish = "abort"
@@ -206,7 +107,7 @@ class _Worker:
             finish = "length"
         else:
             finish = "stop"
-        return Generated(ids, list(output.log_probs) if output.log_probs is not None else None, finish)
+        return Generated(ids, list(output.log_probs) if output.log_probs is not None else None, finish, version)
 
 
 _worker: _Worker | None = None  # one per process: verl builds agent loops per row, with no place to keep a Rollouts
@@ -244,10 +145,15 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
         turn_timeout_s: float = 600.0,
         agent_timeout_s: float | None = None,
         labels: dict[str, str] | None = None,
+        max_episodes: int = 16,
         **kwargs: Any,
     ) -> None:
-        """Options come from the loop's entry in verl's agent-loop config file; verl passes the rest."""
+        """Options come from the loop's entry in verl's agent-loop config file; verl passes the rest.
+        `max_episodes`: how many episodes (sandboxes) one worker runs at once; its other rows wait their turn."""
         super().__init__(*args, **kwargs)
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes: at least 1, not {max_episodes}")
+        self.max_episodes = max_episodes
         self.database_dir = database_dir
         self.database_url = database_url
         self.agent = agent
@@ -265,8 +171,10 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
             Path(self.database_dir).mkdir(parents=True, exist_ok=True)
             database_url = f"sqlite:///{Path(self.database_dir).resolve()}/rollouts-{os.getpid()}.db"
         kwargs = self.apply_chat_template_kwargs
+        model = self.config.actor_rollout_ref.model
         return {
             "tokenizer": self.tokenizer.name_or_path,
+            "chat_template": model.get("custom_chat_template") if hasattr(model, "get") else None,
             "database_url": database_url,
             "tool_parser": self.tool_parser,
             "sampling": self.sampling,
@@ -286,14 +194,18 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
             raise ValueError("a trajproxy row needs extra_info.tasks and an agent (extra_info.agent or the loop's)")
         task = await self.task(worker, str(row["tasks"]), row.get("task_id"), row.get("image"))
         sampling = {**dict(row.get("sampling") or {}), **_vllm_sampling(sampling_params)}
+        asked = {"logprobs": bool(sampling_params.get("logprobs"))}
+        engine_params({**self.sampling, **sampling, **asked}, self.rollout_config.name)  # refused before the episode
         key = uuid.uuid4().hex
-        calls = worker.calls[key] = _Calls(self, {"logprobs": bool(sampling_params.get("logprobs"))})
-        began = time.perf_counter()
-        try:
-            metadata = {"verl": {k: _plain(kwargs.get(k)) for k in ("index", "uid", "data_source") if k in kwargs}}
-            rollout = await rollouts.run(task, str(agent), key=key, sampling=sampling, metadata=metadata)
-        finally:
-            del worker.calls[key]
+        budget = ResponseBudget(self.rollout_config.response_length)
+        async with worker.gate(self.max_episodes):
+            calls = worker.calls[key] = _Calls(self, asked, budget)
+            began = time.perf_counter()
+            try:
+                metadata = {"verl": {k: _plain(kwargs.get(k)) for k in ("index", "uid", "data_source") if k in kwargs}}
+                rollout = await rollouts.run(task, str(agent), key=key, sampling=sampling, metadata=metadata)
+            finally:
+                del worker.calls[key]
         wall_s = time.perf_counter() - began
         fields = agent_loop_outputs(
             rollout,
@@ -321,6 +233,30 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
         if found is None:
             found = worker.tasks[(tasks, task_id, image)] = await asyncio.to_thread(find_task, tasks, task_id, image)
         return found
+
+
+def engine_params(params: dict[str, Any], backend: str) -> dict[str, Any]:
+    """A call's sampling options as verl's vLLM server takes them: it builds `vllm.SamplingParams(**params)`, where an
+    unknown name is an error in the engine, mid-episode; here it is refused before the episode starts, naming it.
+    `structured_outputs`, given as vLLM's HTTP API spells it (a mapping), becomes vLLM's `StructuredOutputsParams`,
+    which `SamplingParams` needs and does not convert. Another backend's options pass as they are."""
+    if backend != "vllm":
+        return params
+    try:
+        from vllm import SamplingParams  # lazy: verl's vLLM rollout has it; nothing else here needs it
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        return params
+    unknown = sorted(set(params) - set(SamplingParams.__struct_fields__))
+    if unknown:
+        raise ValueError(
+            f"sampling option(s) {', '.join(unknown)}: verl's vLLM server passes a call's sampling options to "
+            "vllm.SamplingParams, which has no such field (the loop's `sampling`, the row's extra_info.sampling)"
+        )
+    structured = params.get("structured_outputs")
+    if isinstance(structured, Mapping):
+        params = {**params, "structured_outputs": StructuredOutputsParams(**structured)}
+    return params
 
 
 def _vllm_sampling(sampling_params: dict[str, Any]) -> dict[str, Any]:

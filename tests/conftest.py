@@ -19,7 +19,6 @@ from typing import Any
 
 import docker
 import pytest
-import sqlalchemy
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse
 
@@ -29,13 +28,14 @@ from proxy.servers.front import Front, front
 from proxy.servers.limits import Limits
 from proxy.servers.sockets import LISTEN_BACKLOG
 from proxy.settings import Settings
-from proxy.storage.engines import engine_url
 from proxy.trainer_token import kept_token
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.tasks.read import read_tasks
 from sandbox.tasks.task import Task
+from testkit.databases import fresh_schema
+from testkit.tasks import EXAMPLE, ROOT
+from testkit.vllm_server import VllmServer, build_tiny_model, copy_model, vllm_server
 from tests.lanes import LANES, Lane
-from tests.vllm_server import VllmServer, build_tiny_model, copy_model, vllm_server
 
 POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 
@@ -103,21 +103,6 @@ def fresh_database(kind: str, folder: Any) -> Iterator[str]:
         pytest.skip("no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)")
     with fresh_schema(POSTGRES_URL) as url:
         yield url
-
-
-@contextlib.contextmanager
-def fresh_schema(server_url: str) -> Iterator[str]:
-    """A database URL whose tables live in a new, empty schema on the Postgres server, dropped afterwards."""
-    schema = f"test_{secrets.token_hex(6)}"
-    admin = sqlalchemy.create_engine(engine_url(server_url))
-    with admin.begin() as conn:
-        conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
-    try:
-        yield f"{server_url}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 @dataclass
@@ -388,8 +373,6 @@ def mine(factory: DockerSandboxes) -> list[str]:
 
 # The example task, built from the repository's own Dockerfiles.
 
-ROOT = Path(__file__).parent.parent
-EXAMPLE = ROOT / "examples" / "tasks" / "calc"
 AGENT_IMAGE = "trajproxy/agent-minimal"
 TASK_IMAGE = "trajproxy/example-calc"
 

@@ -14,8 +14,7 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.policies import ScriptedPolicy
 from sandbox.run.runner import RunConfig, Runner
 from sandbox.tasks.task import Task
-from tests.conftest import EXAMPLE
-from tests.test_runner import BAKED_MINIMAL
+from testkit.tasks import BAKED_MINIMAL, EXAMPLE
 
 
 def test_the_runner_records_the_agents_diff_and_the_page_colours_it(

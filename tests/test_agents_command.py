@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from testkit.tasks import ROOT
 from tests.test_launch import TRAJPROXY
 
 MANIFEST = """name = "my-agent"

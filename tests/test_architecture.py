@@ -30,6 +30,8 @@ CORE_MAY_NOT_IMPORT = {
     "pydantic",
     "pydantic_settings",
     "transformers",
+    "mistral_common",
+    "openai_harmony",
 }
 
 # library -> the modules (a folder ends in "/") allowed to import it
@@ -40,6 +42,8 @@ HOMES = {
     "sqlalchemy": ("proxy/storage/",),
     "tiktoken": ("proxy/adapters/tiktoken_counter.py",),
     "transformers": ("proxy/adapters/chat_templates.py",),
+    "mistral_common": ("proxy/adapters/mistral_template.py",),
+    "openai_harmony": ("proxy/adapters/harmony_template.py",),
     "uvicorn": ("proxy/servers/uvicorn_front.py",),  # each HTTP server in one adapter, behind servers.front.Front
     "granian": ("proxy/servers/granian_front.py",),
     "docker": (),  # containers are the sandbox's business, never the proxy's
@@ -233,8 +237,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runs: the runner, its policies, where it meets trajproxy, its report", ("sandbox/run/",)),
     ("the sandbox's commands: their options and what runs them", ("sandbox/launch.py", "sandbox/commands.py")),
     ("the trainers' adapters and trajproxy train", ("integrations/",)),
+    (
+        "the kit the tests and the benchmarks share: the tiny model's vLLM, the example task, scripted agents",
+        ("testkit/",),
+    ),
 ]
-SCANNED = (ROOT / "proxy", ROOT / "sandbox", ROOT / "integrations", ROOT / "benchmarks")
+SCANNED = (ROOT / "proxy", ROOT / "sandbox", ROOT / "integrations", ROOT / "testkit", ROOT / "benchmarks")
 LAZY = re.compile(r"#.*\blazy:")
 
 
@@ -360,6 +368,18 @@ def test_no_arrow_runs_back_up_from_a_lower_layer() -> None:
     assert bad == [], "a module may import only from its own layer or the ones below it"
 
 
+def test_no_benchmark_or_kit_imports_a_test_module() -> None:
+    """A test module is no library: what the benchmarks share with the tests lives in testkit/, which both import."""
+    found = [
+        f"{name_of(path)}:{i.line}: {i.module}"
+        for root in (ROOT / "benchmarks", ROOT / "testkit", ROOT / "examples")
+        for path in sorted(root.rglob("*.py"))
+        for i in imports_of(path)
+        if i.root == "tests"
+    ]
+    assert found == [], "import it from testkit/ (move it there if a test module holds it)"
+
+
 def test_imports_inside_functions_are_marked_lazy_loads_of_outside_libraries() -> None:
     """An import inside a function is a deliberate lazy load of a heavy or optional library, marked `# lazy: why`
     on its line or on the line above its group of imports; never one of our own modules (that hides a circle)."""
@@ -393,6 +413,6 @@ def marked_lazy(lines: list[str], line: int) -> bool:
 def test_the_architecture_doc_names_only_files_that_exist() -> None:
     """docs/architecture.md walks a newcomer through the code: every file it names is where it says."""
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    named = set(re.findall(r"`((?:proxy|sandbox|tests|agents)/[\w/]+\.(?:py|toml))`", text))
+    named = set(re.findall(r"`((?:proxy|sandbox|tests|testkit|agents)/[\w/]+\.(?:py|toml))`", text))
     assert len(named) >= 20
     assert sorted(path for path in named if not (ROOT / path).exists()) == []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from testkit.tasks import ROOT
 
 APT_INSTALL = ROOT / ".ci" / "apt-install"
 LISTS_LOCK = Path("/var/lib/apt/lists/lock")  # what `apt-get update` takes (its Lock::Timeout does not apply)

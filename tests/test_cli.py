@@ -19,7 +19,8 @@ import pytest
 
 from proxy import __version__
 from proxy.client import TrainerClient
-from tests.conftest import EXAMPLE, TEST_SERVER
+from testkit.tasks import EXAMPLE
+from tests.conftest import TEST_SERVER
 
 START_S = 20  # generous: a cold interpreter imports fastapi, sqlalchemy and pydantic
 EXIT_S = 30

@@ -16,8 +16,8 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.env import AgentEnv
 from sandbox.run.runner import RunConfig
 from sandbox.tasks.task import Task
-from tests.conftest import ROOT, mine
-from tests.test_runner import BAKED_MINIMAL
+from testkit.tasks import BAKED_MINIMAL, ROOT
+from tests.conftest import mine
 
 FIX = {"content": "```bash\nsed -i 's/return a - b/return a + b/' calc.py\n```"}
 DONE = {"content": "```bash\necho TASK_COMPLETE\n```"}

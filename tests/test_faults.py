@@ -29,7 +29,8 @@ from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.storage.content import turns as turn_table
 from proxy.storage.engines import engine_url
 from proxy.storage.stored_turns import turns_of
-from tests.conftest import ROOT, LiveServer, serve_app
+from testkit.tasks import ROOT
+from tests.conftest import LiveServer, serve_app
 from tests.test_cli import EXIT_S, clean_env, free_port, serving
 
 WAIT_S = 20.0  # bound on any one thing a test waits for

@@ -27,7 +27,7 @@ from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.run.policies import ScriptedPolicy
 from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.task import Task
-from tests.conftest import EXAMPLE
+from testkit.tasks import EXAMPLE
 
 SCRIPTS = {"minimal": "solve.script.jsonl", "mini-swe-agent": "solve.mini-swe-agent.script.jsonl"}
 

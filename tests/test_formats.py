@@ -27,7 +27,7 @@ from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.formats import harbor, swebench
 from sandbox.tasks.read import read_tasks
 from sandbox.tasks.task import Task, TaskError
-from tests.conftest import ROOT
+from testkit.tasks import ROOT
 
 HARBOR = ROOT / "examples" / "tasks" / "harbor"
 SWEBENCH = ROOT / "examples" / "tasks" / "swebench"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sandbox.agents.manifests import presets
-from tests.conftest import EXAMPLE, ROOT
+from testkit.tasks import EXAMPLE, ROOT
 
 SCRIPT = f"scripted:{EXAMPLE / 'solve.script.jsonl'}"
 

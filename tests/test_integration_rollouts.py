@@ -78,3 +78,39 @@ def test_a_task_is_found_by_its_id_and_a_missing_one_is_named(tmp_path: Path) ->
     assert isinstance(task, Task) and find_task(EXAMPLE, task.id) == task
     with pytest.raises(TaskError, match="no task 'nope'"):
         find_task(EXAMPLE, "nope")
+
+
+def test_the_weights_a_trainers_engine_names_are_each_turns_policy_version_and_bound_its_staleness(
+    vllm: Any,
+) -> None:
+    """verl's global steps, SkyRL's and slime's weight versions reach trajproxy through `Generated.policy_version`:
+    every turn records the version that sampled it, and `max_staleness` ends an episode that would span more."""
+    engine = VllmGenerate(vllm.base_url, vllm.served_name)
+    versions = iter(["3", "4", "5"])
+
+    async def versioned(key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
+        sampled = await engine(key, prompt_ids, sampling)
+        return Generated(sampled.token_ids, sampled.logprobs, sampled.finish_reason, next(versions))
+
+    async def main() -> tuple[list[dict[str, Any]], Any, Any]:
+        async with Rollouts(versioned, tokenizer=str(vllm.model_dir), sampling={"max_tokens": 4}) as rollouts:
+            episode = await rollouts.open("k", task="say hi", max_staleness=1)
+            history: list[Any] = [{"role": "user", "content": "hi"}]
+            async with openai.AsyncOpenAI(
+                base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0
+            ) as client:
+                for _ in range(3):
+                    answer = await client.chat.completions.create(model="p", messages=history)
+                    history += [answer.choices[0].message.model_dump(exclude_none=True)]
+                    history += [{"role": "user", "content": "more"}]
+                with pytest.raises(openai.APIStatusError) as refused:  # 5 is two versions after 3, which it holds
+                    await client.chat.completions.create(model="p", messages=history)
+            ended = await rollouts.trainer.episode(episode.id)
+            return await rollouts.samples(episode.id), refused.value, ended
+
+    samples, refused, ended = asyncio.run(main())
+    (line,) = samples
+    assert line["policy_versions"] == ["3", "4", "5"]
+    assert [span["policy_version"] for span in line["turns"]] == ["3", "4", "5"]
+    assert refused.status_code in (409, 410)
+    assert ended.reason == "stale: policy version 5 is more than 1 after its oldest, 3"

@@ -17,8 +17,8 @@ import pytest
 
 from integrations.rollouts import Rollout
 from integrations.skyrl import episode_sampling, generator_output
-from tests.conftest import EXAMPLE, ROOT
-from tests.vllm_server import VllmServer
+from testkit.tasks import EXAMPLE, ROOT
+from testkit.vllm_server import VllmServer
 
 pytestmark = pytest.mark.timeout(900)  # the first run builds SkyRL's venv (.ci/trainer-venv skyrl) and starts vLLM
 CHECK = ROOT / "tests" / "integrations" / "skyrl_check.py"
@@ -102,6 +102,7 @@ def test_the_generators_generate_gives_the_recorded_episodes_field_for_field(
         episode = episodes[key]
         turns = episode["turns"]
         assert len(turns) == TURNS and {turn["branch"] for turn in turns} == {0}
+        assert {turn["policy_version"] for turn in turns} == {"0"}  # the client's weight version: no sync yet
         assert episode["metadata"]["skyrl"] == {
             "run": "check", "global_step": 7, "phase": "train", "trajectory_id": f"calc_{row}", "weights": "tiny-v0",
         }  # fmt: skip
@@ -166,6 +167,11 @@ def test_a_branched_episode_is_one_row_or_a_step_wise_row_per_line(
     trained = sum(sum(mask) for mask in steps["loss_masks"])
     assert trained == sum(len(turn["completion_token_ids"]) for turn in turns)  # each sampled id once
 
+    # max_total_length: the first prompt and all that follows within it; each call held to what is left, at least 1
+    capped = got["capped"]
+    assert 1 <= capped["first"] <= 6 and 1 <= capped["second"] <= max(1, 6 - capped["first"] - 2)
+    assert capped["version"] == 0  # SkyRL's client's weight version, each turn's policy version
+
 
 # The mapping alone, on lines as the export writes them (no SkyRL needed): failures, logprobs, lengths.
 
@@ -211,3 +217,23 @@ def test_a_reply_cut_by_length_says_so_and_overlong_filtering_takes_its_loss() -
     assert generator_output(rollouts, ["a", "b"])["stop_reasons"] == ["length", "stop"]
     filtered = generator_output(rollouts, ["a", "b"], overlong_filtering=True)
     assert filtered["loss_masks"] == [[0, 0, 0], [1, 0, 1]]
+
+
+def test_an_ungraded_rollout_is_masked_with_its_group() -> None:
+    """An episode that ended with no reward (its grader never ran), yet no infrastructure failure: SkyRL gets no score
+    to train it by, so it is masked, and its group with it."""
+    rollouts = [rollout(line(None)), rollout(line(1.0)), rollout(line(0.0))]
+    out = generator_output(rollouts, ["a", "a", "b"])
+    assert out["loss_masks"] == [[0], [0], [1, 0, 1]] and out["stop_reasons"] == ["error", "error", "stop"]
+    assert out["rollout_metrics"]["trajproxy/failed_trajectories"] == 1
+
+
+def test_one_row_per_trajectory_trains_the_line_with_the_most_sampled_ids_whichever_comes_first() -> None:
+    few = line(1.0)  # two sampled ids
+    many = {**line(1.0), "completion_ids": [7, 8, 9, 10], "loss_mask": [1, 1, 0, 1], "logprobs": [-0.5] * 4}
+    out = generator_output([rollout(few, many), rollout(many, few)], ["a", "b"])
+    assert out["response_ids"] == [[7, 8, 9, 10], [7, 8, 9, 10]] and out["loss_masks"] == [[1, 1, 0, 1]] * 2
+    assert out["rollout_metrics"]["trajproxy/untrained_lines"] == 2
+    assert out["rollout_metrics"]["trajproxy/untrained_ids"] == 4
+    tied = generator_output([rollout(line(1.0), {**line(1.0), "completion_ids": [1, 2, 3]})], ["a"])
+    assert tied["response_ids"] == [[7, 8, 9]]  # of equals, the earliest

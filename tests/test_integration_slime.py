@@ -1,7 +1,9 @@
-"""The slime adapter (integrations/slime.py) in slime's own environment, with slime's real `Sample`, `Dataset` and
-rollout code: an agent's sandboxed episode becomes Samples that are exactly the ids the engine was given and
-sampled, graded by the task; a rewritten history becomes one Sample per branch, sharing the episode's rollout id;
-an engine that aborts makes the episode's Samples ABORTED.
+"""The slime adapter (integrations/slime.py) in slime's own environment, with slime's real `Sample`, `Dataset`,
+rollout loop and train-data conversion: an agent's sandboxed episode, run by slime's rollout loop, becomes Samples
+that are exactly the ids the engine was given and sampled, graded by the task, and slime's train data of them; a
+rewritten history becomes one Sample per branch, sharing the episode's rollout id and reward; an engine that aborts
+makes the episode's Samples ABORTED and slime's dynamic filter drops their group; GRPO groups count each episode
+once (integrations/slime_groups.py), where slime's own post-processing would make one group of the whole batch.
 
 SGLang needs a GPU: slime's router is stood in for by a small server in tests/integrations/slime_check.py speaking
 SGLang's `/generate` shape, answered by the real vLLM on the CPU. The script runs under slime's virtualenv
@@ -73,7 +75,10 @@ def test_slimes_rollout_runs_a_sandboxed_episode_whose_samples_are_what_the_engi
     # slime gave the sample its session id; every call was routed by it, as slime's router reads it
     assert {call["routing_key"] for call in calls} == {sample["session_id"]} and sample["session_id"]
     assert all(call["return_logprob"] is True for call in calls)
-    assert calls[0]["sampling_params"]["max_new_tokens"] == 160 and calls[0]["sampling_params"]["no_stop_trim"]
+    assert calls[0]["sampling_params"]["max_new_tokens"] == 400 and calls[0]["sampling_params"]["no_stop_trim"]
+    for call in calls:  # slime's response budget (--rollout-max-response-len) over the episode's calls together
+        used = len(call["input_ids"]) - len(calls[0]["input_ids"])
+        assert call["sampling_params"]["max_new_tokens"] == max(1, 400 - used) < 400 or call is calls[0]
     # what the engine was given and sampled is what trajproxy recorded, call by call
     for call, turn in zip(calls, turns, strict=True):
         assert (call["input_ids"], call["output_ids"]) == (turn["prompt_ids"], turn["completion_ids"])
@@ -82,6 +87,7 @@ def test_slimes_rollout_runs_a_sandboxed_episode_whose_samples_are_what_the_engi
     assert sample["response_length"] == len(line["completion_ids"])
     assert sample["loss_mask"] == line["loss_mask"] and sample["rollout_log_probs"] == line["logprobs"]
     assert sample["rollout_id"] == line["rollout_id"] and (sample["index"], sample["group_index"]) == (0, 0)
+    assert sample["weight_versions"] == line["policy_versions"] == ["7"] * 3  # each turn's, as SGLang named them
     assert sample["label"] == "add must add" and sample["status"] == "completed" and not sample["remove_sample"]
     assert sample["metadata"]["trajproxy"]["episode_id"] == line["episode_id"]
     assert "sed -i" in sample["response"]  # the sampled text, decoded
@@ -95,7 +101,13 @@ def test_slimes_rollout_runs_a_sandboxed_episode_whose_samples_are_what_the_engi
         assert sample["tokens"][: prompt_length + span["start"]] == call["input_ids"]
     # graded by the task: the forced fix makes its tests pass
     assert {"name": "reward", "value": 1.0, "source": "grader"} in seen["rewards"]
-    assert sample["reward"] == line["reward_split"] == 1.0
+    assert sample["reward"] == line["reward"] == 1.0
+    assert seen["aborts"] >= 1  # slime's rollout loop aborted its engines at the end, through the router
+    # slime's train data of it: the Sample as it is, the group of one centred to 0
+    train = seen["train"]
+    assert train["tokens"] == [sample["tokens"]] and train["response_lengths"] == [sample["response_length"]]
+    assert train["loss_masks"] == [sample["loss_mask"]] and train["rollout_log_probs"] == [sample["rollout_log_probs"]]
+    assert train["raw_reward"] == [1.0] and train["rewards"] == [0.0] and train["rollout_ids"] == [line["rollout_id"]]
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
@@ -103,7 +115,8 @@ def test_a_rewritten_history_is_one_sample_per_branch_and_an_aborting_engine_mak
     seen = check("branches", {"vllm_url": vllm.base_url, "model": vllm.served_name, "model_dir": str(vllm.model_dir)})
 
     rewritten, aborted = seen["rewritten"], seen["aborted"]
-    assert [call["routing_key"] for call in seen["calls"]] == ["rewrite-key"] * 3 + ["abort-key"]
+    keys = ["rewrite-key"] * 3 + ["plain-0", "plain-1", "abort-key"]
+    assert [call["routing_key"] for call in seen["calls"]] == keys
     lines, samples = rewritten["lines"], rewritten["samples"]
     assert [line["branch"] for line in lines] == [0, 1] and len(samples) == 2
     assert [len(line["turn_ids"]) for line in lines] == [2, 1]
@@ -112,11 +125,12 @@ def test_a_rewritten_history_is_one_sample_per_branch_and_an_aborting_engine_mak
         assert sample["response_length"] == len(line["completion_ids"])
         assert sample["loss_mask"] == line["loss_mask"] and sum(sample["loss_mask"]) > 0
         assert sample["rollout_log_probs"] == line["logprobs"]
-        assert sample["reward"] == line["reward_split"] == 0.5  # the grader's 1.0 split over the two lines
+        assert sample["reward"] == line["reward"] == 1.0  # the episode's whole reward, as slime's agent path gives
         assert sample["rollout_id"] == line["rollout_id"] == lines[0]["rollout_id"]  # one rollout: counted once
-        assert (sample["index"], sample["group_index"], sample["session_id"]) == (3, 1, "rewrite-key")
+        assert (sample["index"], sample["group_index"], sample["session_id"]) == (2, 1, "rewrite-key")
         assert sample["status"] == "completed" and sample["metadata"]["m"] == 1
         assert sample["metadata"]["trajproxy"]["turn_ids"] == line["turn_ids"]
+    assert rewritten["split"] == [line["reward_split"] for line in lines] == [0.5, 0.5]  # TRAJPROXY_SLIME_REWARD=split
     # every sampled id is trained once, in its branch
     sampled = [call["output_ids"] for call in seen["calls"][:3]]
     assert sum(sum(sample["loss_mask"]) for sample in samples) == sum(map(len, sampled))
@@ -130,3 +144,16 @@ def test_a_rewritten_history_is_one_sample_per_branch_and_an_aborting_engine_mak
     assert sample["tokens"] == line["prompt_ids"] + line["completion_ids"]
     assert sample["loss_mask"] == [0] * len(line["completion_ids"])  # dropped, never trained
     assert sample["metadata"]["trajproxy"]["failure_reason"] == line["failure_reason"]
+
+    # two prompts' groups through slime: the group with the aborted episode is dropped by the dynamic filter
+    groups = seen["groups"]
+    assert groups["kept"] == [True, False]
+    ours, slimes = groups["ours"], groups["slimes"]
+    plain = seen["plain-0"]["samples"][0]
+    assert ours["tokens"] == [s["tokens"] for s in samples] + [plain["tokens"]]
+    assert ours["raw_reward"] == [1.0, 1.0, 0.0]
+    assert ours["rollout_ids"][0] == ours["rollout_ids"][1] != ours["rollout_ids"][2]
+    # one GRPO group of two episodes (rewards 1 and 0), the branched one counted once: +-1/sqrt(2) (std unbiased)
+    assert ours["rewards"] == pytest.approx([0.5**0.5, 0.5**0.5, -(0.5**0.5)], abs=1e-5)
+    # slime's own post-processing: three Samples, not n_samples_per_prompt x batch, so one group of three Samples
+    assert slimes["rewards"] == pytest.approx([(1 / 3) ** 0.5, (1 / 3) ** 0.5, -2 * (1 / 3) ** 0.5], abs=1e-5)

@@ -96,6 +96,10 @@ def test_the_agent_loop_runs_a_sandboxed_agent_through_verls_engine_and_returns_
         params = request["sampling_params"]
         assert params["temperature"] == 1.0 and params["logprobs"] is True and params["seed"] == 5
         assert 1 <= params["max_tokens"] <= 160 and "regex" in params["structured_outputs"]
+        # verl's vLLM server builds SamplingParams(**params): each name one of its fields, the constraint its type
+        assert request["structured_outputs_type"] == "StructuredOutputsParams"
+    # the verl user's custom_chat_template renders the prompts, not the template on disk
+    assert got["first_text"].startswith("verl-custom-template\n")
 
     # the output is the episode's recorded ids, field for field
     turns = recorded["turns"]
@@ -118,24 +122,28 @@ def test_the_agent_loop_runs_a_sandboxed_agent_through_verls_engine_and_returns_
     assert info["branch"] == 0 and info["lines"] == 1 and info["untrained_lines"] == []
     assert info["infrastructure_failure"] is False and info["response_cut"] == 0 and info["prompt_cut"] == 0
     assert output["extra_fields"]["min_global_steps"] == output["extra_fields"]["max_global_steps"] == 7
+    assert info["policy_versions"] == ["7"] * 3  # verl's global steps, each turn's policy version
+    assert info["logprobs_missing"] is False
 
     # verl's own padding into its batch keeps the masks
     assert_padded(got["padded"], 0, output)
     assert got["padded"]["extra"][0]["episode_id"] == info["episode_id"]
 
-    # and verl's worker, given a batch of one such row, runs a second episode through the loop: its row holds
-    # exactly what the engine sampled, at loss, and the grader's reward
+    # and verl's worker, given a batch of two such rows, runs them through the loop one episode at a time (the loop's
+    # max_episodes: 1): each row holds exactly what the engine sampled, at loss, and the grader's reward
     batch = got["batch"]
-    (again,) = batch["extra"]
-    assert again["episode_id"] != info["episode_id"] and again["infrastructure_failure"] is False
+    assert len(batch["extra"]) == 2 and all(row["infrastructure_failure"] is False for row in batch["extra"])
+    assert info["episode_id"] not in {row["episode_id"] for row in batch["extra"]}
     tensors, requests = batch["tensors"], batch["requests"]
-    assert len(requests) == 3 and len({r["request_id"] for r in requests}) == 1
-    assert requests[0]["request_id"] != got["requests"][0]["request_id"]  # a key of its own
-    n = sum(tensors["attention_mask"][0]) - len(requests[0]["prompt_ids"])
-    response, mask = tensors["responses"][0][:n], tensors["response_mask"][0]
-    assert mask[n:] == [0] * (RESPONSE_LENGTH - n)
-    assert mask[:n] == spans_of(requests, requests[0]["prompt_ids"], response)
-    assert tensors["rm_scores"][0][n - 1] == 0.0 and "rollout_log_probs" in tensors
+    keys = [r["request_id"] for r in requests]
+    assert len(keys) == 6 and keys == [keys[0]] * 3 + [keys[3]] * 3 and keys[0] != keys[3]  # never interleaved
+    assert got["requests"][0]["request_id"] not in keys  # a key of its own
+    for row, own in enumerate((requests[:3], requests[3:])):
+        n = sum(tensors["attention_mask"][row]) - len(own[0]["prompt_ids"])
+        response, mask = tensors["responses"][row][:n], tensors["response_mask"][row]
+        assert mask[n:] == [0] * (RESPONSE_LENGTH - n)
+        assert mask[:n] == spans_of(own, own[0]["prompt_ids"], response)
+        assert tensors["rm_scores"][row][n - 1] == 0.0 and "rollout_log_probs" in tensors
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
@@ -191,3 +199,8 @@ def test_an_episode_of_two_branches_maps_line_for_line_and_verls_padding_keeps_e
 
     for row, output in enumerate([*outputs, failed]):
         assert_padded(got["padded"], row, output)
+
+    # what verl's vLLM server cannot take is refused before any episode, by name; a constraint given as vLLM's HTTP
+    # API spells it becomes the type SamplingParams needs
+    assert got["refused"].startswith("sampling option(s) regex: verl's vLLM server passes")
+    assert got["converted"] == "StructuredOutputsParams"

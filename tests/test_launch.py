@@ -25,7 +25,8 @@ import pytest
 
 from sandbox.backends.identity import RunIdentity
 from sandbox.backends.images import MANAGED
-from tests.conftest import EXAMPLE, SANDBOX_IMAGE
+from testkit.tasks import EXAMPLE
+from tests.conftest import SANDBOX_IMAGE
 from tests.test_sandbox import exited_run
 
 TRAJPROXY = str(Path(sys.executable).parent / "trajproxy")

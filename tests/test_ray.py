@@ -6,7 +6,6 @@ reward. The two nodes share this machine's Docker engine: `trajproxy.node` on ea
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,7 +21,10 @@ import pytest
 import sqlalchemy
 
 from proxy.storage.engines import engine_url
-from tests.conftest import EXAMPLE, POSTGRES_URL, fresh_schema
+from testkit.databases import fresh_schema
+from testkit.ray_cluster import SLOTS, two_nodes
+from testkit.tasks import EXAMPLE
+from tests.conftest import POSTGRES_URL
 from tests.test_launch import RUN, ended, started, wait_for
 
 pytestmark = pytest.mark.serial  # a node killed mid-run, on health checks every half second: alone on the cores
@@ -33,30 +35,13 @@ needs_postgres = pytest.mark.skipif(
 )
 
 NODE = "trajproxy.node"
-SLOTS = 2  # per node
 TASKS = 6  # more than one node's slots
 SLOW_AGENT = "sleep 4; minimal-agent @{task_file} --workdir {workdir}"  # long enough to be caught running
-_SMALL = 80 * 1024**2  # each raylet's object store: the least Ray takes
-
-
-@contextlib.contextmanager
-def two_nodes(slots: int = SLOTS) -> Iterator[Any]:
-    """A local Ray cluster: a head with no slots (the driver's) and two nodes with `slots` sandbox slots each;
-    Ray's dashboard off, its object stores the least it takes, its health checks quick."""
-    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
-    head = {"num_cpus": 0, "include_dashboard": False, "object_store_memory": _SMALL, "_system_config": system}
-    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="pip install 'trajproxy[ray]' (dev has it)")
-    made = cluster_utils.Cluster(initialize_head=True, head_node_args=head)
-    try:
-        for _ in range(2):
-            made.add_node(num_cpus=1, resources={"trajproxy_sandboxes": slots}, object_store_memory=_SMALL)
-        yield made
-    finally:
-        made.shutdown()
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
+    pytest.importorskip("ray.cluster_utils", reason="pip install 'trajproxy[ray]' (dev has it)")
     with two_nodes() as made:
         yield made
 

@@ -27,7 +27,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from proxy.client import TrainerClient
 from proxy.storage.engines import engine_url
-from tests.conftest import POSTGRES_URL, fresh_schema
+from testkit.databases import fresh_schema
+from tests.conftest import POSTGRES_URL
 from tests.test_cli import clean_env, free_port, trajproxy_script
 
 START_S = 30  # a cold interpreter imports fastapi, sqlalchemy and pydantic; the box is shared and slow

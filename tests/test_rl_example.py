@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.vllm_server import vllm_python
+from testkit.tasks import ROOT
+from testkit.vllm_server import vllm_python
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def clean_clone(tmp_path: Path) -> Path:
     """The example and what it imports from the checkout, where no .venv was made."""
     clone = tmp_path / "clone"
     shutil.copytree(ROOT / "examples" / "rl", clone / "examples" / "rl")
-    (clone / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "vllm_server.py", clone / "tests")
+    (clone / "testkit").mkdir()
+    shutil.copy(ROOT / "testkit" / "vllm_server.py", clone / "testkit")
     shutil.copytree(ROOT / "integrations", clone / "integrations")  # the vLLM server and the weights' recipe
     return clone
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLE
+from testkit.tasks import EXAMPLE
 
 TRAJPROXY = str(Path(sys.executable).parent / "trajproxy")
 

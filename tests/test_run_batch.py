@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from proxy.client import TrainerClient
-from tests.conftest import EXAMPLE
+from testkit.tasks import EXAMPLE
 from tests.test_launch import RUN, ended, into, started, wait_for
 
 SLOW = "Take your time."

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import EXAMPLE
+from testkit.tasks import EXAMPLE
 from tests.test_launch import RUN, TRAJPROXY, ended, into, started, wait_for
 
 WAITING = "waiting for a trainer"

@@ -24,7 +24,8 @@ import pytest
 
 from proxy.client import TrainerClient
 from sandbox.run.policies import ModelPolicy
-from tests.conftest import EXAMPLE, FakeModel
+from testkit.tasks import EXAMPLE
+from tests.conftest import FakeModel
 from tests.test_launch import RUN, into
 
 TURN_TIMEOUT_S = 600.0  # far past every test's own timeout: an answer within the test is not the timeout's

@@ -21,7 +21,8 @@ from pydantic import SecretStr
 
 from proxy.app import create_app
 from proxy.settings import Settings
-from tests.conftest import EXAMPLE, FakeModel, serve_app
+from testkit.tasks import EXAMPLE
+from tests.conftest import FakeModel, serve_app
 from tests.test_launch import RUN
 
 TURN_TIMEOUT_S = 600.0

@@ -18,11 +18,8 @@ from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.formats.jsonl import ExitCode
 from sandbox.tasks.read import read_tasks
 from sandbox.tasks.task import Task, TaskError
-from tests.conftest import EXAMPLE, mine
-
-# The minimal agent as its image installs it (agents/minimal/Dockerfile; the example task's image builds on it), run
-# as a command already in the image (--agent-cmd): no bundle to build or mount.
-BAKED_MINIMAL = "minimal-agent @{task_file} --workdir {workdir}"
+from testkit.tasks import BAKED_MINIMAL, EXAMPLE
+from tests.conftest import mine
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ from sandbox.run.runner import Outcome, RunConfig, Runner
 from sandbox.tasks.formats.jsonl import ExitCode
 from sandbox.tasks.read import read_tasks
 from sandbox.tasks.task import Task
-from tests.conftest import EXAMPLE, ROOT, LiveServer
+from testkit.tasks import EXAMPLE, ROOT
+from tests.conftest import LiveServer
 from tests.local_sandboxes import LocalSandboxes
 from tests.test_runner import assert_fixed_and_graded
 

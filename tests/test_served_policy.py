@@ -24,20 +24,17 @@ from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMes
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
 from proxy.storage.export import Filters, export, source
-from tests.conftest import EXAMPLE, FakeModel, LiveServer, serve_app
-from tests.served_checks import ask
+from testkit.dialect_agents import BASH_PARAMETERS
+from testkit.served_checks import ask
+from testkit.tasks import EXAMPLE
+from testkit.vllm_server import copy_model, reload_weights
+from tests.conftest import FakeModel, LiveServer, serve_app
 from tests.test_launch import RUN, into
-from tests.vllm_server import copy_model, reload_weights
 
 # The served path is the same whichever database records it: SQLite alone, but for the test whose data is the most
 # varied (ids, logprobs, the server's whole answer, drifts), which runs on Postgres too.
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
-BASH_PARAMETERS: dict[str, object] = {
-    "type": "object",
-    "properties": {"command": {"type": "string"}},
-    "required": ["command"],
-}
 TOOLS: list[ChatCompletionFunctionToolParam] = [
     {"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": BASH_PARAMETERS}}
 ]

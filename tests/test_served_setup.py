@@ -17,7 +17,7 @@ import pytest
 
 from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.schema.requests import served_base_problem
-from tests.conftest import EXAMPLE, ROOT
+from testkit.tasks import EXAMPLE, ROOT
 from tests.test_launch import RUN, into
 from tests.test_readme import pages
 

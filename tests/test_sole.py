@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from proxy.client import TrainerClient
-from tests.conftest import EXAMPLE
+from testkit.tasks import EXAMPLE
 from tests.test_cli import clean_env, free_port, trajproxy_script
 
 

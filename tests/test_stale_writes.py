@@ -16,7 +16,8 @@ from sqlalchemy import Engine, event, text
 from proxy.core.errors import Stale
 from proxy.storage.engines import engine_url
 from proxy.storage.writer import Writer
-from tests.conftest import POSTGRES_URL, fresh_schema
+from testkit.databases import fresh_schema
+from tests.conftest import POSTGRES_URL
 
 pytestmark = pytest.mark.skipif(
     not POSTGRES_URL and not os.environ.get("CI"),

@@ -146,3 +146,32 @@ def test_an_episode_ends_at_its_next_call_once_it_would_span_more_versions_than_
     assert ended.reason == "stale: policy version v2 is more than 1 after its oldest, v0"
     assert trainer.trajectory(episode.id).policy_versions == ["v0", "v1"]
     assert len(trainer.trajectory(episode.id).turns) == 2  # the refused call was not recorded
+
+
+@ON_SQLITE
+def test_versions_the_trainers_replies_name_bound_an_episode_as_a_resume_would(
+    server: LiveServer, trainer: TrainerClient, background: Any
+) -> None:
+    """A trainer whose engine says which weights sampled each reply (verl's global steps, slime's weight version)
+    names versions on its replies, never through a resume: those versions bound the episode all the same."""
+    episode = trainer.create_episode(task="async", max_staleness=1)
+    history: list[Any] = [SYSTEM, {"role": "user", "content": "go"}]
+    with agent_for(episode) as agent:
+        for version in ("7", "8"):
+            call = background(agent.chat.completions.create, model="m", messages=history)
+            [parked] = trainer.next_turns(episode=episode.id, wait_s=5)
+            trainer.reply(parked.id, message={"content": "ok"}, policy_version=version)
+            history += [call.result(timeout=10).choices[0].message.model_dump(exclude_none=True)]
+            history += [{"role": "user", "content": "more"}]
+        other = trainer.create_episode(task="newer")  # another episode's reply names version 9
+        with agent_for(other) as its_agent:
+            call = background(its_agent.chat.completions.create, model="m", messages=[SYSTEM])
+            [parked] = trainer.next_turns(episode=other.id, wait_s=5)
+            trainer.reply(parked.id, message={"content": "ok"}, policy_version="9")
+            call.result(timeout=10)
+        with pytest.raises(openai.APIStatusError) as refused:
+            agent.chat.completions.create(model="m", messages=history)
+    assert refused.value.status_code in (409, 410)
+    ended = trainer.episode(episode.id)
+    assert ended.reason == "stale: policy version 9 is more than 1 after its oldest, 7"
+    assert trainer.trajectory(episode.id).policy_versions == ["7", "8"]

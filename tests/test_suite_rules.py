@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from testkit.tasks import ROOT
 from tests.skips import EXPECTED
 
 SKIPPING = """

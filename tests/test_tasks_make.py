@@ -39,10 +39,10 @@ from sandbox.tasks.taskmaker.environment import dockerfile
 from sandbox.tasks.taskmaker.mutate import KINDS, interleaved, mutations
 from sandbox.tasks.taskmaker.project import detect
 from sandbox.tasks.taskmaker.write import solution_script
+from testkit.sdists import sdist
 from tests.conftest import output_of
 from tests.test_cli import clean_env
 
-SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
 TOOLZ = "toolz==1.2.0"
 MAKE = [sys.executable, "-c", "from proxy.cli.main import main; main()", "tasks", "make"]
 pytestmark = pytest.mark.timeout(1200)  # image builds and validation runs on a shared 2-core machine
@@ -61,15 +61,6 @@ def total(xs, n, strict=False):
     a = 1; b = 2
     return found is None
 '''
-
-
-def sdist(requirement: str) -> Path:
-    """A project's sdist from PyPI, downloaded once into ~/.cache/trajproxy/sdists."""
-    folder = SDISTS / requirement
-    if not list(folder.glob("*.tar.gz")):
-        command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d"]
-        subprocess.run([*command, str(folder), requirement], check=True, timeout=300)
-    return sorted(folder.glob("*.tar.gz"))[0]
 
 
 def make(source: Path, out: Path, *options: str, scratch: Path | None = None) -> subprocess.CompletedProcess[str]:

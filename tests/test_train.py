@@ -1,6 +1,7 @@
 """`trajproxy train` end to end on the CPU: the tiny model served by a real vLLM, the minimal agent in Docker
-sandboxes on the example task, TRL's GRPO trainer, the weights loaded into vLLM after every step; and a run stopped
-by SIGTERM leaves nothing running. The train extra lives in a venv of its own (`.ci/trainer-venv train`), cached."""
+sandboxes on the example task for two calls an episode (the command's output, the environment's ids, between them and
+out of the loss), TRL's GRPO trainer, the weights loaded into vLLM after every step; and a run stopped by SIGTERM
+leaves nothing running. The train extra lives in a venv of its own (`.ci/trainer-venv train`), cached."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 from proxy.storage.export import Filters, export, source
 from proxy.storage.token_ids import unpack
-from tests.vllm_server import build_tiny_model
+from testkit.vllm_server import build_tiny_model
 
 pytestmark = pytest.mark.timeout(900)
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +41,13 @@ def trajproxy_train() -> Iterator[Path]:
     yield Path(python).parent / "trajproxy"
 
 
+TURNS = 2  # each episode's calls: the second prompt holds the first command's output
+
+
 def command(train: Path, out: Path, label: str, steps: int) -> list[str]:
     return [
         str(train), "train", str(EXAMPLE), "--agent", "minimal", "--model", str(build_tiny_model()),
-        "--steps", str(steps), "--group-size", "4", "--max-turns", "1", "--seed", "0",
+        "--steps", str(steps), "--group-size", "4", "--max-turns", str(TURNS), "--seed", "0",
         "--sampling", "max_tokens=64", "--sampling", "structured_outputs=" + json.dumps({"regex": CHOICE}),
         "--out", str(out), "--label", label,
     ]  # fmt: skip
@@ -60,7 +64,9 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] and len(summary["steps"]) == 2
     for number, step in enumerate(summary["steps"], start=1):
-        assert step["policy_versions"] == {f"step-{number - 1}": 4}  # every turn answered by the weights of its step
+        # every turn answered by the weights of its step
+        assert step["policy_versions"] == {f"step-{number - 1}": 4 * TURNS} and step["turns"] == 4 * TURNS
+        assert step["trained_ids"] > 0 and step["environment_ids"] > 0  # TRL got the environment's ids at no loss
         assert len(step["rewards"]) == 4 and all(reward in (0.0, 1.0) for reward in step["rewards"])
         assert step["drift"] is not None and step["drift"] < 1e-3  # vLLM serves what the trainer holds
         assert step["moved"] is not None and step["moved"] > 1e-4  # and what it holds changed
@@ -70,9 +76,10 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     with sqlite3.connect(out / "trajproxy.db") as db:
         query = "SELECT reply, token_ids FROM turn ORDER BY created_at"
         replies = [(json.loads(reply), unpack(ids)[2]) for reply, ids in db.execute(query)]
-    assert len(replies) == 8
-    for reply, sampled in replies:
-        assert list(sampled or ()) == reply["served"]["response"]["choices"][0]["token_ids"]
+    assert len(replies) == 2 * 4 * TURNS
+    for reply, ids in replies:
+        assert list(ids or ()) == reply["served"]["response"]["choices"][0]["token_ids"]
+    assert [reply.get("extends_parent") for reply, _ in replies].count(True) == 2 * 4 * (TURNS - 1)
     engine_ = source(f"sqlite:///{out / 'trajproxy.db'}")
     try:
         exported = io.BytesIO()
@@ -80,7 +87,14 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     finally:
         engine_.dispose()
     samples = [json.loads(line) for line in exported.getvalue().splitlines()]
-    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(sampled or ()) for _, sampled in replies)
+    assert len(samples) == 8 and all(len(s["turns"]) == TURNS for s in samples)
+    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(ids or ()) for _, ids in replies)
+    for sample in samples:  # loss on each call's sampled ids, none on the environment's between them
+        sampled = {i for span in sample["turns"] for i in range(span["start"], span["end"])}
+        assert sample["loss_mask"] == [int(i in sampled) for i in range(len(sample["completion_ids"]))]
+        assert sample["turns"][1]["start"] > sample["turns"][0]["end"]
+    environment = sum(len(s["completion_ids"]) - sum(s["loss_mask"]) for s in samples)
+    assert environment == sum(step["environment_ids"] for step in summary["steps"])  # all of it handed to TRL masked
     assert not engine.containers.list(all=True, filters={"label": label})
 
 

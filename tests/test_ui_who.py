@@ -23,7 +23,8 @@ from proxy.client import AsyncTrainerClient, TrainerClient
 from sandbox.run.policies import ScriptedPolicy
 from sandbox.run.runner import RunConfig, Runner
 from sandbox.tasks.task import Task
-from tests.conftest import EXAMPLE, LiveServer
+from testkit.tasks import EXAMPLE
+from tests.conftest import LiveServer
 from tests.local_sandboxes import LocalSandboxes
 from tests.test_runner_inprocess import AGENT_CMD, image, proxy, sandboxes, task  # noqa: F401 (fixtures)
 from tests.test_runner_inprocess import pytestmark as needs_unshare

@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient
-from tests.served_checks import ask
+from testkit.served_checks import ask
+from testkit.vllm_server import copy_model, reload_weights
 from tests.test_served_policy import sampled
-from tests.vllm_server import copy_model, reload_weights
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 

@@ -70,7 +70,7 @@ from tiny_model import build as build_tiny_model  # noqa: E402
 from weights import push_weights  # noqa: E402
 
 from integrations.train.weights import served_copy  # noqa: E402
-from tests.vllm_server import vllm_server  # noqa: E402
+from testkit.vllm_server import vllm_server  # noqa: E402
 
 # --- GRPO -------------------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tests.vllm_server import free_port
+from integrations.train.vllm import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -2,7 +2,7 @@
 
     push_weights(model, model_dir, base_url)   # model: a transformers model (or any torch module)
 
-The server must serve `model_dir` and run with VLLM_SERVER_DEV_MODE=1 (vLLM 0.32; tests/vllm_server.py starts
+The server must serve `model_dir` and run with VLLM_SERVER_DEV_MODE=1 (vLLM 0.32; testkit/vllm_server.py starts
 it so), which adds the routes used here:
 
     POST /pause?mode=wait                       running requests finish on the old weights, new ones wait

@@ -156,7 +156,7 @@ def _train(
                         after = served_logprobs(server, probe[0])
                         delta = _largest(after, trainer_logprobs(model, probe[0]), probe[1])
                         moved = _largest(after, before[1:], probe[1])
-                    step = Step.of(state.global_step, done, delta, moved, time.monotonic() - began)
+                    step = Step.of(state.global_step, done, rollouts.handed, delta, moved, time.monotonic() - began)
                     summary.steps.append(step)
                     print(step_line(step, options.steps), flush=True)
                     began = time.monotonic()

@@ -21,23 +21,36 @@ class Step:
     episodes: list[str | None]
     turns: int  # calls answered in the step's episodes
     trained_ids: int  # sampled ids with loss, over the lines TRL trained
+    environment_ids: int  # ids TRL was handed at no loss between calls: the environment's (tool output, template)
     policy_versions: dict[str, int]  # the version each turn was answered with, counted
     drift: float | None  # max |served - trainer| logprob on a sampled line after the sync (nats)
     moved: float | None  # max |served after - served before| logprob on that line: the sync changed the policy
     seconds: float
 
     @classmethod
-    def of(cls, step: int, done: list[Rollout], drift: float | None, moved: float | None, seconds: float) -> Step:
+    def of(
+        cls,
+        step: int,
+        done: list[Rollout],
+        handed: dict[str, list[Any]] | None,
+        drift: float | None,
+        moved: float | None,
+        seconds: float,
+    ) -> Step:
+        """The step's episodes, and what TRL was handed for them (`to_trl`'s output; None: nothing)."""
         failed = [not r.samples or r.samples[0]["infrastructure_failure"] or r.reward is None for r in done]
         rewards = [None if bad else r.reward for r, bad in zip(done, failed, strict=True)]
         scored = [reward for reward in rewards if reward is not None]
         versions: Counter[str] = Counter()
-        turns = trained = 0
+        turns = 0
         for rollout in done:
-            for index, line in enumerate(rollout.samples):
+            for line in rollout.samples:
                 turns += len(line["turns"])
                 versions.update(str(version) for version in line["policy_versions"])
-                trained += sum(line["loss_mask"]) if index == 0 else 0
+        given = handed or {"env_mask": [], "infrastructure_failure": []}
+        pairs = zip(given["env_mask"], given["infrastructure_failure"], strict=True)
+        masks = [mask for mask, failure in pairs if not failure]
+        trained = sum(sum(mask) for mask in masks)
         return cls(
             step,
             statistics.fmean(scored) if scored else None,
@@ -45,6 +58,7 @@ class Step:
             [r.episode_id for r in done],
             turns,
             trained,
+            sum(len(mask) for mask in masks) - trained,
             dict(versions),
             drift,
             moved,
@@ -80,7 +94,8 @@ def step_line(step: Step, steps: int) -> str:
     versions = ", ".join(f"{v} x{n}" for v, n in sorted(step.policy_versions.items()))
     return (
         f"step {step.step}/{steps}  reward {reward}  episodes {len(step.rewards)}  turns {step.turns}  "
-        f"trained ids {step.trained_ids}  versions [{versions}]  logprobs moved {moved}, drift {drift}  "
+        f"trained ids {step.trained_ids} (environment's {step.environment_ids})  versions [{versions}]  "
+        f"logprobs moved {moved}, drift {drift}  "
         f"{step.seconds:.0f} s"
     )
 

@@ -156,6 +156,7 @@ class TokenPolicy:
             completion_token_ids=tuple(completion),
             logprobs=tuple(float(v) for v in logprobs) if logprobs is not None else None,
             served=served,
+            policy_version=_version(response.get("policy_version")),
             # by construction: its parent's prompt and sampled ids, then more
             extends_parent=True if continued else None,
         )
@@ -217,7 +218,11 @@ def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: str) -> 
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
-            {"id": new_id("call"), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            {
+                "id": call.id or new_id("call"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
             for call in parsed.tool_calls
         ]
     return message, parsed.error
@@ -263,6 +268,11 @@ def _kept_choice(choice: Any) -> Any:
 def _finish(choice: JsonObject) -> str | None:
     why = choice.get("finish_reason")
     return why if isinstance(why, str) else None
+
+
+def _version(value: Any) -> str | None:
+    """The weights that sampled, where the server names them (a trainer's token server does; vLLM does not)."""
+    return value if isinstance(value, str) and 0 < len(value) <= 200 and "\0" not in value else None
 
 
 def _number(value: Any) -> bool:

@@ -4,7 +4,8 @@ In tokens mode the inference server returns the text the model sampled, in its f
 each parser here reads one format (`hermes`, `qwen3_coder`, `llama3_json`) into content, reasoning and tool
 calls. Reasoning (`<think>...</think>`) and trailing end-of-turn markers are handled the same for all. Output that
 does not parse is never dropped: the message then carries the whole text as content, no tool calls, and a
-one-line `error` saying what was wrong.
+one-line `error` saying what was wrong. The families with an official renderer have their parsers beside it:
+`mistral` (adapters/mistral_tools.py) and gpt-oss's `harmony` (adapters/harmony_template.py).
 """
 
 from __future__ import annotations
@@ -14,32 +15,14 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
+from proxy.adapters.harmony_template import HARMONY
+from proxy.adapters.mistral_tools import MISTRAL
+from proxy.adapters.parsed import Parsed, ToolCall, ToolParser
 from proxy.core.values import JsonObject
 
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str
-    arguments: str  # a JSON object as text, as OpenAI's function.arguments carries it
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    content: str | None  # the text the agent sees; None when nothing is left besides tool calls and reasoning
-    reasoning: str | None
-    tool_calls: tuple[ToolCall, ...]
-    error: str | None = None  # set when the output did not parse: content is then the whole text, less reasoning
-
-
-class ToolParser(Protocol):
-    """Reads one model family's raw output; `tools` are the request's OpenAI chat tools."""
-
-    @property
-    def name(self) -> str: ...  # read-only, so that frozen dataclasses implement it
-
-    def parse(self, text: str, tools: Sequence[JsonObject]) -> Parsed: ...
+__all__ = ["PARSERS", "FormatParser", "Parsed", "ToolCall", "ToolParser", "parser"]
 
 
 class _Unparsed(Exception):
@@ -286,6 +269,8 @@ PARSERS: Mapping[str, ToolParser] = MappingProxyType(
             FormatParser("hermes", _hermes),
             FormatParser("qwen3_coder", _qwen3_coder),
             FormatParser("llama3_json", _llama3_json),
+            MISTRAL,
+            HARMONY,
         )
     }
 )

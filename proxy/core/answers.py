@@ -165,6 +165,9 @@ class Answers:
             replace(reply, policy_version=version) if reply.policy_version is None and version is not None else reply
             for reply in counted
         ]
+        for reply in stamped:  # a version a reply names (the trainer's engine said which weights sampled) is named too
+            if reply.policy_version is not None and reply.policy_version not in self.versions:
+                self.versions.append(reply.policy_version)
         return [await self._chained(turn, reply) for (turn, _), reply in zip(replies, stamped, strict=True)]
 
     async def _parent(self, turn: Turn) -> Turn | None:

@@ -54,6 +54,7 @@ async def recorded(rollouts: Rollouts, episode_id: str) -> dict[str, Any]:
             "prompt_token_ids": turn.reply.prompt_token_ids,
             "completion_token_ids": turn.reply.completion_token_ids,
             "logprobs": turn.reply.logprobs,
+            "policy_version": turn.reply.policy_version,
         }
         for turn in trajectory.turns
         if turn.reply is not None
@@ -129,6 +130,7 @@ async def branches(root: str, model_dir: str, served: str, database: str, regex:
             await rollouts.trainer.finish(episode.id)
             samples = await rollouts.samples(episode.id)
             truth = await recorded(rollouts, episode.id)
+        capped = await total_length_cap(engine, model_dir, samples[0]["prompt_ids"])
     finally:
         if engine._session is not None:
             await engine._session.close()
@@ -138,7 +140,23 @@ async def branches(root: str, model_dir: str, served: str, database: str, regex:
     validate_generator_output(1, one_row)
     step_wise = generator_output([rollout], ids, step_wise=True)
     validate_generator_output(1, step_wise, step_wise=True)
-    return {"samples": samples, "episode": truth, "one_row": plain(one_row), "step_wise": plain(step_wise)}
+    return {
+        "samples": samples,
+        "episode": truth,
+        "one_row": plain(one_row),
+        "step_wise": plain(step_wise),
+        "capped": capped,
+    }
+
+
+async def total_length_cap(engine: RemoteInferenceClient, model_dir: str, first: list[int]) -> dict[str, int]:
+    """The generator's engine calls for one key under `max_total_length` = the first prompt + 6 ids: the first call,
+    then one continuing it with two ids of the environment's."""
+    generator = TrajproxyGenerator(engine, tokenizer=model_dir, max_total_length=len(first) + 6)
+    sampling = {"temperature": 1.0, "seed": 11, "max_tokens": 16}
+    a = await generator._sample("cap-0", first, sampling)
+    b = await generator._sample("cap-0", [*first, *a.token_ids, first[-1], first[-1]], sampling)
+    return {"first": len(a.token_ids), "second": len(b.token_ids), "version": int(b.policy_version or -1)}
 
 
 def main() -> None:

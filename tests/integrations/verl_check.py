@@ -21,6 +21,7 @@ import numpy as np
 import openai
 import verl
 from hydra import compose, initialize_config_dir
+from transformers import AutoTokenizer
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopMetrics,
     AgentLoopOutput,
@@ -32,12 +33,14 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.protocol import DataProto
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
+from vllm import SamplingParams
 
 from integrations.rollouts import Rollout, Rollouts
-from integrations.verl import agent_loop_outputs, close
+from integrations.verl import agent_loop_outputs, close, engine_params
 from tests.vllm_generate import VllmGenerate
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 4096, 1024
+CUSTOM_LINE = "verl-custom-template\\n"  # the first line of the template the verl user set (custom_chat_template)
 
 
 class VllmServerManager(LLMServerClient):  # type: ignore[misc]
@@ -52,13 +55,19 @@ class VllmServerManager(LLMServerClient):  # type: ignore[misc]
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
         params = dict(sampling_params)
-        asked = bool(params.pop("logprobs", False))  # verl's flag; its vLLM server turns it into logprobs=0
-        generated = await self.engine(request_id, list(prompt_ids), params)
+        # verl's vLLM server's contract (vllm_async_server.py): max_tokens and its logprobs flag taken out, then
+        # SamplingParams(max_tokens=..., **the rest), where an unknown name raises
+        max_tokens = params.pop("max_tokens")
+        asked = bool(params.pop("logprobs", False))
+        SamplingParams(max_tokens=max_tokens, logprobs=0 if asked else None, **params)
+        plain = {k: _wire(v) if k == "structured_outputs" else v for k, v in params.items()}
+        generated = await self.engine(request_id, list(prompt_ids), {**plain, "max_tokens": max_tokens})
         self.requests.append(
             {
                 "request_id": request_id,
                 "prompt_ids": list(prompt_ids),
-                "sampling_params": sampling_params,
+                "sampling_params": {**sampling_params, **plain},
+                "structured_outputs_type": type(params.get("structured_outputs")).__name__,
                 "token_ids": generated.token_ids,
                 "log_probs": generated.logprobs,
             }
@@ -70,6 +79,12 @@ class VllmServerManager(LLMServerClient):  # type: ignore[misc]
             num_preempted=0,
             extra_fields={"global_steps": 7},
         )
+
+
+def _wire(structured: Any) -> Any:
+    """vLLM's StructuredOutputsParams as its HTTP API takes them (the kinds of constraint that are set)."""
+    kinds = ("regex", "json", "choice", "grammar", "json_object", "structural_tag")
+    return {kind: getattr(structured, kind) for kind in kinds if getattr(structured, kind, None) is not None}
 
 
 def verl_config(model_dir: str, loops_yaml: Path) -> Any:
@@ -145,8 +160,12 @@ async def loop_check(args: dict[str, Any]) -> dict[str, Any]:
         "database_dir": str(folder / "db"),
         "labels": args["labels"],
         "sampling": {"seed": 5, "max_tokens": 160, "structured_outputs": {"regex": args["regex"]}},
+        "max_episodes": 1,  # the worker's batch of two rows runs one episode at a time
     }
     config = verl_config(args["model_dir"], loops_yaml(folder, options))
+    # the verl user's own chat template: the model's, after a line of its own
+    own = AutoTokenizer.from_pretrained(args["model_dir"]).chat_template
+    config.actor_rollout_ref.model.custom_chat_template = "{{- '" + CUSTOM_LINE + "' }}" + own
     manager = VllmServerManager(config, args["base_url"], args["model"])
     worker = AgentLoopWorker(config, manager)
     loop = hydra.utils.instantiate(  # as AgentLoopWorker._run_agent_loop makes each row's loop
@@ -176,11 +195,12 @@ async def loop_check(args: dict[str, Any]) -> dict[str, Any]:
             "requests": list(manager.requests),
             "recorded": recorded(database, info["episode_id"]),
             "padded": await padded(worker, [output], row),
+            "first_text": worker.tokenizer.decode(manager.requests[0]["prompt_ids"]),
         }
         # verl's whole path for a batch of one row: its worker picks the loop by the row's agent_name
         manager.requests.clear()
-        batch = DataProto(non_tensor_batch={k: np.array([v], dtype=object) for k, v in row.items()})
-        batch.non_tensor_batch["agent_name"] = np.array(["trajproxy"], dtype=object)
+        batch = DataProto(non_tensor_batch={k: np.array([v, v], dtype=object) for k, v in row.items()})
+        batch.non_tensor_batch["agent_name"] = np.array(["trajproxy"] * 2, dtype=object)
         generated = await worker.generate_sequences(batch)
     finally:
         await close()
@@ -221,6 +241,12 @@ async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
         )
         for branches in ("main", "all")
     }
+    try:  # an option vLLM's SamplingParams has no field for is refused before any episode
+        engine_params({"temperature": 1.0, "regex": "(red|green)"}, "vllm")
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    converted = engine_params({"structured_outputs": {"regex": "a"}}, "vllm")["structured_outputs"]
     cut = agent_loop_outputs(rollout, prompt_length=8, response_length=5, logprobs=True, branches="all")
     empty = Rollout("lost", None, "failed", None, "the sandbox could not start", [])
     failed = agent_loop_outputs(empty, prompt_length=16, response_length=8, logprobs=True, fallback_prompt_ids=[5, 6])
@@ -233,6 +259,8 @@ async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
         "failed": failed,
         "calls": [{"prompt_ids": p, "token_ids": g.token_ids} for _, p, _, g in engine.calls],
         "padded": await padded(worker, outputs, row),
+        "refused": refused,
+        "converted": type(converted).__name__,
     }
 
 

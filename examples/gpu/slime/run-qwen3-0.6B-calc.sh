@@ -36,6 +36,8 @@ CKPT_ARGS=(
 
 ROLLOUT_ARGS=(
   --custom-generate-function-path integrations.slime.generate
+  --custom-reward-post-process-path integrations.slime_groups.post_process_rewards  # GRPO groups of episodes
+  --dynamic-sampling-filter-path integrations.slime_groups.drop_aborted_groups  # groups with a lost episode dropped
   --prompt-data "$RUN_DIR/tasks.jsonl"
   --input-key prompt
   --label-key label
