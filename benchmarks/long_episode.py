@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import random
 import sqlite3
 import statistics
@@ -38,7 +39,7 @@ from harness import exit_on_sigterm, print_table, start_pinned
 from measured_server import Server, trajproxy
 
 from integrations.train.vllm import free_port
-from testkit.vllm_server import CACHE, build_tiny_model, tiny_model_hash
+from testkit.vllm_server import CACHE, TINY_MODEL_SCRIPT, build_tiny_model
 
 WAYS = ("tokens", "chat", "plain")
 TOOLS = [
@@ -231,10 +232,10 @@ def table(rows: list[dict[str, Any]]) -> None:
 def tokenizers(given: list[Path]) -> list[Path]:
     if given:
         return given
-    tiny = CACHE / f"tiny-model-{tiny_model_hash()}"
+    tiny = CACHE / f"tiny-model-{hashlib.sha256(TINY_MODEL_SCRIPT.read_bytes()).hexdigest()[:16]}"
     if not tiny.exists():
         tiny = build_tiny_model()
-    return [tiny, *(found.parent for found in sorted(CACHE.glob("smollm2-*/tokenizer.json"))[:1])]
+    return [tiny, *(found.parent for found in sorted(CACHE.glob("smollm2-*/tokenizer_config.json"))[:1])]
 
 
 def main() -> None:

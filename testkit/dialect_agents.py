@@ -24,7 +24,7 @@ THINK_THEN_CALL = (
     r'<think>[a-z]{1,6}( [a-z]{1,6}){0,2}</think>\n<tool_call>\n\{"name": "bash", "arguments": '
     r'\{"command": "(ls|pwd|date|whoami)"\}\}\n</tool_call>'
 )
-SYSTEM, TASK = "You run commands.", "look around"
+SYSTEM, TASK, MORE = "You run commands.", "look around", "carry on"  # MORE: a user turn after the second call
 CALLS = 3
 
 
@@ -42,7 +42,8 @@ def result_of(command: str) -> str:
 
 
 # Agents: each makes CALLS calls, runs the tool it is asked to, hands back the reply without its reasoning (as most
-# agents do) and returns the tool calls it received, as (name, arguments).
+# agents do), adds a user turn after its second tool result, and returns the tool calls it received, as (name,
+# arguments).
 
 
 def chat_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
@@ -78,6 +79,8 @@ def chat_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
                 }
             )
             history.append({"role": "tool", "tool_call_id": call["id"], "content": result_of(got[-1][1]["command"])})
+            if len(got) == 2:
+                history.append({"role": "user", "content": MORE})
     return got
 
 
@@ -102,6 +105,8 @@ def responses_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
             items.append(
                 {"type": "function_call_output", "call_id": call.call_id, "output": result_of(got[-1][1]["command"])}
             )
+            if len(got) == 2:
+                items.append({"role": "user", "content": MORE})
     return got
 
 
@@ -122,7 +127,8 @@ def messages_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
             kept = [block.model_dump() for block in message.content if block.type != "thinking"]
             history.append({"role": "assistant", "content": kept})
             result = {"type": "tool_result", "tool_use_id": use.id, "content": result_of(str(use.input["command"]))}
-            history.append({"role": "user", "content": [result]})
+            more = [{"type": "text", "text": MORE}] if len(got) == 2 else []
+            history.append({"role": "user", "content": [result, *more]})
     return got
 
 
@@ -157,7 +163,8 @@ def gemini_agent(episode: Any, stream: bool) -> list[tuple[str | None, Any]]:
             got.append((call.name, dict(call.args or {})))
             contents.append(types.Content(role="model", parts=[part for part in parts if not part.thought]))
             response = types.FunctionResponse(name="bash", response={"output": result_of(got[-1][1]["command"])})
-            contents.append(types.Content(role="user", parts=[types.Part(function_response=response)]))
+            more = [types.Part(text=MORE)] if len(got) == 2 else []
+            contents.append(types.Content(role="user", parts=[types.Part(function_response=response), *more]))
     finally:
         client.close()
     return got

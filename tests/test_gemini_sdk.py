@@ -195,7 +195,8 @@ def test_errors_come_in_googles_shape(server: Any, trainer: TrainerClient) -> No
 
     with agent_for(episode) as client:
         with pytest.raises(errors.ClientError) as bad_role:
-            client.models.generate_content(model="policy", contents=[{"role": "robot", "parts": [{"text": "x"}]}])
+            robot: types.ContentDict = {"role": "robot", "parts": [{"text": "x"}]}
+            client.models.generate_content(model="policy", contents=[robot])
         assert (bad_role.value.code, bad_role.value.status) == (400, "INVALID_ARGUMENT")
         assert bad_role.value.message == "contents.0.role: must be 'user' or 'model', not 'robot'"
 

@@ -115,9 +115,10 @@ def sampled(reply: ReplyOut | None) -> tuple[list[int], list[int]]:
     return reply.prompt_token_ids, reply.completion_token_ids
 
 
-def exported(server: LiveServer, shape: str = "tokens") -> list[dict[str, Any]]:
+def exported(server: LiveServer | str, shape: str = "tokens") -> list[dict[str, Any]]:
+    """The export's lines, of a live server's database or of a database URL (a run's, say)."""
     out = io.BytesIO()
-    engine = source(server.settings.database_url)
+    engine = source(server if isinstance(server, str) else server.settings.database_url)
     try:
         export(engine, out, shape, Filters())  # type: ignore[arg-type]
     finally:

@@ -88,3 +88,26 @@ def test_a_conversation_longer_than_the_context_is_a_clear_400_and_one_line_from
     ):
         client.chat.completions.create(model="policy", messages=long_call)  # type: ignore[arg-type]
     assert refused.value.status_code == 400 and "context" in refused.value.message
+
+
+@ON_SQLITE
+@pytest.mark.parametrize(
+    ("option", "value"), [("on_discontinuity", "maybe"), ("family", "qwen9"), ("on_discontinuity", 1)]
+)
+def test_a_bad_family_or_on_discontinuity_is_refused_at_once(
+    trainer: TrainerClient, option: str, value: object
+) -> None:
+    with pytest.raises(TrajproxyAPIError) as refused:
+        trainer.create_episode(
+            policy="vllm:tiny", policy_options={"api_base": "http://127.0.0.1:8100/v1", option: value}
+        )
+    said = refused.value.message
+    assert refused.value.status == 422 and f"policy_options.{option}" in said and "\n" not in said, said
+    assert trainer.episodes().episodes == []
+    for fine in ("branch", "fail", "rerender"):
+        trainer.create_episode(
+            policy="vllm:tiny", policy_options={"api_base": "http://127.0.0.1:8100/v1", "on_discontinuity": fine}
+        )
+    trainer.create_episode(
+        policy="vllm:tiny", policy_options={"api_base": "http://127.0.0.1:8100/v1", "family": "glm4.5"}
+    )

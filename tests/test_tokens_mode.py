@@ -1,7 +1,10 @@
 """Token in, token out against a real vLLM (on the CPU, with the tiny model): agents in every dialect, streamed and
-not, run multi-turn tool-calling episodes; every turn's prompt ids are its parent's prompt and sampled ids and the
-template's ids for the new messages, the agent gets the tool calls the model sampled, and the tokens export trains
-on every sampled id. The same episodes in chat mode, whose agents drop their reasoning, drift."""
+not, run multi-turn tool-calling episodes with a user turn in the middle, under a template written to Qwen3's rules
+(`tests/templates/qwen3.jinja`: reasoning only after the last user query, an empty think block while a reply is
+last); every turn's prompt ids are its parent's prompt and sampled ids and the template's ids for the new messages,
+the agent gets the tool calls the model sampled, and the tokens export trains on every sampled id. The same episodes
+in chat mode, whose agents drop their reasoning, drift. A template that cannot say what a reply's new messages add
+meets the episode's `on_discontinuity`: a new line, a refused call, or a re-rendering, each said on the turn."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from fastapi import FastAPI, Request, Response
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
 from proxy.storage.export import Filters, export, source
-from testkit.dialect_agents import AGENTS, CALLS, tokens_policy
+from testkit.dialect_agents import AGENTS, CALLS, chat_agent, tokens_policy
 from testkit.served_checks import ask
 from tests.conftest import LiveServer, serve_app
 from tests.test_served_policy import exported, sampled, served_run
@@ -30,6 +33,7 @@ from tests.test_served_policy import exported, sampled, served_run
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 PRESETS = Path(__file__).resolve().parents[1] / "agents"
 pytestmark = pytest.mark.timeout(400)  # the first test using vllm waits for it to start
+QWEN3_RULES = (Path(__file__).resolve().parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8")
 
 
 def sampled_call(text: str) -> tuple[str, Any]:
@@ -40,13 +44,22 @@ def sampled_call(text: str) -> tuple[str, Any]:
     return call["name"], call["arguments"]
 
 
-def delta_text(turn: Any) -> str:
-    """What the template writes after an assistant turn for the tool result the turn's call adds (a user turn of one
-    <tool_response> block) and the generation prompt."""
-    result = turn.request["messages"][-1]
-    assert result["role"] == "tool"
-    content = result["content"] if isinstance(result["content"], str) else "".join(p["text"] for p in result["content"])
-    return f"\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+def delta_text(turn: Any, parent: Any) -> str:
+    """What the template writes after an assistant turn for the messages the turn adds after its parent's reply (tool
+    results grouped into a user turn of <tool_response> blocks, a user turn) and the generation prompt."""
+    text = ""
+    new = turn.request["messages"][len(parent.request["messages"]) + 1 :]
+    for at, message in enumerate(new):
+        content = message["content"]
+        content = content if isinstance(content, str) else "".join(p["text"] for p in content)
+        if message["role"] == "tool":
+            opens = at == 0 or new[at - 1]["role"] != "tool"
+            closes = at == len(new) - 1 or new[at + 1]["role"] != "tool"
+            text += ("\n<|im_start|>user" if opens else "") + f"\n<tool_response>\n{content}\n</tool_response>"
+            text += "<|im_end|>" if closes else ""
+        else:
+            text += f"\n<|im_start|>{message['role']}\n{content}<|im_end|>"
+    return text + "\n<|im_start|>assistant\n"
 
 
 def checks(vllm: Any, turns: list[Any]) -> list[dict[str, Any]]:
@@ -57,10 +70,11 @@ def checks(vllm: Any, turns: list[Any]) -> list[dict[str, Any]]:
         prompt, completion = sampled(turn.reply)
         questions.append({"decode_all": completion})
         if parent is None:
-            questions.append({"messages": turn.request["messages"], "tools": turn.request["tools"]})
+            asked = {"messages": turn.request["messages"], "tools": turn.request["tools"], "chat_template": QWEN3_RULES}
+            questions.append(asked)
         else:
             added = prompt[sum(map(len, sampled(parent.reply))) :]
-            questions += [{"encode": delta_text(turn)}, {"decode_all": added}]
+            questions += [{"encode": delta_text(turn, parent)}, {"decode_all": added}]
     answers: list[dict[str, Any]] = ask(vllm.python, vllm.model_dir, batch=questions)["batch"]
     return answers
 
@@ -71,7 +85,8 @@ def checks(vllm: Any, turns: list[Any]) -> list[dict[str, Any]]:
 def test_every_dialect_continues_its_ids_and_every_sampled_id_is_trained(
     vllm: Any, server: LiveServer, trainer: TrainerClient, dialect: str, stream: bool
 ) -> None:
-    episode = trainer.create_episode(**tokens_policy(vllm, check_template="every"))  # (by default, some turns)
+    # every continued turn checks the template (by default, only some do)
+    episode = trainer.create_episode(**tokens_policy(vllm, chat_template=QWEN3_RULES, check_template="every"))
     got = AGENTS[dialect](episode, stream)
     trainer.finish(episode.id)
 
@@ -96,7 +111,10 @@ def test_every_dialect_continues_its_ids_and_every_sampled_id_is_trained(
         before = sampled(parent.reply)[0] + sampled(parent.reply)[1]
         assert prompt[: len(before)] == before
         assert prompt[len(before) :] == next(answers)["ids"]
-        assert next(answers)["text"] == delta_text(turn)
+        assert next(answers)["text"] == delta_text(turn, parent)
+        assert reply.served["family"] == "qwen3"
+        if turn.seq == 2:
+            assert turn.request["messages"][-1]["role"] == "user"  # a user turn in the middle
     (line,) = exported(server)
     assert line["turn_ids"] == [turn.id for turn in turns]
     assert sum(line["loss_mask"]) == sum(len(sampled(turn.reply)[1]) for turn in turns)  # every sampled id trained
@@ -194,6 +212,55 @@ def test_output_that_does_not_parse_reaches_the_agent_as_text_and_the_turn_says_
     (turn,) = trainer.trajectory(episode.id).turns
     assert turn.reply and turn.reply.served and turn.reply.served["parse_error"].startswith("hermes:")
     assert sampled(turn.reply)[1]  # nothing lost: the ids are recorded, trainable as sampled
+
+
+# A template that writes tool results inside the assistant turn they answer: once a result follows a reply, the
+# reply is not closed by its end-of-turn, so what the new messages add cannot be told apart from the reply.
+INLINE_RESULTS = QWEN3_RULES.replace(
+    "{{- '<|im_end|>\\n' -}}\n{%- elif m.role == 'tool' -%}",
+    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}\n"
+    "{%- elif m.role == 'tool' -%}",
+)
+
+
+@ON_SQLITE
+@pytest.mark.parametrize("then", ["branch", "rerender", "fail"])
+def test_a_call_whose_ids_cannot_be_attributed_meets_the_episodes_on_discontinuity(
+    vllm: Any, server: LiveServer, trainer: TrainerClient, then: str
+) -> None:
+    assert INLINE_RESULTS != QWEN3_RULES
+    episode = trainer.create_episode(**tokens_policy(vllm, chat_template=INLINE_RESULTS, on_discontinuity=then))
+    if then == "fail":
+        with pytest.raises(openai.APIStatusError) as refused:
+            chat_agent(episode, False)
+        assert "on_discontinuity is fail" in str(refused.value) and "\n" not in refused.value.message
+    else:
+        chat_agent(episode, False)
+    trainer.finish(episode.id)
+
+    turns = trainer.trajectory(episode.id).turns
+    served = [turn.reply.served for turn in turns if turn.reply and turn.reply.served]
+    assert [s["continued"] for s in served] == [None] * len(served)  # never silent: each says why not
+    assert all(s["not_continued"].startswith("discontinuity: ") for s in served[1:])
+    assert all(s["on_discontinuity"] == then for s in served[1:])
+    out = io.BytesIO()
+    engine_ = source(server.settings.database_url)
+    try:
+        counts = export(engine_, out, "tokens", Filters())
+    finally:
+        engine_.dispose()
+    lines = [orjson.loads(text) for text in out.getvalue().splitlines()]
+    assert counts.not_continued == len(served) - 1
+    sampled_ids = sum(len(sampled(turn.reply)[1]) for turn in turns if turn.reply and turn.reply.served)
+    if then == "branch":  # a line per call: every sampled id trained, once
+        assert len(served) == CALLS and [line["turn_ids"] for line in lines] == [[turn.id] for turn in turns]
+        assert sum(sum(line["loss_mask"]) for line in lines) == sampled_ids
+    elif then == "rerender":  # as before: the re-rendered history masks what the model sampled
+        assert len(served) == CALLS and sum(sum(line["loss_mask"]) for line in lines) < sampled_ids
+    else:  # fail closed: the call refused, the episode an infrastructure failure
+        assert len(served) == 1 and [turn.status for turn in turns] == ["answered", "failed"]
+        (line,) = lines
+        assert line["infrastructure_failure"] is True and "on_discontinuity is fail" in line["failure_reason"]
 
 
 # Real agents in sandboxes, each with its commands sampled from a few and given no way to say it is done: each runs

@@ -27,9 +27,10 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-STAMP = ".tiny_model_stamp"
+STAMP = ".model_stamp"  # in every model folder publish writes (the tiny one, SmolLM2)
 # Contractions, letter runs (with one leading non-letter), single digits, punctuation runs, newlines, spaces.
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -321,17 +322,25 @@ def build_model(out: Path, tokenizer) -> None:
 
 def build(out_dir: str | os.PathLike[str]) -> Path:
     """Builds the model into out_dir unless it already holds this script's build; returns its path."""
+
+    def fill(folder: Path) -> None:
+        build_model(folder, build_tokenizer(folder))
+
+    return publish(out_dir, stamp_text(), fill)
+
+
+def publish(out_dir: str | os.PathLike[str], stamp: str, fill: Callable[[Path], None]) -> Path:
+    """A model folder at out_dir written by fill, unless out_dir holds one with this stamp already (its STAMP file,
+    written last). Filled beside its place and renamed in, so a reader never sees half a model and two builders
+    don't mix. Also examples/models/smollm2.py's."""
     out = Path(out_dir).resolve()
-    stamp = stamp_text()
     if (out / STAMP).is_file() and (out / STAMP).read_text() == stamp:
         return out
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside its place and renamed in, so a reader never sees half a model and two builders don't mix.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tokenizer = build_tokenizer(tmp)
-        build_model(tmp, tokenizer)
+        fill(tmp)
         (tmp / STAMP).write_text(stamp)
         tmp.chmod(0o755)  # mkdtemp makes it private
         for f in tmp.iterdir():
@@ -350,7 +359,7 @@ def build(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], build: Callable[[str], Path] = build) -> int:
     if len(argv) != 2:
         print(f"usage: {argv[0]} OUT_DIR", file=sys.stderr)
         return 2

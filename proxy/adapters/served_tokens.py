@@ -7,8 +7,16 @@ messages only: the model goes on from exactly what it saw and sampled, whatever 
 make of the history in text (reasoning dropped, tool arguments re-serialised). Any other call is rendered in full
 by the model's own chat template. The ids go to the server's token endpoint (vLLM's completions with a token-id
 prompt, SGLang's `/generate` with `input_ids`); the text sampled becomes the agent's reply, its tool calls read
-by the model family's parser (`policy_options.tool_parser`). Where the text does not parse, the agent gets it as
-text and the turn records why (`served.parse_error`).
+by the model family's parser (`policy_options.tool_parser`, else its family's). Where the text does not parse, the
+agent gets it as text and the turn records why (`served.parse_error`).
+
+The family (`policy_options.family`, else the one the tokenizer says: `proxy/families`) is recorded on every turn
+(`served.family`). Every turn says whether it continued its parent (`served.continued`) and, where not, why
+(`served.not_continued`). Where a call extends its parent but the template cannot say which ids the new messages
+add (a discontinuity), `policy_options.on_discontinuity` decides: `branch` (the default) renders the call in full
+and starts a new line of the export there, so the earlier turns train on their own line and every sampled id is
+trained exactly once; `fail` refuses the call, an infrastructure failure of the episode (fail closed); `rerender`
+renders it in full within the branch, as before, where the export masks what no longer matches.
 
 Continued turns also render their whole conversation with the template, as a chat endpoint would, and record where
 that text first differs from the ids sent (`served.template_differs`): what chat mode would have lost. That costs
@@ -22,16 +30,29 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates
-from proxy.adapters.tool_parsers import parser
+from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
+from proxy.adapters.parsers import parser
+from proxy.adapters.renderer import Renderer
 from proxy.core.episodes import same_message
 from proxy.core.errors import UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id, text_of
+from proxy.families import GENERAL, Family
 
 # trajproxy's own options in tokens mode, never sent to the server
 TOKEN_OPTIONS = frozenset(
-    {"mode", "tokenizer", "tool_parser", "chat_template", "chat_template_kwargs", "check_template"}
+    {
+        "mode",
+        "tokenizer",
+        "tool_parser",
+        "chat_template",
+        "chat_template_kwargs",
+        "check_template",
+        "family",
+        "on_discontinuity",
+    }
 )
+ON_DISCONTINUITY = ("branch", "fail", "rerender")  # the first is the default
+FIRST_CALL = "the first call of its branch"  # as proxy/storage/samples.py reads it
 Post = Callable[[str, JsonObject, float], Awaitable[JsonObject]]
 Sampled = tuple[list[int] | None, list[int] | None, list[float] | None, str, str | None]
 
@@ -123,7 +144,8 @@ class TokenPolicy:
         tools = functions(request.get("tools"))
         template = await self._template(answerer, api_base)
         messages = [_message(m) for m in request.get("messages") or () if isinstance(m, dict)]
-        ids, continued = _prompt(template, messages, tools, parent)
+        on_discontinuity = str(options.get("on_discontinuity") or ON_DISCONTINUITY[0])
+        ids, continued, not_continued = _prompt(template, messages, tools, parent, on_discontinuity)
         differs = template.difference(ids, messages, tools) if _checked(options, continued, parent, messages) else None
         sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
         url = endpoint.url(api_base)
@@ -135,14 +157,20 @@ class TokenPolicy:
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
         if logprobs is not None and (len(logprobs) != len(completion) or not all(_number(v) for v in logprobs)):
             logprobs = None  # not one per sampled token: not to be trusted for a loss
-        message, parse_error = _reply_message(text, tools, str(options.get("tool_parser") or "hermes"))
+        family: Family = getattr(template, "family", GENERAL)
+        message, parse_error = _reply_message(text, tools, str(options.get("tool_parser") or family.tool_parser))
         served: JsonObject = {
             "server": endpoint.name,
             "mode": "tokens",
             "sampling": sampling,
             "continued": continued,
+            "family": family.name,
             "response": kept(response),
         }
+        if not_continued is not None:
+            served["not_continued"] = not_continued
+            if not_continued.startswith(_DISCONTINUITY):
+                served["on_discontinuity"] = on_discontinuity
         if differs is not None:
             served["template_differs"] = {"at": differs.at, "rendered": differs.rendered, "sent": differs.sent}
         if parse_error is not None:
@@ -168,30 +196,69 @@ class TokenPolicy:
             where = await self._model_root(api_base)
         kwargs = options.get("chat_template_kwargs")
         chat_template = options.get("chat_template")
+        family = options.get("family")
         which = (
             where,
             chat_template if isinstance(chat_template, str) else None,
             kwargs if isinstance(kwargs, dict) else None,
+            family if isinstance(family, str) else None,
         )
         if (loaded := self._templates.loaded(*which)) is not None:
             return loaded  # a thread only to load it: a hop per call wakes another thread, long on a busy machine
         return await asyncio.to_thread(self._templates.get, *which)
 
 
+_DISCONTINUITY = "discontinuity: "
+
+
 def _prompt(
-    template: ChatTemplate, messages: list[JsonObject], tools: list[JsonObject], parent: Turn | None
-) -> tuple[list[int], str | None]:
-    """The call's prompt ids, and the id of the turn they continue (None: rendered in full)."""
+    template: ChatTemplate,
+    messages: list[JsonObject],
+    tools: list[JsonObject],
+    parent: Turn | None,
+    on_discontinuity: str = ON_DISCONTINUITY[0],
+) -> tuple[list[int], str | None, str | None]:
+    """The call's prompt ids, the id of the turn they continue (None: rendered in full), and why not where not."""
     reply = parent.reply if parent is not None else None
-    if parent is not None and reply is not None and reply.message is not None:
-        prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
-        n = len(parent.request.get("messages") or ())
-        if prompt and sampled is not None and n < len(messages) and same_message(reply.message, messages[n]):
-            ended = bool(sampled) and sampled[-1] == template.end_of_turn
-            delta = template.delta(messages[n + 1 :], tools, ended)
-            if delta is not None:
-                return [*prompt, *sampled, *delta], parent.id
-    return template.prompt(messages, tools), None
+    if parent is None or reply is None or reply.message is None:
+        return template.prompt(messages, tools), None, FIRST_CALL
+    prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
+    n = len(parent.request.get("messages") or ())
+    if not prompt or sampled is None:
+        return template.prompt(messages, tools), None, "its parent's reply has no token ids"
+    if n >= len(messages) or not same_message(reply.message, messages[n]):
+        return template.prompt(messages, tools), None, "its history does not hold its parent's reply as it was given"
+    try:
+        delta = _delta(template, messages[n + 1 :], tools, sampled, messages[: n + 1])
+    except Discontinuity as e:
+        why = _DISCONTINUITY + " ".join(str(e).split())
+        if on_discontinuity == "fail":
+            raise UpstreamError(
+                f"token in, token out cannot attribute this call's ids ({why}); policy_options.on_discontinuity is fail"
+            ) from e
+        return template.prompt(messages, tools), None, why
+    return [*prompt, *sampled, *delta], parent.id, None
+
+
+def _delta(
+    template: Renderer,
+    new: list[JsonObject],
+    tools: list[JsonObject],
+    sampled: Sequence[int],
+    history: list[JsonObject],
+) -> list[int]:
+    """The template's ids for the new messages after the parent's sampled ids; Discontinuity where it cannot say."""
+    family: Family = getattr(template, "family", GENERAL)
+    ended = bool(sampled) and sampled[-1] in template.stops
+    delta = template.delta(new, tools, ended or family.ends_with_next_header, history)
+    if delta is None:
+        raise Discontinuity("the renderer cannot say what the new messages add after a reply")
+    if family.ends_with_next_header and ended:  # the model stopped on the role token that opens the new messages
+        if not delta or delta[0] != sampled[-1]:
+            stopped, opened = template.decode(sampled[-1:]), template.decode(delta[:1])
+            raise Discontinuity(f"the reply stopped on {stopped!r} but the new messages open {opened!r}")
+        return delta[1:]
+    return delta
 
 
 def _checked(options: JsonObject, continued: str | None, parent: Turn | None, messages: list[JsonObject]) -> bool:

@@ -67,6 +67,7 @@ def export_command(args: argparse.Namespace) -> int:
     console.print(
         f"wrote {counts.lines} line(s) ({args.shape} shape) from {counts.episodes} episode(s), "
         f"{counts.turns} turn(s), to {where}"
+        + (f"; {counts.not_continued} turn(s) did not continue their parent" if args.shape == "tokens" else "")
     )
     if staleness != UNBOUNDED:
         bounded = counts.bounded

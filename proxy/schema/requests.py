@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
+from proxy.families import BY_NAME
 from proxy.schema.fields import (
     HttpStatus,
     Json,
@@ -56,6 +57,11 @@ def _check_served(policy: str | None, options: dict[str, object]) -> None:
             raise ValueError(
                 f"policy_options.mode is 'tokens' (token in, token out) or 'chat', not {options['mode']!r}"
             )
+        if options.get("on_discontinuity", "branch") not in ("branch", "fail", "rerender"):
+            chosen = options["on_discontinuity"]
+            raise ValueError(f"policy_options.on_discontinuity is 'branch', 'fail' or 'rerender', not {chosen!r}")
+        if "family" in options and options["family"] not in BY_NAME:
+            raise ValueError(f"policy_options.family is one of {', '.join(sorted(BY_NAME))}, not {options['family']!r}")
 
 
 class RouteIn(_Strict):

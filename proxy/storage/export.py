@@ -46,7 +46,7 @@ from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
 from proxy.storage.database_lock import database_url, one_line
 from proxy.storage.engines import engine_url
-from proxy.storage.samples import sample_lines, turn_failure
+from proxy.storage.samples import not_continued, sample_lines, turn_failure
 from proxy.storage.sql import episodes, rewards, turns
 from proxy.storage.staleness import UNBOUNDED, Bounded, Staleness, bound, version_order
 from proxy.storage.stored_turns import CHAIN_COLUMNS, ID_COLUMNS, with_requests
@@ -85,6 +85,7 @@ class Counts:
     episodes: int = 0
     lines: int = 0
     turns: int = 0
+    not_continued: int = 0  # tokens-mode turns that did not continue their parent (served.not_continued)
     bounded: Bounded = field(default_factory=Bounded)  # what the staleness bounds masked and dropped
 
 
@@ -137,6 +138,7 @@ def export(
                 counts.episodes += written > 0
                 counts.lines += written
                 counts.turns += len(answered)
+                counts.not_continued += sum(1 for turn in answered if turn.reply and not_continued(turn.reply))
     except SQLAlchemyError as e:
         raise StorageError(f"the database failed: {e}") from e
     return counts

@@ -9,9 +9,11 @@ earlier reasoning, an agent that edits its history) inside what came after the f
 there and goes on with the call's prompt (loss mask 0), so an earlier output is masked from the cut on, and `drifts`
 says where and how many sampled ids lost their loss; where it drifts inside the first prompt, a new line starts.
 
-Each call's sampled ids are in exactly one line, so no sampled token is trained twice. A line whose prompt begins
-with another line's sampled tokens (a sub-agent restarting from its parent's history) holds them at no loss, and
-`shared_prefix` names the line that trains them.
+A call that token in, token out could not continue, rendered in full with `on_discontinuity: branch`, starts a
+line of its own, so that the line before keeps the loss of every id it sampled. Each call's sampled ids are in
+exactly one line, so no sampled token is trained twice. A line whose prompt begins with another line's sampled
+tokens (a sub-agent restarting from its parent's history) holds them at no loss, and `shared_prefix` names the line
+that trains them.
 
 An episode whose infrastructure failed (cancelled; failed with no reward, as the runner records a lost sandbox or a
 passed deadline; a call failed by a model or server that went down) is flagged `infrastructure_failure`, for
@@ -32,6 +34,7 @@ from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject
 
 SAMPLE_VERSION = 1
+FIRST_CALL = "the first call of its branch"  # served.not_continued of a call with no parent to continue
 SCHEMA_FILE = "sample.schema.json"
 # How the core words a turn that failed only because its episode ended under it (the trainer finished the episode
 # while the agent waited): the episode's own status tells that story, so such a turn is no failure of its own.
@@ -161,18 +164,32 @@ def _sequences(answered: list[Any]) -> list[tuple[int, _Sequence]]:
         if prompt is None or completion is None:
             continue
         sequence = open_.get(turn.branch)
-        if sequence is not None:
+        if sequence is not None and not branches_here(reply):
             at = first_difference(sequence.tokens(), prompt)
             if at is None or at >= len(sequence.prompt_ids):
                 if at is not None:
                     sequence.cut(at, turn.id)
                 sequence.add(turn, prompt[len(sequence.tokens()) :])
                 continue
+        if sequence is not None:
             finished.append((turn.branch, sequence))
         sequence = open_[turn.branch] = _Sequence(prompt)
         sequence.add(turn, [])
     finished += open_.items()
     return sorted(finished, key=lambda item: item[0])
+
+
+def branches_here(reply: JsonObject) -> bool:
+    """Whether token in, token out rendered this call in full at a discontinuity and asked for a line of its own
+    (`on_discontinuity: branch`): its earlier turns train on their own line, never masked by this one."""
+    served = reply.get("served")
+    return isinstance(served, dict) and served.get("on_discontinuity") == "branch"
+
+
+def not_continued(reply: JsonObject) -> bool:
+    """Whether a tokens-mode turn did not continue its parent though it was not its branch's first call."""
+    served = reply.get("served")
+    return isinstance(served, dict) and served.get("not_continued") not in (None, FIRST_CALL)
 
 
 def _shared_prefix(index: int, sequences: list[tuple[int, _Sequence]]) -> JsonObject | None:
