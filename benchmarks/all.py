@@ -3,8 +3,9 @@
     python benchmarks/all.py [--repeats 3] [--database-url postgresql+psycopg://...] [--quick]
 
 Turns, what one turn costs in-process, overhead, capacity, large calls, storage, sandbox start, task formats, forks,
-the web page, floods on the sandbox socket and replicas behind HAProxy, in that order, with the settings their own
-scripts default to (--quick: the short smoke settings, once each). With --database-url, turns and storage run on
+the web page, floods on the sandbox socket, the served policy (its overhead, and a long episode's cost per turn) and
+replicas behind HAProxy, in that order, with the settings their own scripts default to (--quick: the short smoke
+settings, once each). With --database-url, turns and storage run on
 that Postgres too (a scratch schema per run), and so do the replicas (a database per run; without it, or without
 HAProxy, they are left out with a note). The sandbox benchmark is left out, with a note, if no Docker engine
 answers. Each figure is the median of its runs; errors are summed over them.
@@ -291,6 +292,7 @@ BENCHMARKS = {
     "ui": script("ui.py", "The web page"),
     "flood": script("flood.py", "Floods on the sandbox socket"),
     "served": script("served_overhead.py", "The served policy's overhead over calling vLLM directly"),
+    "long-episode": script("long_episode.py", "A long episode: each turn's cost against its context"),
     "replicas": run_replicas,
 }
 

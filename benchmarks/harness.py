@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import sqlalchemy
@@ -123,6 +124,15 @@ def start_server(
     return start_pinned(command, health, open_files=open_files, wrapper=spy, pinned=pinned)
 
 
+def print_table(title: str, columns: Sequence[tuple[str, str, str]], rows: list[dict[str, Any]]) -> None:
+    """Rows as a markdown table under a `###` title: a column per (header, key, format)."""
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header for header, _, _ in columns) + " |")
+    print("|" + "|".join("---:" for _ in columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(format(row[key], style) for _, key, style in columns) + " |", flush=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (q in 0..100, to a tenth); nan if there are no values."""
     if len(values) < 2:
@@ -133,10 +143,13 @@ def percentile(values: list[float], q: float) -> float:
 @contextlib.contextmanager
 def fresh_database(url: str | None) -> Iterator[str]:
     """A fresh, empty database for one run: a SQLite file (no `url`), or a scratch schema of the Postgres at
-    `url`, dropped afterwards."""
+    `url`, dropped afterwards (a SQLite `url`: that file, the caller's)."""
     if url is None:
         with tempfile.TemporaryDirectory() as folder:
             yield f"sqlite:///{folder}/bench.db"
+        return
+    if url.startswith("sqlite"):
+        yield url
         return
     with fresh_schema(url) as scoped:
         yield scoped

@@ -45,7 +45,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the checkout: testkit/vllm_server.py
-from harness import exit_on_sigterm, percentile
+from harness import exit_on_sigterm, percentile, print_table
 from measured_server import Server, trajproxy
 
 from testkit.vllm_server import build_tiny_model, copy_model, vllm_python, vllm_server
@@ -314,13 +314,10 @@ COLUMNS = [
 
 
 def table(rows: list[dict[str, Any]]) -> None:
-    print("\n### The served policy's overhead over calling vLLM directly (`served_overhead.py`)\n")
-    print("| " + " | ".join(header for header, _, _ in COLUMNS) + " |")
-    print("|" + "|".join("---:" for _ in COLUMNS) + "|")
     for row in rows:
         row["recorded_of"] = f"{row['recorded']}/{row['expected']}"
         row["cpu_split"] = f"{row['main_cpu_ms']:.2f} / {row['other_cpu_ms']:.2f}"
-        print("| " + " | ".join(format(row[key], style) for _, key, style in COLUMNS) + " |", flush=True)
+    print_table("The served policy's overhead over calling vLLM directly (`served_overhead.py`)", COLUMNS, rows)
 
 
 def main() -> None:

@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 import orjson
 import sqlalchemy
 
-from proxy.storage.content import turns_of
 from proxy.storage.engines import engine_url
 from proxy.storage.sql import turns
+from proxy.storage.stored_turns import turns_of
 
 
 @dataclass(slots=True)

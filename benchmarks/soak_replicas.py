@@ -41,8 +41,8 @@ from replica_set import SHARED, NoBalancer, Replica, balancer, count_turns, repl
 from soak import KEEPALIVE_S, LEASE_S, RETRY_GRACE_S, STREAM_P, TURN_TIMEOUT_S, Trainer, chat, content_of, episodes
 from soak_ledger import Call, Row, account, recorded
 
-from proxy.storage.content import wire_bodies
 from proxy.storage.engines import engine_url
+from proxy.storage.stored_turns import wire_bodies
 
 REPLICAS = 3
 FAILED_OVER = (502, 503)  # the balancer's: the replica died under the call, or none was up for a moment

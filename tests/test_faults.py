@@ -27,8 +27,8 @@ from fastapi import FastAPI, Request
 
 from proxy.client import TrainerClient, TrajproxyAPIError
 from proxy.storage.content import turns as turn_table
-from proxy.storage.content import turns_of
 from proxy.storage.engines import engine_url
+from proxy.storage.stored_turns import turns_of
 from testkit.tasks import ROOT
 from tests.conftest import LiveServer, serve_app
 from tests.test_cli import EXIT_S, clean_env, free_port, serving

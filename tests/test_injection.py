@@ -20,8 +20,9 @@ from sqlalchemy import select
 from proxy.app import create_app
 from proxy.client import AsyncTrainerClient, TrainerClient
 from proxy.settings import Settings
-from proxy.storage.content import turns, turns_of
+from proxy.storage.content import turns
 from proxy.storage.export import source
+from proxy.storage.stored_turns import turns_of
 from sandbox.agents.bundles import Bundle, BundleError, Bundles
 from sandbox.agents.injection import InjectedAgent
 from sandbox.agents.manifests import load

@@ -62,13 +62,14 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-def previous_package(folder: Path) -> Path:
-    """The previous release's `proxy` package, unpacked from git into `folder`."""
+def previous_package(folder: Path, commit: str = PREVIOUS) -> Path:
+    """The `proxy` package of a previous commit (by default the previous release's), unpacked from git into
+    `folder`."""
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", PREVIOUS, "proxy"], capture_output=True, check=False, timeout=60
+        ["git", "-C", str(ROOT), "archive", commit, "proxy"], capture_output=True, check=False, timeout=60
     )
     if archive.returncode != 0:
-        pytest.skip(f"git cannot give commit {PREVIOUS}'s files (a shallow clone?): {archive.stderr.decode()[:200]}")
+        pytest.skip(f"git cannot give commit {commit}'s files (a shallow clone?): {archive.stderr.decode()[:200]}")
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True, timeout=60)
     return folder

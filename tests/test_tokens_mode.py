@@ -85,7 +85,8 @@ def checks(vllm: Any, turns: list[Any]) -> list[dict[str, Any]]:
 def test_every_dialect_continues_its_ids_and_every_sampled_id_is_trained(
     vllm: Any, server: LiveServer, trainer: TrainerClient, dialect: str, stream: bool
 ) -> None:
-    episode = trainer.create_episode(**tokens_policy(vllm, chat_template=QWEN3_RULES))
+    # every continued turn checks the template (by default, only some do)
+    episode = trainer.create_episode(**tokens_policy(vllm, chat_template=QWEN3_RULES, check_template="every"))
     got = AGENTS[dialect](episode, stream)
     trainer.finish(episode.id)
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from proxy.storage.export import Filters, export, source
+from proxy.storage.token_ids import unpack
 from testkit.vllm_server import build_tiny_model
 
 pytestmark = pytest.mark.timeout(900)
@@ -77,15 +78,16 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     assert done.stdout.splitlines()[-1] == f"trajproxy train: {said}"  # the run's last line says where all is
     # every sampled id recorded as vLLM sampled it, and trained in the export
     with sqlite3.connect(out / "trajproxy.db") as db:
-        replies = [json.loads(reply) for (reply,) in db.execute("SELECT reply FROM turn ORDER BY created_at")]
+        query = "SELECT reply, token_ids FROM turn ORDER BY created_at"
+        replies = [(json.loads(reply), unpack(ids)[2]) for reply, ids in db.execute(query)]
         ended = db.execute("SELECT status, reason FROM episode").fetchall()
     # --max-turns refused each agent's next call: every episode a graded truncation, none failed
     assert len(ended) == 8, ended
     assert all(status == "finished" and reason.startswith("truncated: ") for status, reason in ended), ended
     assert len(replies) == 2 * 4 * TURNS
-    for reply in replies:
-        assert reply["completion_token_ids"] == reply["served"]["response"]["choices"][0]["token_ids"]
-    assert [reply.get("extends_parent") for reply in replies].count(True) == 2 * 4 * (TURNS - 1)
+    for reply, ids in replies:
+        assert list(ids or ()) == reply["served"]["response"]["choices"][0]["token_ids"]
+    assert [reply.get("extends_parent") for reply, _ in replies].count(True) == 2 * 4 * (TURNS - 1)
     engine_ = source(f"sqlite:///{out / 'trajproxy.db'}")
     try:
         exported = io.BytesIO()
@@ -94,7 +96,7 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
         engine_.dispose()
     samples = [json.loads(line) for line in exported.getvalue().splitlines()]
     assert len(samples) == 8 and all(len(s["turns"]) == TURNS for s in samples)
-    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(r["completion_token_ids"]) for r in replies)
+    assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(ids or ()) for _, ids in replies)
     for sample in samples:  # loss on each call's sampled ids, none on the environment's between them
         sampled = {i for span in sample["turns"] for i in range(span["start"], span["end"])}
         assert sample["loss_mask"] == [int(i in sampled) for i in range(len(sample["completion_ids"]))]

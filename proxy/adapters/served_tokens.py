@@ -18,8 +18,10 @@ and starts a new line of the export there, so the earlier turns train on their o
 trained exactly once; `fail` refuses the call, an infrastructure failure of the episode (fail closed); `rerender`
 renders it in full within the branch, as before, where the export masks what no longer matches.
 
-Each continued turn also renders its whole conversation with the template, as a chat endpoint would, and records
-where that text first differs from the ids sent (`served.template_differs`): what chat mode would have lost.
+Continued turns also render their whole conversation with the template, as a chat endpoint would, and record where
+that text first differs from the ids sent (`served.template_differs`): what chat mode would have lost. That costs
+the whole conversation, so by default only the turns whose message count reaches a power of two check
+(`_checked`; `check_template: "every"` checks each).
 """
 
 from __future__ import annotations
@@ -144,14 +146,13 @@ class TokenPolicy:
         messages = [_message(m) for m in request.get("messages") or () if isinstance(m, dict)]
         on_discontinuity = str(options.get("on_discontinuity") or ON_DISCONTINUITY[0])
         ids, continued, not_continued = _prompt(template, messages, tools, parent, on_discontinuity)
-        differs = (
-            template.difference(ids, messages, tools) if continued and options.get("check_template", True) else None
-        )
+        check = getattr(template, "difference", None)  # the jinja template's: official renderers have no text
+        differs = check(ids, messages, tools) if check and _checked(options, continued, parent, messages) else None
         sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
         url = endpoint.url(api_base)
         response = await self._post(url, endpoint.ask(answerer.model, ids, sampling), timeout_s)
         read, completion, logprobs, text, why = endpoint.sampled(response)
-        if read is not None and list(read) != ids:
+        if read is not None and read != ids:  # one comparison at C speed (both lists, from JSON and `_prompt`)
             raise UpstreamError("the policy's server read other prompt ids than it was sent")
         if not isinstance(completion, list) or not all(isinstance(i, int) for i in completion):
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
@@ -165,7 +166,7 @@ class TokenPolicy:
             "sampling": sampling,
             "continued": continued,
             "family": family.name,
-            "response": {k: v for k, v in response.items() if k != "prompt_token_ids"},
+            "response": kept(response),
         }
         if not_continued is not None:
             served["not_continued"] = not_continued
@@ -185,6 +186,8 @@ class TokenPolicy:
             logprobs=tuple(float(v) for v in logprobs) if logprobs is not None else None,
             served=served,
             policy_version=_version(response.get("policy_version")),
+            # by construction: its parent's prompt and sampled ids, then more
+            extends_parent=True if continued else None,
         )
 
     async def _template(self, answerer: Answerer, api_base: str) -> ChatTemplate:
@@ -259,6 +262,20 @@ def _delta(
     return delta
 
 
+def _checked(options: JsonObject, continued: str | None, parent: Turn | None, messages: list[JsonObject]) -> bool:
+    """Whether this continued turn's whole conversation is rendered to find where the template would differ: on
+    every turn with `check_template: "every"`, never with false, and by default on the turns whose message count
+    reaches a power of two (a branch's 8th message, 16th, 32nd, ...), so that the check, which costs the whole
+    conversation, costs a constant per turn on average."""
+    check = options.get("check_template", True)
+    if continued is None or parent is None or not check:
+        return False
+    if check == "every":
+        return True
+    before = len(parent.request.get("messages") or ())
+    return before.bit_length() < len(messages).bit_length()
+
+
 # Parsing is linear in the output, yet a long one would hold the loop, and every other call, for that long.
 _PARSED_ON_THE_LOOP_CHARS = 16_384
 
@@ -306,6 +323,22 @@ def functions(tools: Any) -> list[JsonObject]:
             fields = ("name", "description", "parameters", "strict")
             kept.append({"type": "function", "function": {k: function[k] for k in fields if k in function}})
     return kept
+
+
+def kept(response: JsonObject) -> JsonObject:
+    """The server's answer as kept on the turn: verbatim, less what the reply holds already: the prompt ids it echoes
+    (on every turn, the whole conversation's) and the sampled ids' logprobs (with each token's text, and its top
+    alternatives where asked)."""
+    kept = {k: v for k, v in response.items() if k != "prompt_token_ids"}
+    if isinstance(choices := response.get("choices"), list):
+        kept["choices"] = [_kept_choice(choice) for choice in choices]
+    return kept
+
+
+def _kept_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    return {k: v for k, v in choice.items() if k not in ("prompt_token_ids", "logprobs")}
 
 
 def _finish(choice: JsonObject) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions
+from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
 
@@ -203,7 +203,7 @@ def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: Json
         prompt_token_ids=tuple(prompt),
         completion_token_ids=tuple(completion),
         logprobs=tuple(logprobs) if logprobs is not None else None,
-        served={"server": server.name, "mode": "chat", "sampling": sampling, "response": _kept(response)},
+        served={"server": server.name, "mode": "chat", "sampling": sampling, "response": kept(response)},
     )
 
 
@@ -226,11 +226,6 @@ def _sampled(entries: Any) -> tuple[list[int], list[float]] | None:
     return ids, logprobs
 
 
-def _kept(response: JsonObject) -> JsonObject:
-    """The server's answer as kept on the turn: verbatim, less the prompt ids the reply holds already."""
-    return {k: v for k, v in response.items() if k != "prompt_token_ids"}
-
-
 def _logprobs(choice: JsonObject) -> list[float] | None:
     content = (choice.get("logprobs") or {}).get("content")
     if not isinstance(content, list):
@@ -246,7 +241,10 @@ def _number(value: Any) -> bool:
 def _int_list(value: Any, empty: bool = False) -> bool:
     if not isinstance(value, list) or (not value and not empty):
         return False
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    try:  # one pass at C speed (the prompt's ids are the whole conversation's): a float makes the sum a float
+        return isinstance(sum(value), int)
+    except TypeError:  # a string, a null, a list
+        return False
 
 
 def _why(content: bytes, reason: str | None) -> str:

@@ -180,13 +180,13 @@ class Answers:
             return None
 
     async def _chained(self, turn: Turn, reply: Reply) -> Reply:
-        if reply.prompt_token_ids is None or turn.parent_id is None:
-            return reply
+        if reply.prompt_token_ids is None or turn.parent_id is None or reply.extends_parent is not None:
+            return reply  # (a served policy in tokens mode builds its prompt from its parent's ids: it says so)
         found = await self._parent(turn)
         parent = found.reply if found is not None else None
         if parent is None or parent.prompt_token_ids is None or parent.completion_token_ids is None:
             return reply
-        drift_at = first_difference(parent.prompt_token_ids + parent.completion_token_ids, reply.prompt_token_ids)
+        drift_at = extension_of(parent.prompt_token_ids, parent.completion_token_ids, reply.prompt_token_ids)
         return replace(reply, extends_parent=drift_at is None, drift_at=drift_at)
 
     async def _with_usage(self, replies: list[tuple[Turn, Reply]]) -> list[Reply]:
@@ -385,6 +385,14 @@ def same_reply(recorded: Reply, offered: Reply) -> bool:
     if offered.policy_version is None:
         recorded = replace(recorded, policy_version=None)
     return replace(recorded, extends_parent=None, drift_at=None) == offered
+
+
+def extension_of(prompt: tuple[int, ...], sampled: tuple[int, ...], later: tuple[int, ...]) -> int | None:
+    """Where `later` stops extending `prompt` then `sampled` (None: it extends them all), compared at C speed."""
+    n, m = len(prompt), len(sampled)
+    if len(later) >= n + m and later[:n] == prompt and later[n : n + m] == sampled:
+        return None
+    return first_difference(prompt + sampled, later)
 
 
 def first_difference(earlier: Sequence[int], prompt: Sequence[int]) -> int | None:

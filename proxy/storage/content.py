@@ -14,24 +14,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from sqlalchemy import Connection, Executable, and_, or_, select
+from sqlalchemy import Executable
 from sqlalchemy.dialects import postgresql, sqlite
 
-from proxy.core.errors import StorageError
 from proxy.core.values import AgentError, JsonObject, Reply, Turn, TurnStatus, Usage
-from proxy.storage.pieces import (
-    cut,
-    decode_parts,
-    encode_parts,
-    pack,
-    request_from,
-    unpack,
-)
+from proxy.storage.pieces import cut, encode_parts, pack
 from proxy.storage.tables import Op, PieceRow, TurnRow
+from proxy.storage.token_ids import Ids, Lengths, whole_ids
 
 pieces = PieceRow.__table__  # type: ignore[attr-defined]
 turns = TurnRow.__table__  # type: ignore[attr-defined]
@@ -42,16 +34,18 @@ CHAIN = 32  # a turn's lists are written whole at least once in this many turns 
 INLINE_BELOW = 2048
 _KNOWN = 1 << 18  # hashes of pieces this process knows are stored (it skips writing them again)
 _HELD = 1 << 19  # hashes held for episodes' last turns, all episodes together
-_AT_ONCE = 500  # hashes or ranges in one SELECT (under SQLite's and Postgres's limits on parameters)
 
 
 # A turn's row
 
 
-def turn_state(turn: Turn) -> dict[str, Any]:
-    """The columns of a turn that change after it is parked."""
+def turn_state(turn: Turn, token_ids: bytes | Literal[False] | None = False) -> dict[str, Any]:
+    """The columns of a turn that change after it is parked; `token_ids`, its reply's ids as written
+    (`proxy.storage.token_ids`: None, in its JSON), by default written whole."""
     reply = turn.reply
     usage = reply.usage if reply else None
+    if token_ids is False:
+        token_ids = whole_ids(reply) if reply is not None and has_ids(reply) else None
     return {
         "id": turn.id,
         "status": turn.status.value,
@@ -60,7 +54,8 @@ def turn_state(turn: Turn) -> dict[str, Any]:
         "answered_at": turn.answered_at,
         "ended_at": turn.ended_at,
         "reason": turn.reason,
-        "reply": _reply_json(reply) if reply else None,
+        "reply": _reply_json(reply, token_ids is None) if reply else None,
+        "token_ids": token_ids,
         "answered_by": reply.answered_by if reply else None,
         "policy_version": reply.policy_version if reply else None,
         "cost_usd": reply.cost_usd if reply else None,
@@ -78,6 +73,7 @@ TURN_STATE = (
     "ended_at",
     "reason",
     "reply",
+    "token_ids",
     "answered_by",
     "policy_version",
     "cost_usd",
@@ -105,8 +101,9 @@ def turn_row(turn: Turn) -> dict[str, Any]:
     }
 
 
-def turn_from(row: Any, wire: bytes, request: JsonObject) -> Turn:
-    """The turn a row holds, given its wire body and request put back together from their pieces."""
+def turn_from(row: Any, wire: bytes, request: JsonObject, ids: Ids | None) -> Turn:
+    """The turn a row holds, given its wire body and request put back together from their pieces, and its reply's
+    prompt and sampled ids from its chain of parents (`proxy.storage.token_ids`)."""
     return Turn(
         id=row.id,
         episode_id=row.episode_id,
@@ -122,7 +119,7 @@ def turn_from(row: Any, wire: bytes, request: JsonObject) -> Turn:
         leased_at=row.leased_at,
         answered_at=row.answered_at,
         ended_at=row.ended_at,
-        reply=_reply_from(row) if row.reply is not None else None,
+        reply=_reply_from(row, ids or (None, None)) if row.reply is not None else None,
         reason=row.reason,
         trainable=row.trainable,
         branch=row.branch,
@@ -130,11 +127,16 @@ def turn_from(row: Any, wire: bytes, request: JsonObject) -> Turn:
     )
 
 
-def _reply_json(reply: Reply) -> JsonObject:
+def has_ids(reply: Reply) -> bool:
+    return reply.prompt_token_ids is not None or reply.completion_token_ids is not None
+
+
+def _reply_json(reply: Reply, with_ids: bool) -> JsonObject:
+    """The reply's JSON: its ids too where they are not in `token_ids`."""
     data: JsonObject = {"message": reply.message, "finish_reason": reply.finish_reason}
     if reply.error is not None:
         data["error"] = {"status": reply.error.status, "message": reply.error.message, "type": reply.error.kind}
-    for name in ("prompt_token_ids", "completion_token_ids", "logprobs"):
+    for name in ("prompt_token_ids", "completion_token_ids", "logprobs") if with_ids else ("logprobs",):
         value = getattr(reply, name)
         if value is not None:
             data[name] = list(value)
@@ -144,22 +146,17 @@ def _reply_json(reply: Reply) -> JsonObject:
     return data
 
 
-def _reply_from(row: Any) -> Reply:
+def _reply_from(row: Any, ids: Ids) -> Reply:
     data = row.reply
     error = data.get("error")
-
-    def ints(name: str) -> tuple[int, ...] | None:
-        value = data.get(name)
-        return tuple(value) if value is not None else None
-
     logprobs = data.get("logprobs")
     return Reply(
         message=data.get("message"),
         finish_reason=data.get("finish_reason"),
         usage=Usage(row.prompt_tokens, row.completion_tokens) if row.prompt_tokens is not None else None,
         error=AgentError(error["status"], error["message"], error["type"]) if error else None,
-        prompt_token_ids=ints("prompt_token_ids"),
-        completion_token_ids=ints("completion_token_ids"),
+        prompt_token_ids=ids[0],
+        completion_token_ids=ids[1],
         logprobs=tuple(logprobs) if logprobs is not None else None,
         policy_version=row.policy_version,
         answered_by=row.answered_by or "trainer",
@@ -201,22 +198,34 @@ class Contents:
 
     def __init__(self, dialect: str) -> None:
         self.insert = insert_pieces(dialect)
-        self._known: OrderedDict[bytes, None] = OrderedDict()
+        self._known: OrderedDict[bytes, bytes] = OrderedDict()  # each hash to itself: one object per piece held
         self._last: OrderedDict[str, _Last] = OrderedDict()
         self._held = 0
+        self.lengths = Lengths()  # how many ids the turns written hold, for their children's prompts
 
     def write(self, turn: Turn, statement: Executable, shape: Callable[[dict[str, Any]], dict[str, Any]]) -> TurnWrite:
         """The write of a new turn: `statement` run with `shape` of its row (its columns, pieces' lists included)."""
         return TurnWrite(self, turn, statement, shape)
 
+    def save(
+        self, batch: Sequence[Turn], statement: Executable, shape: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> TurnsSaved:
+        """The write of turns' changed columns: `statement` run with `shape` of each turn's (`turn_state`), its
+        reply's ids written against its parent's (on the writer thread, which knows how many ids a parent holds)."""
+        return TurnsSaved(self.lengths, batch, statement, shape)
+
     def learn(self, stored: Sequence[bytes], last: _Last) -> None:
         """A write committed: its pieces are stored, and its turn is its episode's last."""
         known = self._known
         for h in stored:
-            known[h] = None
+            known[h] = h
             known.move_to_end(h)
         while len(known) > _KNOWN:
             known.popitem(last=False)
+        # The lists held name each piece by the object `known` holds, not the one cutting this turn made: episodes
+        # whose calls share pieces (a system prompt, tools) then hold one 33-byte object each, not one per episode
+        last.wire = [known.get(h, h) for h in last.wire]
+        last.request = [known.get(h, h) for h in last.request]
         if (before := self._last.pop(last.episode_id, None)) is not None:
             self._held -= len(before.wire) + len(before.request)
         self._last[last.episode_id] = last
@@ -272,112 +281,39 @@ class TurnWrite:
             self._contents.learn(*self._written)
 
 
+class TurnsSaved:
+    """Turns' changed columns, their replies' ids written against their parents' on the writer thread (`ops`), how
+    many ids each holds learned once they commit (`committed`)."""
+
+    def __init__(
+        self,
+        lengths: Lengths,
+        batch: Sequence[Turn],
+        statement: Executable,
+        shape: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> None:
+        self._lengths = lengths
+        self._batch = batch
+        self._statement = statement
+        self._shape = shape
+        self._learnt: list[tuple[str, int]] = []
+
+    def ops(self) -> tuple[list[Op], list[Op]]:
+        rows = []
+        self._learnt = []
+        for turn in self._batch:
+            column, learnt = (None, None)
+            if turn.reply is not None and has_ids(turn.reply):
+                column, learnt = self._lengths.column(turn)
+            rows.append(self._shape(turn_state(turn, column)))
+            if learnt is not None:
+                self._learnt.append(learnt)
+        return [], [(self._statement, rows)]
+
+    def committed(self) -> None:
+        if self._learnt:  # (a call without ids runs nothing of token_ids.py: tests/test_call_trace.py)
+            self._lengths.learn(self._learnt)
+
+
 def _json(turn: Turn) -> bytes:
     return orjson.dumps(turn.request)
-
-
-# Reading
-
-
-def turns_of(conn: Connection, rows: Sequence[Any]) -> list[Turn]:
-    """The turns these rows (all of `turn`'s columns) hold, their wire bodies and requests put back together."""
-    wires, requests = _contents(conn, rows, wires=True)
-    return [turn_from(row, wire, request) for row, wire, request in zip(rows, wires, requests, strict=True)]
-
-
-def with_requests(conn: Connection, rows: Sequence[Any]) -> list[SimpleNamespace]:
-    """These rows (of `turn`'s columns, with `CHAIN_COLUMNS`), each with its request put back together as `request`
-    (not its wire body, which is not read)."""
-    _, requests = _contents(conn, rows, wires=False)
-    return [SimpleNamespace(**row._mapping, request=request) for row, request in zip(rows, requests, strict=True)]
-
-
-def wire_bodies(conn: Connection, rows: Sequence[Any]) -> list[bytes]:
-    """The wire bodies of these rows (with `id`, `episode_id`, `seq` and `CHAIN_COLUMNS`)."""
-    return _contents(conn, rows, wires=True)[0]
-
-
-CHAIN_COLUMNS = (turns.c.base_id, turns.c.whole_seq, turns.c.wire_parts, turns.c.request_parts)
-
-
-def _contents(conn: Connection, rows: Sequence[Any], wires: bool) -> tuple[list[bytes], list[JsonObject]]:
-    if not rows:
-        return [], []
-    chains: dict[str, tuple[str | None, bytes, bytes]] = {}
-    for row in rows:
-        if row.wire_parts is None:
-            raise StorageError(f"turn {row.id} was not upgraded: restart trajproxy to finish the database's upgrade")
-        if row.whole_seq is not None:
-            chains[row.id] = (row.base_id, row.wire_parts, row.request_parts)
-    pieced = [row for row in rows if row.whole_seq is not None]
-    _bases(conn, pieced, chains)
-    lists: dict[str, tuple[list[bytes], list[bytes]]] = {}
-    for row in pieced:
-        _lists(row.id, chains, lists)
-    values = _pieces(conn, [lists[row.id] for row in pieced], wires)
-    decoded: dict[bytes, Any] = {}
-    wire_bodies: list[bytes] = []
-    requests: list[JsonObject] = []
-    for row in rows:
-        if row.whole_seq is None:  # stored as it is
-            if wires:
-                wire_bodies.append(bytes(row.wire_parts))
-            requests.append(orjson.loads(row.request_parts))
-            continue
-        wire, request = lists[row.id]
-        for h in request:
-            if h not in decoded:
-                decoded[h] = orjson.loads(values[h])
-        if wires:
-            wire_bodies.append(b"".join([values[h] for h in wire]))
-        requests.append(request_from(request, decoded))
-    return wire_bodies, requests
-
-
-def _bases(conn: Connection, rows: Sequence[Any], chains: dict[str, tuple[str | None, bytes, bytes]]) -> None:
-    """Read the rows of the bases these turns' lists are written against, each chain in one range of its episode's
-    seqs (from the turn whose lists are whole)."""
-    spans: dict[str, tuple[int, int]] = {}
-    for row in rows:
-        if row.base_id is not None and row.base_id not in chains:
-            low, high = spans.get(row.episode_id, (row.whole_seq, row.seq))
-            spans[row.episode_id] = (min(low, row.whole_seq), max(high, row.seq))
-    ranges = list(spans.items())
-    for at in range(0, len(ranges), _AT_ONCE):
-        within = [
-            and_(turns.c.episode_id == episode_id, turns.c.seq >= low, turns.c.seq < high)
-            for episode_id, (low, high) in ranges[at : at + _AT_ONCE]
-        ]
-        bases = select(turns.c.id, turns.c.base_id, *CHAIN_COLUMNS[1:]).where(or_(*within))
-        for base in conn.execute(bases):
-            if base.whole_seq is not None:  # a turn stored as it is is no one's base
-                chains.setdefault(base.id, (base.base_id, base.wire_parts, base.request_parts))
-
-
-def _lists(turn_id: str, chains: dict[str, tuple[str | None, bytes, bytes]], lists: dict[str, Any]) -> None:
-    """Put a turn's lists of hashes together from its chain of bases (each turn's once)."""
-    path: list[str] = []
-    at: str | None = turn_id
-    while at is not None and at not in lists:
-        if at not in chains:
-            raise StorageError(f"the database lacks turn {at}, on which turn {turn_id}'s content is written")
-        path.append(at)
-        at = chains[at][0]
-    for step in reversed(path):
-        base_id, wire_parts, request_parts = chains[step]
-        base = lists[base_id] if base_id is not None else (None, None)
-        lists[step] = (decode_parts(wire_parts, base[0]), decode_parts(request_parts, base[1]))
-
-
-def _pieces(conn: Connection, needed: Sequence[tuple[list[bytes], list[bytes]]], wires: bool) -> dict[bytes, bytes]:
-    """Every piece these turns' lists (wire body, request) name, each read once: the turns' own, not those of the
-    bases their lists were read from, so that a page of an episode's turns reads about the page."""
-    wanted = sorted({h for wire, request in needed for h in (*(wire if wires else ()), *request)})
-    found: dict[bytes, bytes] = {}
-    for at in range(0, len(wanted), _AT_ONCE):
-        some = wanted[at : at + _AT_ONCE]
-        for h, data in conn.execute(select(pieces.c.hash, pieces.c.data).where(pieces.c.hash.in_(some))):
-            found[bytes(h)] = unpack(bytes(data))
-    if len(found) < len(wanted):
-        raise StorageError(f"the database lacks {len(wanted) - len(found)} piece(s) of turns' content")
-    return found

@@ -44,12 +44,12 @@ from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject, episode_return, text_of
 from proxy.settings import key_values
 from proxy.storage.atif import atif_lines
-from proxy.storage.content import CHAIN_COLUMNS, with_requests
 from proxy.storage.database_lock import database_url, one_line
 from proxy.storage.engines import engine_url
 from proxy.storage.samples import not_continued, sample_lines, turn_failure
 from proxy.storage.sql import episodes, rewards, turns
 from proxy.storage.staleness import UNBOUNDED, Bounded, Staleness, bound, version_order
+from proxy.storage.stored_turns import CHAIN_COLUMNS, ID_COLUMNS, with_requests
 
 Shape = Literal["chat", "tokens", "atif"]
 Lines = Callable[[Any, float | None, dict[str, float], list[Any]], Iterator[Any]]  # one episode's lines in a shape
@@ -223,7 +223,7 @@ def _answered_turns(conn: Connection, ids: list[str], side_calls: bool) -> Itera
     if not ids:
         return
     columns = [turns.c[name] for name in ("id", "episode_id", "seq", "branch", "reply", "trainable")]
-    columns += CHAIN_COLUMNS
+    columns += CHAIN_COLUMNS + ID_COLUMNS
     columns += [turns.c[name] for name in ("policy_version", "answered_by", "created_at", "answered_at", "model")]
     columns += [turns.c.prompt_tokens, turns.c.completion_tokens, turns.c.cost_usd]
     query = select(*columns).where(turns.c.episode_id.in_(ids), turns.c.status == "answered")

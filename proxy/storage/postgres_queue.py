@@ -18,10 +18,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.core.errors import StorageError
 from proxy.core.values import Turn, TurnStatus
-from proxy.storage.content import TURN_SETTLED, turn_state, turns_of
+from proxy.storage.content import TURN_SETTLED, turn_state
 from proxy.storage.database_lock import driver_url
 from proxy.storage.notifications import Listener
 from proxy.storage.sql import SqlStore, turns
+from proxy.storage.stored_turns import turns_of
 
 log = logging.getLogger("trajproxy.storage")
 

@@ -37,9 +37,10 @@ from sqlmodel import SQLModel
 from proxy.core.catalog import EpisodeQuery, EpisodeSummary
 from proxy.core.errors import StorageError
 from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
-from proxy.storage.content import Contents, dumps, turns_of
+from proxy.storage.content import Contents, dumps
 from proxy.storage.database_lock import DatabaseLock
 from proxy.storage.engines import engine_url, tune_sqlite
+from proxy.storage.stored_turns import turns_of
 from proxy.storage.tables import EpisodeRow, RewardRow, TurnRow, add_missing_columns, episode_from, reward_from
 from proxy.storage.upgrade import upgrade
 from proxy.storage.writer import StoreWrites, Writer

@@ -77,6 +77,9 @@ class TurnRow(SQLModel, table=True):
     wire_parts: bytes | None = Field(default=None, sa_column=Column(LargeBinary))  # NULL only before the upgrade
     request_parts: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
     reply: JsonObject | None = Field(default=None, sa_column=Column(Json))
+    # The reply's prompt and sampled ids, the prompt written against its parent's ids (`proxy.storage.token_ids`);
+    # NULL where it has none, or they are in its JSON (written before this column, or not fitting in 32 bits).
+    token_ids: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
     answered_by: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

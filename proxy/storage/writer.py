@@ -27,7 +27,7 @@ from sqlalchemy.sql.expression import Executable
 
 from proxy.core.errors import Stale, StorageError
 from proxy.core.values import Episode, EpisodeStatus, Reward, Turn, TurnStatus
-from proxy.storage.content import TURN_SETTLED, TURN_STATE, Contents, turn_state
+from proxy.storage.content import TURN_SETTLED, TURN_STATE, Contents
 from proxy.storage.tables import EpisodeRow, Op, RewardRow, TurnRow, episode_row, reward_row
 
 log = logging.getLogger("trajproxy.storage")
@@ -230,9 +230,9 @@ class StoreWrites:
         if not batch:
             return _done()
         if self.replica is not None:
-            rows = [{**_bound(turn_state(turn)), "s_me": self.replica} for turn in batch]
-            return self._write((_SAVE_TURN_SHARED, rows))
-        return self._write((_SAVE_TURN, [_bound(turn_state(turn)) for turn in batch]))
+            me = self.replica
+            return self._write(self.contents.save(batch, _SAVE_TURN_SHARED, lambda row: {**_bound(row), "s_me": me}))
+        return self._write(self.contents.save(batch, _SAVE_TURN, _bound))
 
     def add_reward(self, reward: Reward) -> Awaitable[None]:
         return self._write((_ADD_REWARD, [reward_row(reward)]))

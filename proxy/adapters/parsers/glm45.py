@@ -21,13 +21,14 @@ def _glm45(body: str, tools: Sequence[JsonObject]) -> tuple[str | None, tuple[To
         body = body.removesuffix(end).rstrip()
     content, blocks = _blocks(body)
     calls: list[ToolCall] = []
+    schemas = _properties(tools)
     for number, (inside, closed) in enumerate(blocks, 1):
         where = _where(number, closed)
         name, _, pairs = inside.partition("<arg_key>")
         pairs = "<arg_key>" + pairs if pairs else ""
         if not name.strip() or _PAIR.sub("", pairs).strip():
             raise _Unparsed(f"{where} is not NAME then <arg_key>KEY</arg_key><arg_value>VALUE</arg_value> pairs")
-        properties = _properties(tools, name.strip())
+        properties = schemas.get(name.strip(), {})
         arguments = {key.strip(): _value(value, properties.get(key.strip())) for key, value in _PAIR.findall(pairs)}
         calls.append(ToolCall(name.strip(), json.dumps(arguments, ensure_ascii=False)))
     return content, tuple(calls)
