@@ -94,8 +94,14 @@ def _bounded(step: Step) -> Step:
 
 
 def _light(turn: Turn) -> Turn:
-    """The turn without its request: what the page shows of it is already in the step."""
-    return replace(turn, request={})
+    """The turn without its request, wire body, token ids or served record: what the page shows of those is
+    already in the step, and a long prompt's ids are as large as its text."""
+    reply = turn.reply
+    if reply is not None:
+        reply = replace(
+            reply, message=None, prompt_token_ids=None, completion_token_ids=None, logprobs=None, served=None
+        )
+    return replace(turn, request={}, wire=b"", reply=reply)
 
 
 def tree(branches: list[Branch]) -> list[tuple[Branch, Markup]]:
