@@ -1,4 +1,4 @@
-"""A Postgres schema of one's own: a fresh, empty database on a shared Postgres server, dropped afterwards."""
+"""Databases for tests and benchmarks: a Postgres schema of one's own, and a finished run's SQLite file read back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from collections.abc import Iterator
 
 import sqlalchemy
 
+from proxy.core.values import Turn
+from proxy.storage.content import turns
 from proxy.storage.engines import engine_url
+from proxy.storage.stored_turns import turns_of
 
 
 @contextlib.contextmanager
@@ -26,3 +29,14 @@ def fresh_schema(server_url: str) -> Iterator[str]:
                 conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
     finally:
         admin.dispose()
+
+
+def recorded_turns(database_url: str) -> list[Turn]:
+    """Every turn a run's database holds, in order, read as trajproxy's store reads them: content and token ids put
+    back together from their pieces and parents (a reply's row holds only its own ids)."""
+    engine = sqlalchemy.create_engine(engine_url(database_url))
+    try:
+        with engine.connect() as conn:
+            return turns_of(conn, conn.execute(sqlalchemy.select(turns).order_by(turns.c.seq)).all())
+    finally:
+        engine.dispose()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import socket
-import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMes
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
 from proxy.storage.export import Filters, export, source
+from testkit.databases import recorded_turns
 from testkit.dialect_agents import BASH_PARAMETERS
 from testkit.served_checks import ask
 from testkit.tasks import EXAMPLE
@@ -463,12 +463,12 @@ def test_a_run_of_the_minimal_agent_in_a_sandbox_is_answered_by_the_served_polic
     options = [f"api_base={vllm.base_url}", "temperature=1.0", "seed=3", "max_tokens=40"]
     line = served_run(vllm, "minimal", options, done_block, label, database)
     assert line["reward"] == 0.0  # it stopped at once, the task undone: graded, not failed
-    with sqlite3.connect(database) as db:
-        rows = db.execute("SELECT answered_by, reply FROM turn").fetchall()
-    [(answered_by, reply)] = [(by, json.loads(text)) for by, text in rows]
-    assert answered_by == f"vllm:{vllm.served_name}"
-    assert reply["message"]["content"] == "```bash\necho TASK_COMPLETE\n```"
-    assert reply["prompt_token_ids"] and len(reply["logprobs"]) == len(reply["completion_token_ids"])
+    [turn] = recorded_turns(f"sqlite:///{database}")
+    reply = turn.reply
+    assert reply is not None and reply.message is not None and reply.answered_by == f"vllm:{vllm.served_name}"
+    assert reply.message["content"] == "```bash\necho TASK_COMPLETE\n```"
+    assert reply.prompt_token_ids and reply.completion_token_ids and reply.logprobs is not None
+    assert len(reply.logprobs) == len(reply.completion_token_ids)
     assert not engine.containers.list(all=True, filters={"label": label})
 
 

@@ -6,9 +6,7 @@ text of the new message), and the tokens export trains on every sampled id. One 
 
 from __future__ import annotations
 
-import json
 import re
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ import openai
 import pytest
 
 from proxy.client import TrainerClient
+from testkit.databases import recorded_turns
 from testkit.served_checks import ask
 from testkit.vllm_server import SMOLLM2_FLAGS, VllmServer, build_smollm2, vllm_python, vllm_server
 from tests.conftest import LiveServer
@@ -75,13 +74,12 @@ def test_smollm2_answers_a_sandboxed_agent_in_tokens_mode_and_every_sampled_id_i
     options = [f"api_base={smollm2.base_url}", "mode=tokens", "temperature=1.0", "seed=1", "max_tokens=64"]
     result = served_run(smollm2, str(three_turns("minimal", tmp_path)), options, SHELL, label, database)
     assert result["reward"] == 0.0  # graded (the task is undone: the agent only looked around)
-    with sqlite3.connect(database) as db:
-        rows = db.execute("SELECT branch, reply FROM turn ORDER BY seq").fetchall()
-    replies = [json.loads(reply) for _, reply in rows]
-    assert len(rows) == 3 and {branch for branch, _ in rows} == {0}
-    assert all(reply["served"]["mode"] == "tokens" for reply in replies)
-    assert [reply.get("extends_parent") for reply in replies] == [None, True, True]
-    ids = [(reply["prompt_token_ids"], reply["completion_token_ids"]) for reply in replies]
+    turns = recorded_turns(f"sqlite:///{database}")
+    replies = [turn.reply for turn in turns if turn.reply is not None]
+    assert len(replies) == len(turns) == 3 and {turn.branch for turn in turns} == {0}
+    assert all(reply.served is not None and reply.served["mode"] == "tokens" for reply in replies)
+    assert [reply.extends_parent for reply in replies] == [None, True, True]
+    ids = [(list(reply.prompt_token_ids or ()), list(reply.completion_token_ids or ())) for reply in replies]
     added = deltas(ids)
 
     texts = iter(

@@ -12,7 +12,6 @@ import io
 import json
 import re
 import shutil
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from fastapi import FastAPI, Request, Response
 from proxy.client import TrainerClient
 from proxy.schema.responses import ReplyOut
 from proxy.storage.export import Filters, export, source
+from testkit.databases import recorded_turns
 from testkit.dialect_agents import AGENTS, CALLS, chat_agent, tokens_policy
 from testkit.served_checks import ask
 from tests.conftest import LiveServer, serve_app
@@ -296,12 +296,11 @@ def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_i
     options = [f"api_base={vllm.base_url}", "mode=tokens", "temperature=1.0", "seed=1", "max_tokens=160"]
     result = served_run(vllm, str(three_turns(agent, tmp_path)), options, SANDBOXED[agent][0], label, database)
     assert result["reward"] == 0.0  # graded (the task is undone: the agent only looked around)
-    with sqlite3.connect(database) as db:
-        rows = db.execute("SELECT branch, parent_id, reply FROM turn ORDER BY seq").fetchall()
-    replies = [json.loads(reply) for _, _, reply in rows]
-    assert len(rows) == 3 and {branch for branch, _, _ in rows} == {0}
-    assert all(reply["served"]["mode"] == "tokens" for reply in replies)
-    assert [reply.get("extends_parent") for reply in replies] == [None] + [True] * (len(rows) - 1)
+    turns = recorded_turns(f"sqlite:///{database}")
+    replies = [turn.reply for turn in turns if turn.reply is not None]
+    assert len(replies) == len(turns) == 3 and {turn.branch for turn in turns} == {0}
+    assert all(reply.served is not None and reply.served["mode"] == "tokens" for reply in replies)
+    assert [reply.extends_parent for reply in replies] == [None] + [True] * (len(turns) - 1)
     out = io.BytesIO()
     engine_ = source(f"sqlite:///{database}")
     try:
@@ -309,7 +308,7 @@ def test_an_agent_in_a_sandbox_answered_in_tokens_mode_trains_on_every_sampled_i
     finally:
         engine_.dispose()
     (line,) = [orjson.loads(text) for text in out.getvalue().splitlines()]
-    assert sum(line["loss_mask"]) == sum(len(reply["completion_token_ids"]) for reply in replies)
+    assert sum(line["loss_mask"]) == sum(len(reply.completion_token_ids or ()) for reply in replies) > 0
     assert not engine.containers.list(all=True, filters={"label": label})
 
 
