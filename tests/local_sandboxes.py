@@ -13,6 +13,7 @@ rest of the filesystem and the limits are this machine's (`spec.proxy`, `spec.li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
@@ -35,6 +36,12 @@ def _host_folders_in_tmp() -> list[str]:
 
 
 HOST_IN_TMP = _host_folders_in_tmp()
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    """Kill a command's process group (its own session): the command and all it started."""
+    with contextlib.suppress(ProcessLookupError):  # all of it has exited already
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 class LocalSandbox:
@@ -69,10 +76,14 @@ class LocalSandbox:
         try:
             output, _ = await asyncio.wait_for(process.communicate(), timeout_s)
         except TimeoutError:
-            os.killpg(process.pid, signal.SIGKILL)
+            _kill(process)
             output = await process.stdout.read() if process.stdout else b""
             await process.wait()
             return ExecResult(KILLED, output.decode("utf-8", "replace"), timed_out=True)
+        finally:
+            if process.returncode is None:  # cancelled (the episode's deadline): as a container's removal would,
+                _kill(process)  # stop the command and all it started, and reap it: nothing outlives its episode
+                await asyncio.shield(process.wait())
         assert process.returncode is not None
         return ExecResult(process.returncode, output.decode("utf-8", "replace"))
 

@@ -61,6 +61,18 @@ class Import:
         return self.module.split(".")[0]
 
 
+def parse(source: str) -> ast.Module:
+    """ast.parse, robust to CPython 3.11's AST constructor keeping its recursion count per interpreter, not per
+    thread: another thread's work interleaved with a parse can make it raise a spurious "AST constructor recursion
+    depth mismatch" (python/cpython#106905). Each parse starts its count afresh, so a second one is sound."""
+    try:
+        return ast.parse(source)
+    except SystemError as e:
+        if "recursion depth mismatch" not in str(e):
+            raise
+        return ast.parse(source)
+
+
 def imports_in(source: str, package: str) -> list[Import]:
     """Every import statement in `source`, relative ones resolved against `package`."""
     found: list[Import] = []
@@ -73,7 +85,7 @@ def imports_in(source: str, package: str) -> list[Import]:
                 found.append(Import(absolute(child, package), child.lineno, not in_function))
             visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
 
-    visit(ast.parse(source), in_function=False)
+    visit(parse(source), in_function=False)
     return found
 
 
@@ -189,7 +201,7 @@ def test_litellm_is_never_imported_at_module_top_level() -> None:
 
 @pytest.mark.parametrize("path", modules(), ids=name_of)
 def test_every_module_opens_with_a_docstring(path: Path) -> None:
-    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    docstring = ast.get_docstring(parse(path.read_text(encoding="utf-8")))
     assert docstring, f"{name_of(path)} does not open with a docstring"
     assert docstring.splitlines()[0].strip(), f"{name_of(path)}'s docstring does not start with a summary line"
 
@@ -295,7 +307,7 @@ def edges_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Edge]:
                     yield Edge(name_of(path), name_of(modules[target]), line, not in_function)
             yield from visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
 
-    yield from visit(ast.parse(path.read_text(encoding="utf-8")), in_function=False)
+    yield from visit(parse(path.read_text(encoding="utf-8")), in_function=False)
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -67,8 +68,25 @@ def proxy(make_server: Any) -> LiveServer:
 def sandboxes(proxy: LiveServer, image: Path, tmp_path: Path) -> Iterator[LocalSandboxes]:
     boxes = tmp_path / "boxes"
     boxes.mkdir()
+    before = children()
     yield LocalSandboxes(proxy.url, boxes, {IMAGE: image}, path=Path(sys.executable).parent)
     assert not list(boxes.iterdir()), "a sandbox was left behind"
+    # and no process: an episode that ends by its deadline has its sandbox's commands killed and reaped
+    assert children() - before == set(), "a sandbox's process outlived its episode"
+
+
+def children() -> set[str]:
+    """This process's child processes (zombies too: one not reaped yet is still left), each as `pid command`."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+        except OSError:  # it has exited since
+            continue
+        command, fields = rest.rsplit(") ", 1)
+        if int(fields.split()[1]) == os.getpid():
+            found.add(f"{pid} {command}")
+    return found
 
 
 @pytest.fixture

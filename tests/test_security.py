@@ -443,7 +443,10 @@ def test_an_episode_key_opens_no_trainer_route_over_the_sandbox_socket(
     server = make_server(socket_path=sock, no_trainer_token=True)
 
     def sandbox_side() -> httpx.Client:
-        return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandbox", timeout=10)
+        # No read timeout: each agent's call stays parked until the trainer answers it at the end, however long the
+        # probes take; one that gave up would hang up, and its turn would leave the queue before it is pulled.
+        timeout = httpx.Timeout(10, read=None)
+        return httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://sandbox", timeout=timeout)
 
     with TrainerClient(server.url, server.token) as trainer:
         a, b, answer_a, answer_b, turn_a, turn_b = two_parked_episodes(

@@ -2,7 +2,9 @@
 of trajproxy 0.x before pieces): on start, before serving, each turn's content is cut into pieces
 (`proxy.storage.pieces`) and its columns emptied, a batch of turns per transaction, so an upgrade stopped midway
 goes on where it stopped at the next start; once every turn is done the two columns are dropped (and a SQLite file
-vacuumed, giving back what they held). A progress bar says how far it is, on the terminal's standard error.
+vacuumed, giving back what they held: a table left beside the drop, in its transaction, says the VACUUM is owed until
+it is done, so that one stopped before it is done at the next start). A progress bar says how far it is, on the
+terminal's standard error.
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ def needed(engine: Engine) -> bool:
         return "wire" in {column["name"] for column in inspect(conn).get_columns("turn")}
 
 
+_OWED = "upgrade_vacuum_owed"  # a table there while a SQLite file still holds the dropped columns' pages
+
+
 def upgrade(engine: Engine, console: Console | None = None) -> int:
     """Store every turn's content as pieces, if the database holds it whole; the turns upgraded."""
     if not needed(engine):
+        _vacuum_if_owed(engine)  # an upgrade stopped between the drop and the VACUUM
         return 0
     with _locked(engine):
         if not needed(engine):  # another replica upgraded it while this one waited
@@ -114,12 +120,27 @@ def _batches(engine: Engine) -> Generator[int, None, None]:
 
 
 def _drop_whole_columns(engine: Engine) -> None:
+    sqlite = engine.dialect.name == "sqlite"
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE turn DROP COLUMN wire"))
         conn.execute(text("ALTER TABLE turn DROP COLUMN request"))
-    if engine.dialect.name == "sqlite":  # the file keeps the pages the columns held until it is vacuumed
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("VACUUM")
+        if sqlite:  # the file keeps the pages the columns held until it is vacuumed
+            conn.execute(text(f"CREATE TABLE {_OWED} (id INTEGER)"))
+    _vacuum_if_owed(engine)
+
+
+def _vacuum_if_owed(engine: Engine) -> None:
+    """Vacuum a SQLite file whose dropped columns' pages are not given back yet, then say it is done."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as conn:
+        if not inspect(conn).has_table(_OWED):
+            return
+    log.info("vacuuming the database: giving back what the upgrade's dropped columns held")
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("VACUUM")
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {_OWED}"))
 
 
 @contextmanager

@@ -3,7 +3,7 @@ left behind (its output, its diff). Plain data for the templates; no markup here
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ class Shown:
     text: str
     calls: list[tuple[str, str]] = field(default_factory=list)
     note: str = ""  # a tool result's call id, a name, parts that are not text
+    size: int = 0  # the text's full length when only its start is kept (`cut`), else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +32,6 @@ class Step:
     added: list[Shown]
     reply: Shown | None
     timings: list[tuple[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Branch:
-    number: int
-    parent: Turn | None  # the call (in another branch) just before this branch's first
-    steps: list[Step]
-    children: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +163,13 @@ def messages_of(turn: Turn) -> list[Any]:
 
 
 def step(turn: Turn, parent: Turn | None) -> Step:
+    return step_after(turn, 0 if parent is None else len(messages_of(parent)) + 1)
+
+
+def step_after(turn: Turn, known: int) -> Step:
+    """A turn's step, leaving out its call's first `known` messages (shown above: its parent's call and answer)."""
     messages = messages_of(turn)
-    start = 0
-    if parent is not None:  # what the parent's call sent and what it was answered are already shown above
-        start = min(len(messages), len(messages_of(parent)) + 1)
+    start = min(len(messages), known)
     reply = turn.reply
     answer = None
     if reply is not None and reply.error is not None:
@@ -182,6 +178,18 @@ def step(turn: Turn, parent: Turn | None) -> Step:
     elif reply is not None and reply.message is not None:
         answer = shown({"role": "assistant", **reply.message})
     return Step(turn, [shown(m) for m in messages[start:]], answer, timings(turn))
+
+
+def cut(message: Shown, most: int) -> Shown:
+    """A message with its text and each call's arguments kept to their first `most` characters; the full length
+    said (`size`, or a note on the call) where something was left out."""
+    calls = [
+        (name, args if len(args) <= most else f"{args[:most]}… ({len(args)} characters in all)")
+        for name, args in message.calls
+    ]
+    if len(message.text) <= most:
+        return replace(message, calls=calls)
+    return replace(message, text=message.text[:most], calls=calls, size=len(message.text))
 
 
 def timings(turn: Turn) -> list[tuple[str, str]]:
@@ -193,26 +201,6 @@ def timings(turn: Turn) -> list[tuple[str, str]]:
     if turn.ended_at is not None:
         marks.append(("in all", f"{turn.ended_at - turn.created_at:.3f} s"))
     return marks
-
-
-def branches(turns: list[Turn]) -> list[Branch]:
-    """The episode's conversations, one per branch, each turn after the one it extends. A branch (a compaction, a
-    sub-agent, a side question) hangs in the tree under the branch whose call came just before its first."""
-    in_order = sorted(turns, key=lambda turn: turn.seq)
-    before = {turn.id: in_order[i - 1] for i, turn in enumerate(in_order) if i > 0}
-    grouped: dict[int, list[Turn]] = {}
-    for turn in in_order:
-        grouped.setdefault(turn.branch, []).append(turn)
-    made: dict[int, Branch] = {}
-    for number, members in sorted(grouped.items()):
-        previous = before.get(members[0].id)
-        opened_from = previous if previous is not None and previous.branch != number else None
-        # each call of a branch extends the one before it (its parent): only what it adds is shown
-        steps = [step(turn, members[k - 1] if k else None) for k, turn in enumerate(members)]
-        made[number] = Branch(number, opened_from, steps)
-        if opened_from is not None and opened_from.branch in made:
-            made[opened_from.branch].children.append(number)
-    return list(made.values())
 
 
 def left_behind(rewards: list[Reward]) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from proxy.core.errors import NotFound
 from proxy.core.values import Turn, episode_return, episode_rewards
 from proxy.http.trainer import json_response
 from proxy.http.turns import turn_view
+from proxy.http.ui.conversation import conversation
 from proxy.http.ui.forms import PAGE, ListFilters, Refused, cursor, cursor_text, list_filters
 from proxy.http.ui.lineage import lineage
 from proxy.http.ui.pages import Pages
@@ -56,11 +57,11 @@ def page_routes(pages: Pages) -> APIRouter:
     @router.get("/episodes/{episode_id}")
     async def episode(request: Request, episode_id: str, refused: str = "", not_closed: str = "") -> Response:
         try:
-            found, turns, rewards = await pages.broker.trajectory(episode_id)
+            found, rewards, turn_pages = await pages.broker.trajectory_pages(episode_id)
         except NotFound:
             return pages.missing(request, f"There is no episode {episode_id!r}.")
         output, diff = display.left_behind(rewards)
-        tree = display.branches(turns)
+        read = await conversation(turn_pages, {r.turn_id for r in rewards if r.turn_id is not None})
         forks = await lineage(pages.catalog, found)
         return pages.render(
             request,
@@ -68,9 +69,9 @@ def page_routes(pages: Pages) -> APIRouter:
             episode=found,
             agent=display.agent_of(found),
             metadata=display.pretty(found.metadata),
-            branches=tree,
-            branches_by_number={branch.number: branch for branch in tree},
-            turns=turns,
+            branches=read.branches,
+            tree=read.tree,
+            read=read,
             rewards=[(reward, display.pretty(reward.info) if reward.info else "") for reward in rewards],
             returned=episode_return(episode_rewards(rewards)),
             output=output,
