@@ -339,9 +339,7 @@ def sandboxes(engine: Any, socket_dir: str) -> Iterator[DockerSandboxes]:
     """Sandboxes labelled for this test alone, so tests (and test runs) sharing an engine never meet."""
     factory = DockerSandboxes(socket_dir, labels={"trajproxy.test": secrets.token_hex(6)})
     yield factory
-    leftovers = engine.containers.list(all=True, filters={"label": mine(factory)})
-    for container in leftovers:
-        container.remove(force=True)
+    leftovers = remove_labelled(engine, mine(factory))
     assert not leftovers, "a test left containers behind"
 
 
@@ -363,8 +361,22 @@ def label(engine: Any) -> Iterator[str]:
     after the test, and nothing else is touched."""
     mark = f"trajproxy-test.run={secrets.token_hex(6)}"
     yield mark
-    for container in engine.containers.list(all=True, filters={"label": mark}):
-        container.remove(force=True)
+    remove_labelled(engine, mark)
+
+
+def remove_labelled(engine: Any, labels: str | list[str]) -> list[Any]:
+    """Remove the containers carrying `labels`; returns those there were. One may go while this runs (a run that
+    timed out still cleans up on its threads): gone, or already being removed, is what this wants."""
+    there = engine.containers.list(all=True, filters={"label": labels})
+    for container in there:
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code != 409 or "already in progress" not in str(e.explanation):
+                raise
+    return list(there)
 
 
 def mine(factory: DockerSandboxes) -> list[str]:

@@ -22,8 +22,11 @@ from proxy.client import TrainerClient
 from testkit.tasks import EXAMPLE
 from tests.conftest import TEST_SERVER
 
-START_S = 20  # generous: a cold interpreter imports fastapi, sqlalchemy and pydantic
+# A cold interpreter imports fastapi, sqlalchemy and pydantic: a second or two when idle, but over 20 s on a 2-core
+# machine at load 12 (CI). The wait ends as soon as /health answers, so a long deadline costs only a failing test.
+START_S = 120
 EXIT_S = 30
+pytestmark = pytest.mark.timeout(3 * START_S)  # a test starts the script up to three times
 
 
 def trajproxy_script() -> str:
@@ -66,14 +69,15 @@ class Served:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_healthy(self, port: int) -> float:
-        """Poll GET /health until it answers 200; returns the seconds since the process started."""
+    def wait_healthy(self, port: int, host: str = "127.0.0.1") -> float:
+        """Poll GET /health until it answers 200 (`host`: a URL's host part); returns the seconds since the start."""
         started = time.monotonic()
+        url = f"http://{host}:{port}/health"
         while time.monotonic() - started < START_S:
             if self.process.poll() is not None:
                 pytest.fail(f"trajproxy exited with {self.process.returncode}:\n{self.output()}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                if httpx.get(url, timeout=5).status_code == 200:
                     return time.monotonic() - started
             except httpx.TransportError:
                 pass

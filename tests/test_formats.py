@@ -208,6 +208,7 @@ def test_a_harbor_task_takes_its_resources_and_budgets_from_task_toml() -> None:
     )
 
 
+@pytest.mark.timeout(300)  # five sandboxed episodes and the containers grading them: minutes on a busy engine
 def test_swebench_instances_are_graded_by_the_swebench_harness(
     proxied: Any, proxied_trainer: TrainerClient, sandboxes: DockerSandboxes, minimal: InjectedAgent, swe_images: str
 ) -> None:

@@ -93,7 +93,7 @@ from proxy.http.routes import Router
 from proxy.storage.engines import engine_url
 from sandbox.backends.docker_sandboxes import DockerSandboxes
 from sandbox.backends.interface import Limits, SandboxSpec
-from tests.test_cli import START_S, Served, clean_env, free_port, run_cli, serving
+from tests.test_cli import START_S, clean_env, free_port, run_cli, serving
 
 MODEL = "gpt-4o"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -619,6 +619,7 @@ def test_a_non_loopback_bind_opted_out_of_the_token_does_not_start(tmp_path: Pat
 
 
 @pytest.mark.parametrize("which", NON_LOOPBACK)
+@pytest.mark.timeout(3 * START_S)  # starts of the console script, each slow on a loaded machine
 def test_a_non_loopback_bind_with_no_token_given_guards_the_api_with_a_generated_one(
     tmp_path: Path, which: str
 ) -> None:
@@ -633,7 +634,7 @@ def test_a_non_loopback_bind_with_no_token_given_guards_the_api_with_a_generated
         base = f"http://{reach}:{port}"
         environment = clean_env(TRAJPROXY_TRAINER_TOKEN_FILE=str(token_file), **env)
         with serving(["--host", host, "--port", str(port), *args], tmp_path, environment) as served:
-            wait_healthy(served, base)
+            served.wait_healthy(port, reach)
             token = token_file.read_text().strip()
             assert len(token) >= 32, how
             assert request(base, "GET", "/api/episodes").status_code == 401, how
@@ -641,27 +642,14 @@ def test_a_non_loopback_bind_with_no_token_given_guards_the_api_with_a_generated
         assert token not in served.output(), how  # its log never holds it (nobody was at a terminal)
 
 
-def wait_healthy(served: Served, base: str) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if served.process.poll() is not None:
-            pytest.fail(f"trajproxy exited with {served.process.returncode}:\n{served.output()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    pytest.fail(f"trajproxy did not answer /health within {START_S} s:\n{served.output()}")
-
-
 @pytest.mark.parametrize("which", NON_LOOPBACK)
+@pytest.mark.timeout(3 * START_S)  # starts of the console script, each slow on a loaded machine
 def test_a_non_loopback_bind_with_a_token_guards_the_trainer_api(tmp_path: Path, which: str) -> None:
     host, reach = bind_and_reach(which)
     port = free_port()
     base = f"http://{reach}:{port}"
     with serving(["--host", host, "--port", str(port), "--trainer-token", TOKEN], tmp_path) as served:
-        wait_healthy(served, base)
+        served.wait_healthy(port, reach)
         created = request(base, "POST", "/api/episodes", json={"task": "t"}, headers=bearer(TOKEN))
         assert created.status_code == 201, created.text
         key = created.json()["key"]
@@ -916,6 +904,7 @@ def drive_every_path(
     return [served.key, closed.key, late.key, forwarded.key]
 
 
+@pytest.mark.timeout(3 * START_S)  # starts of the console script, each slow on a loaded machine
 def test_no_key_or_token_reaches_the_logs(
     database_url: str, tmp_path: Path, fake_model: Any, background: Callable[..., Future[Any]]
 ) -> None:

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,10 @@ def test_sigterm_stops_a_training_run_with_nothing_left_running(
     run = subprocess.Popen(command(trajproxy_train, out, label, 50), stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
-        while not engine.containers.list(filters={"label": label}):  # an episode's sandbox is up: mid-rollout
+        while not _an_episode_before_its_first_reply(out / "trajproxy.db"):  # mid-rollout, its calls still to come
             assert run.poll() is None, (tmp_path / "train.log").read_text()[-4000:]
             assert time.monotonic() < deadline
-            time.sleep(0.5)
+            time.sleep(0.2)
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=120) == 130
     finally:
@@ -133,6 +134,25 @@ def test_sigterm_stops_a_training_run_with_nothing_left_running(
     with sqlite3.connect(out / "trajproxy.db") as db:
         statuses = {status for (status,) in db.execute("SELECT status FROM episode")}
     assert "running" not in statuses and "cancelled" in statuses  # the episodes in flight were closed, not lost
+
+
+def _an_episode_before_its_first_reply(database: Path) -> bool:
+    """Whether the run's database holds a running episode none of whose calls has been answered yet: it has all its
+    model calls (seconds each on the CPU) and its grading still ahead, so a signal sent now finds it in flight. (A
+    sandbox being up says less: it may be one whose episode has just ended, being torn down while the trainer steps.)"""
+    if not database.exists():
+        return False
+    query = (
+        "SELECT 1 FROM episode WHERE status = 'running' AND NOT EXISTS "
+        "(SELECT 1 FROM turn WHERE turn.episode_id = episode.id AND turn.status NOT IN ('parked', 'leased'))"
+    )
+    try:
+        with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5)) as db:
+            return db.execute(query).fetchone() is not None
+    except sqlite3.OperationalError as e:
+        if "no such table" not in str(e):  # anything but tables not made yet
+            raise
+        return False
 
 
 def _cmdline(pid: str) -> str:
