@@ -6,6 +6,7 @@ for the new messages), and the family's parser reads back what its template writ
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -80,7 +81,7 @@ class Episode:
         """The model's reply (its sampled ids, `cut` to a few), as the agent gets it, which the agent hands back
         without its reasoning and with its arguments re-serialised."""
         sampled = self.t.encode(text)[:cut]
-        message, error = _reply_message(self.t.decode(sampled), TOOLS, self.t.family.tool_parser)
+        message, error = asyncio.run(_reply_message(self.t.decode(sampled), TOOLS, self.t.family.tool_parser))
         assert error is None, error
         reply = Reply(message=message, prompt_token_ids=tuple(ids), completion_token_ids=tuple(sampled))
         seq = len(self.turns)
