@@ -11,12 +11,14 @@ import timeit
 
 import pytest
 
-from proxy.adapters.tool_parsers import PARSERS, Parsed
+from proxy.adapters.parsed import Parsed
+from proxy.adapters.parsers import PARSERS
+from proxy.adapters.parsers import deepseek_v3 as deepseek
 from tests.test_tool_parsers import TOOLS  # bash: command a string, timeout an integer, env an object
 
 # Each a piece that repeats: formats' tags opened and never closed (one scan per tag opened would be quadratic),
-# calls and markers by the thousand (a copy of what is left per one would be too). Applied to every parser: a
-# parser may meet any other's format.
+# calls and markers by the thousand (a copy of what is left per one would be too), each family's own markers
+# among them. Applied to every parser: a parser may meet any other's format.
 REPEATED = {
     "unclosed <function=>": "<function=a>\n",
     "unclosed <parameter=>": "<parameter=x>\n",
@@ -29,6 +31,23 @@ REPEATED = {
     "<think> opened": "<think>",
     "</think> closed": "a</think>",
     "nesting": "[{",
+    "long word": "a",
+    "DeepSeek calls begun": deepseek.CALLS_BEGIN,
+    "DeepSeek call begun": deepseek.CALL_BEGIN,
+    "DeepSeek calls": deepseek.CALL_BEGIN + "bash" + deepseek.SEP + '{"command": "ls"}' + deepseek.CALL_END,
+    "GLM keys opened": "<arg_key>",
+    "GLM values opened": "<arg_value>",
+    "GLM pairs": "<arg_key>command</arg_key><arg_value>ls</arg_value>",
+    "Kimi sections begun": "<|tool_calls_section_begin|>",
+    "Kimi call begun": "<|tool_call_begin|>",
+    "Kimi calls": "<|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
+    "Mistral calls begun": "[TOOL_CALLS]",
+    "Mistral calls": '[TOOL_CALLS]bash[ARGS]{"command": "ls"}',
+    "Mistral ends": "</s>",
+    "harmony channels": "<|channel|>",
+    "harmony message starts": "<|message|>",
+    "harmony starts": "<|start|>",
+    "harmony calls": "<|start|>assistant<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{}<|call|>",
 }
 AROUND = {  # what the repeated piece is put in: (before, after)
     "bare": ("", ""),
@@ -36,9 +55,7 @@ AROUND = {  # what the repeated piece is put in: (before, after)
     "a closed <function=bash>": ("<tool_call>\n<function=bash>\n", "</function>\n</tool_call>"),
 }
 SMALL = 16_000  # characters; the large text is eight times as long
-# harmony reads through openai-harmony's own parser, which takes over a minute on repeated nesting: reported in
-# issue 49 for its owner, and left out here until it is linear (every other parser must be)
-LINEAR = sorted(name for name in PARSERS if name != "harmony")
+NAMES = sorted(PARSERS)  # every parser, by the name an episode gives
 
 
 def text(piece: str, around: str, size: int) -> str:
@@ -46,22 +63,25 @@ def text(piece: str, around: str, size: int) -> str:
     return before + piece * (size // len(piece)) + after
 
 
-def seconds_per_parse(name: str, sample: str, number: int) -> float:
-    """The fastest of three timings (garbage collection off, as timeit does), per parse."""
+def seconds_per_parse(name: str, sample: str, number: int, repeat: int = 3) -> float:
+    """The fastest of `repeat` timings (garbage collection off, as timeit does), per parse."""
     timer = timeit.Timer(lambda: PARSERS[name].parse(sample, TOOLS))
-    return min(timer.repeat(repeat=3, number=number)) / number
+    return min(timer.repeat(repeat=repeat, number=number)) / number
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("around", sorted(AROUND))
 @pytest.mark.parametrize("piece", sorted(REPEATED))
-@pytest.mark.parametrize("name", LINEAR)
+@pytest.mark.parametrize("name", NAMES)
 def test_parsing_time_grows_linearly_with_the_output(name: str, piece: str, around: str) -> None:
     small, large = (text(REPEATED[piece], around, size) for size in (SMALL, 8 * SMALL))
     once = seconds_per_parse(name, small, 1)
     number = max(1, math.ceil(0.005 / max(once, 1e-7)))  # enough parses of the small text to time it to ~5 ms
     floor = seconds_per_parse(name, small, number)
     took = seconds_per_parse(name, large, max(1, number // 8))
+    if took >= 24 * floor:  # other work on the machine slows a timing, never speeds one: both again, more times
+        floor = seconds_per_parse(name, small, number, repeat=9)
+        took = seconds_per_parse(name, large, max(1, number // 8), repeat=9)
     # Linear: about 8 times the small text's time. Quadratic: about 64 times.
     assert took < 24 * floor, f"{name} on {piece!r} in {around}: {took:.4f} s for 8x the text, against {floor:.5f} s"
 
@@ -79,6 +99,25 @@ BREAKING = {
         '<|python_tag|>{"name": "bash", "parameters": ' + '{"a": ' * DEEP,
         '<|python_tag|>{"name": "bash", "parameters": {"timeout": ' + LONG_NUMBER + "}}",
         '<|python_tag|>{"name": "bash", "parameters": {}}; {"name": "bash", "parameters": {"t": ' + LONG_NUMBER + "}}",
+    ],
+    "deepseek_v3": [
+        deepseek.CALLS_BEGIN + deepseek.CALL_BEGIN + "bash" + deepseek.SEP + "[" * DEEP,
+        deepseek.CALLS_BEGIN + deepseek.CALL_BEGIN + "bash" + deepseek.SEP + '{"t": ' + LONG_NUMBER + "}",
+    ],
+    "kimi_k2": [
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>" + "[" * DEEP,
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0<|tool_call_argument_begin|>"
+        '{"t": ' + LONG_NUMBER + "}<|tool_call_end|>",
+    ],
+    "mistral": [
+        "[TOOL_CALLS]" + "[" * DEEP,
+        '[TOOL_CALLS][{"name": "bash", "arguments": {"t": ' + LONG_NUMBER + "}}]",
+        "[TOOL_CALLS]bash[ARGS]" + '{"a": ' * DEEP,
+        '[TOOL_CALLS]bash[ARGS]{"t": ' + LONG_NUMBER + "}",
+    ],
+    "harmony": [
+        "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>" + "[" * DEEP + "<|call|>",
+        '<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{"t": ' + LONG_NUMBER + "}<|call|>",
     ],
 }
 
@@ -101,12 +140,23 @@ def test_qwen3_coder_keeps_as_text_a_parameter_its_type_cannot_hold() -> None:
     assert json.loads(call.arguments) == {"timeout": LONG_NUMBER, "env": deep}
 
 
-@pytest.mark.parametrize("name", LINEAR)
+def test_glm45_keeps_as_text_a_value_json_cannot_hold() -> None:
+    deep = "[" * DEEP + "]" * DEEP
+    output = (
+        "<tool_call>bash\n<arg_key>t</arg_key><arg_value>" + LONG_NUMBER + "</arg_value>"
+        "<arg_key>e</arg_key><arg_value>" + deep + "</arg_value></tool_call>"
+    )
+    (call,) = PARSERS["glm45"].parse(output, TOOLS).tool_calls
+    assert json.loads(call.arguments) == {"t": LONG_NUMBER, "e": deep}
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_no_output_makes_a_parser_raise_even_on_a_thread(name: str) -> None:
     """Every parser, including ones whose format is not above, on every breaking output (read on a thread too,
     where the served path reads a long one)."""
     outputs = [output for outputs in BREAKING.values() for output in outputs]
     outputs += ["<tool_call>\n" + "[" * DEEP, "<tool_call>\n<function=bash>\n" + "<parameter=env>\n{" * DEEP]
+    outputs += ["<tool_call>bash<arg_key>env</arg_key><arg_value>" + "[" * DEEP + "</arg_value></tool_call>"]
     for output in outputs:
         for parsed in (
             PARSERS[name].parse(output, TOOLS),

@@ -36,6 +36,14 @@ from proxy.core.values import JsonObject, text_of
 _O200K_CACHED = "fb374d419588a4632f3f557e76b4b70aebbca790"  # tiktoken's cache name of o200k_base: its URL's SHA-1
 _FUNCTIONS = "functions."
 _JSON = "<|constrain|>json"
+# A reply's text is encoded in pieces of at most `_PIECE` characters: tiktoken's byte-pair merge takes time quadratic
+# in the length of a run the vocabulary's pattern does not split (a long word, or `[{` repeated). A piece ends before
+# a space or newline where one is near, and never inside a special token; any cut decodes to the same text.
+_PIECE = 1024
+_SPECIAL_CHARS = 48  # longer than any special token's name (`<|reserved_200017|>`)
+# A header (role, channel, recipient, content type) is a few tokens; openai-harmony reads one at ~40 us a token,
+# so one longer than this is refused before it is read.
+_HEADER_TOKENS = 256
 
 
 class _Unparsed(Exception):
@@ -180,7 +188,7 @@ class HarmonyParser:
             _, encoding = harmony()
         except UpstreamError as e:
             return Parsed(text.strip() or None, None, (), error=f"{self.name}: {e}")
-        return self.parse_ids(encoding.encode(text, allowed_special="all"), tools, text)
+        return self.parse_ids(_encoded(encoding, text), tools, text)
 
     def parse_ids(self, ids: Sequence[int], tools: Sequence[JsonObject], text: str | None = None) -> Parsed:
         """The reply in the ids sampled, which need not end with `<|call|>` or `<|return|>` (cut, or the stop left
@@ -190,15 +198,55 @@ class HarmonyParser:
         except UpstreamError as e:
             return Parsed((text or "").strip() or None, None, (), error=f"{self.name}: {e}")
         try:
+            _check_headers(encoding, ids)
             messages = encoding.parse_messages_from_completion_tokens(list(ids), h.Role.ASSISTANT, strict=False)
             reasoning, content, calls = _read(messages)
-        except (RuntimeError, _Unparsed) as e:  # HarmonyError is a RuntimeError
+        # HarmonyError is a RuntimeError, as is RecursionError; ValueError is JSON's on a number too long
+        except (RuntimeError, ValueError, _Unparsed) as e:
             whole = encoding.decode(list(ids)) if text is None else text
             return Parsed(whole.strip() or None, None, (), error=f"{self.name}: " + " ".join(str(e).split()))
         return Parsed(content, reasoning, calls)
 
 
 HARMONY = HarmonyParser()
+
+
+def _encoded(encoding: Any, text: str) -> list[int]:
+    """The text's ids, special tokens read as such, in time linear in the text."""
+    ids: list[int] = []
+    start = 0
+    while start < len(text):
+        end = min(start + _PIECE, len(text))
+        if end < len(text):
+            half = start + _PIECE // 2
+            end = max(text.rfind(" ", half, end), text.rfind("\n", half, end), half)
+            opened = text.rfind("<|", max(start + 1, end - _SPECIAL_CHARS), end)
+            if opened != -1 and text.find("|>", opened + 2, end + _SPECIAL_CHARS) >= end - 1:
+                end = opened  # the cut would fall inside what may be a special token: cut before it
+        ids += encoding.encode(text[start:end], allowed_special="all")
+        start = end
+    return ids
+
+
+@functools.cache
+def _markers(encoding: Any) -> tuple[int, frozenset[int]]:
+    """The ids of `<|message|>`, which ends a header, and of the tokens that end a message's content."""
+    (message,) = encoding.encode("<|message|>", allowed_special="all")
+    ends = frozenset(encoding.encode(end, allowed_special="all")[0] for end in ("<|end|>", "<|call|>", "<|return|>"))
+    return message, ends
+
+
+def _check_headers(encoding: Any, ids: Sequence[int]) -> None:
+    """Raises _Unparsed where a message's header runs past `_HEADER_TOKENS`, in one pass over the ids."""
+    message, ends = _markers(encoding)
+    header: int | None = 0  # the tokens of the header being read; None in a message's content
+    for token in ids:
+        if header is None:
+            header = 0 if token in ends else None
+        elif token == message:
+            header = None
+        elif (header := header + 1) > _HEADER_TOKENS:
+            raise _Unparsed(f"a message header runs past {_HEADER_TOKENS} tokens with no <|message|>")
 
 
 def _read(messages: Sequence[Any]) -> tuple[str | None, str | None, tuple[ToolCall, ...]]:

@@ -37,7 +37,8 @@ class MistralParser:
         content, *blocks = body.split(_CALLS)
         try:
             calls = tuple(call for number, block in enumerate(blocks, 1) for call in _block(block, number))
-        except _Unparsed as e:
+        # Besides _Unparsed, what JSON raises on a number too long or nesting too deep: text with an error too
+        except (_Unparsed, ValueError, RecursionError) as e:
             return Parsed(body.strip() or None, reasoning, (), error=f"{self.name}: " + " ".join(str(e).split()))
         return Parsed(content.strip() or None, reasoning, calls)
 
@@ -46,10 +47,14 @@ MISTRAL = MistralParser()
 
 
 def _without_end(text: str) -> str:
-    text = text.rstrip()
-    while text.endswith(_END):
-        text = text.removesuffix(_END).rstrip()
-    return text
+    """The text less the `</s>` and whitespace that trail it; by index, as a cut copy per marker would cost the whole
+    text again for each of thousands."""
+    end = len(text.rstrip())
+    while text.endswith(_END, 0, end):
+        end -= len(_END)
+        while end and text[end - 1].isspace():
+            end -= 1
+    return text[:end]
 
 
 def _reasoning(text: str) -> tuple[str | None, str | None]:

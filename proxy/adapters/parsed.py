@@ -43,11 +43,12 @@ class NotArguments(Exception):
 def arguments_text(value: Any) -> str:
     """A call's arguments as OpenAI's `function.arguments` carries them, a JSON object as text, from the object or
     from the object written as a JSON string."""
-    if isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, str):
             value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise NotArguments(f"the arguments are not JSON ({e})") from e
-    if not isinstance(value, dict):
-        raise NotArguments("the arguments are not a JSON object")
-    return json.dumps(value, ensure_ascii=False)
+        if not isinstance(value, dict):
+            raise NotArguments("the arguments are not a JSON object")
+        return json.dumps(value, ensure_ascii=False)
+    # Besides what is not JSON, what JSON raises on a number too long to convert or nesting too deep
+    except (ValueError, RecursionError) as e:
+        raise NotArguments(f"the arguments are not JSON ({e})") from e
