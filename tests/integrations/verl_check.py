@@ -37,6 +37,7 @@ from vllm import SamplingParams
 
 from integrations.rollouts import Rollout, Rollouts
 from integrations.verl import agent_loop_outputs, close, engine_params
+from testkit.databases import recorded_turns
 from tests.vllm_generate import VllmGenerate
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 4096, 1024
@@ -135,23 +136,27 @@ async def padded(worker: AgentLoopWorker, outputs: list[AgentLoopOutput], row: d
 
 
 def recorded(database: Path, episode_id: str) -> dict[str, Any]:
-    """What trajproxy recorded of the episode: each turn's ids as the engine gave them, and its rewards."""
+    """What trajproxy recorded of the episode: each turn's ids as the engine gave them (read back as the store reads
+    them), and its rewards."""
+    turns = [turn for turn in recorded_turns(f"sqlite:///{database}") if turn.episode_id == episode_id]
     with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
-        turns = db.execute("SELECT branch, reply FROM turn WHERE episode_id = ? ORDER BY seq", (episode_id,)).fetchall()
         rewards = db.execute("SELECT name, value, source FROM reward WHERE episode_id = ?", (episode_id,)).fetchall()
-    replies = [(branch, json.loads(reply)) for branch, reply in turns]
     return {
         "turns": [
             {
-                "branch": branch,
-                "prompt_ids": r["prompt_token_ids"],
-                "completion_ids": r["completion_token_ids"],
-                "logprobs": r["logprobs"],
+                "branch": turn.branch,
+                "prompt_ids": _listed(turn.reply.prompt_token_ids if turn.reply else None),
+                "completion_ids": _listed(turn.reply.completion_token_ids if turn.reply else None),
+                "logprobs": _listed(turn.reply.logprobs if turn.reply else None),
             }
-            for branch, r in replies
+            for turn in turns
         ],
         "rewards": [list(row) for row in rewards],
     }
+
+
+def _listed(values: Any) -> Any:
+    return list(values) if values is not None else None
 
 
 async def loop_check(args: dict[str, Any]) -> dict[str, Any]:
