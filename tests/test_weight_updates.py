@@ -58,6 +58,9 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
         before = copy_model(vllm.model_dir, tmp_path / "before")
         try:
             ask(vllm.python, vllm.model_dir, perturb=2)  # the new weights, on disk: the server reads them at reload
+            # The server is shared by the tests on this worker: an earlier test's call may still be sampling (its
+            # client gone). Only once none is, is the one call running the long one.
+            wait_for(lambda: running_at(vllm) == 0)
             in_flight = background(long_agent.chat.completions.create, model="p", messages=first)
             wait_for(lambda: running_at(vllm) == 1)  # the long call is at the server, sampling on the old weights
             paused = trainer.pause("keep")
