@@ -94,4 +94,4 @@ def test_the_training_example_makes_the_model_it_trains_with_one_command(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(there)
-    assert (there / ".tiny_model_stamp").read_text() == (built / ".tiny_model_stamp").read_text()
+    assert (there / ".model_stamp").read_text() == (built / ".model_stamp").read_text()  # examples/rl/tiny_model.STAMP
