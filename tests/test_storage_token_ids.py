@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from proxy.core.answers import extension_of
+from proxy.core.prefixes import extension_of
 from proxy.core.values import Reply, Turn, TurnStatus, Usage, new_id
 from proxy.storage.engines import engine_url
 from proxy.storage.sql import SqlStore

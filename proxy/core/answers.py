@@ -25,6 +25,7 @@ from proxy.core.endings import UNRECORDED
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, NotFound, StorageError, TrajproxyError, TurnClosed, UpstreamError
 from proxy.core.open_turns import OpenTurn, Pause, delivery_of
+from proxy.core.prefixes import extension_of
 from proxy.core.recovery import adopt, left_open
 from proxy.core.retries import retried
 from proxy.core.values import Answerer, Reply, Turn, TurnStatus, Usage
@@ -385,19 +386,3 @@ def same_reply(recorded: Reply, offered: Reply) -> bool:
     if offered.policy_version is None:
         recorded = replace(recorded, policy_version=None)
     return replace(recorded, extends_parent=None, drift_at=None) == offered
-
-
-def extension_of(prompt: tuple[int, ...], sampled: tuple[int, ...], later: tuple[int, ...]) -> int | None:
-    """Where `later` stops extending `prompt` then `sampled` (None: it extends them all), compared at C speed."""
-    n, m = len(prompt), len(sampled)
-    if len(later) >= n + m and later[:n] == prompt and later[n : n + m] == sampled:
-        return None
-    return first_difference(prompt + sampled, later)
-
-
-def first_difference(earlier: Sequence[int], prompt: Sequence[int]) -> int | None:
-    """Where a prompt stops extending an earlier turn's ids token for token; None if it extends them all."""
-    for i, (mine, theirs) in enumerate(zip(earlier, prompt, strict=False)):
-        if mine != theirs:
-            return i
-    return None if len(prompt) >= len(earlier) else len(prompt)

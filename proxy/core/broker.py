@@ -25,18 +25,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from proxy.core.answers import Answers
 from proxy.core.context import Context
-from proxy.core.endings import Attendance, failure
+from proxy.core.endings import Attendance
 from proxy.core.episodes import LiveEpisode, closed_error
-from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Stale, Unauthorized
+from proxy.core.errors import BadRequest, Conflict, EpisodeClosed, NotFound, NoTurnYet, OverBudget, Unauthorized
 from proxy.core.forks import Forks
 from proxy.core.open_turns import HOLDING, OpenTurn, Pause
 from proxy.core.queue import Others, TurnQueue
+from proxy.core.recorder import Recorder
 from proxy.core.rewards import Rewards
 from proxy.core.values import (
     Answerer,
@@ -58,8 +59,6 @@ from proxy.core.weights import WeightSync
 TurnPages = Callable[[int, int], Awaitable[list[Turn]]]  # (after seq, at most) -> an episode's next turns
 
 log = logging.getLogger("trajproxy")
-
-_STALE_TRIES = 8  # an episode whose agent calls through many replicas at once may be read again this often
 
 
 class Broker:
@@ -317,96 +316,3 @@ class Broker:
         await self.drain()
         rewards = await self._store.rewards(episode_id)
         return episode, rewards, partial(self._store.turns_after, episode_id)
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """An agent's call, as it is to be recorded."""
-
-    dialect: str
-    request: JsonObject
-    wire: bytes
-    stream: bool
-    trainable: bool
-    held_for: str | None
-
-
-class Recorder:
-    def __init__(
-        self,
-        *,
-        context: Context,
-        queue: TurnQueue,
-        others: Others | None,
-        over_budget: Callable[[LiveEpisode, str], Awaitable[None]],
-        stale: Callable[[LiveEpisode, str], Awaitable[None]],
-    ) -> None:
-        self._episodes = context.episodes
-        self._now = context.clock
-        self._queue = queue
-        self._stale_tries = 1 if others is None else _STALE_TRIES  # only another replica's write makes one stale
-        self._over_budget = over_budget  # refuses the call (or finishes the episode): it raises
-        self._stale = stale  # finishes or fails the episode: it raises
-
-    async def record(
-        self,
-        live: LiveEpisode,
-        dialect: str,
-        request: JsonObject,
-        wire: bytes,
-        *,
-        stream: bool,
-        trainable: bool,
-        held_for: str | None = None,  # why the turn is out of the queue ("pause", "model")
-    ) -> Turn:
-        """Write the call as its episode's next turn."""
-        call = _Call(dialect, request, wire, stream, trainable, held_for)
-        async with live.writing_turn:
-            for tries_left in range(self._stale_tries, 0, -1):
-                try:
-                    return await self._write(live, call)
-                except Stale:
-                    if tries_left == 1:
-                        raise
-                    await self._episodes.refresh(live)
-        raise AssertionError("unreachable")
-
-    async def _write(self, live: LiveEpisode, call: _Call) -> Turn:
-        request = call.request
-        if live.episode.status.closed:  # finished while this call waited for the one before it
-            raise closed_error(live.episode)
-        now = self._now()
-        if (over := live.episode.budget.exceeded(live.next_seq, live.tokens, now)) is not None:
-            await self._over_budget(live, over)
-        if (stale := live.episode.budget.stale(live.versions, self._queue.answers.versions)) is not None:
-            await self._stale(live, stale)
-        model = request.get("model")
-        place = live.branches.locate(request)
-        turn = Turn(
-            id=new_id("tu"),
-            episode_id=live.episode.id,
-            seq=live.next_seq,
-            dialect=call.dialect,
-            request=request,
-            wire=call.wire,
-            stream=call.stream,
-            status=TurnStatus.PARKED,
-            created_at=now,
-            model=model if isinstance(model, str) else None,
-            trainable=call.trainable,
-            branch=place.branch,
-            parent_id=place.parent_id,
-        )
-
-        def took(written: asyncio.Future[None]) -> None:
-            if failure(written) is None:
-                live.took(turn, place)
-
-        # Taken when the write settles, not when this call resumes: a call cancelled meanwhile whose turn was
-        # recorded still takes its seq, or the next call's turn would collide with it.
-        written = asyncio.ensure_future(self._queue.add(turn, call.held_for))
-        written.add_done_callback(took)
-        if live.episode.status is EpisodeStatus.PENDING:
-            await self._episodes.start(live, written, now)
-        await asyncio.shield(written)
-        return turn

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from proxy.core.answers import first_difference
 from proxy.core.fork_plan import REPLAYED
+from proxy.core.prefixes import first_difference
 from proxy.core.values import JsonObject
 
 SAMPLE_VERSION = 1
