@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
-from proxy.adapters.tool_parsers import FormatParser, ToolCall, _arguments, _Unparsed
+from proxy.adapters.parsers.sections import Section, json_arguments
+from proxy.adapters.tool_parsers import FormatParser, ToolCall, _Unparsed
 from proxy.core.values import JsonObject
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -17,31 +17,23 @@ END = "<｜end▁of▁sentence｜>"
 _FENCED = re.compile(r"\A([^\n]+)\n```(?:json)?\n(.*)\n```\s*\Z", re.DOTALL)
 
 
+_SECTION = Section(END, CALLS_BEGIN, CALLS_END, CALL_END)
+
+
 def _deepseek_v3(body: str, tools: Sequence[JsonObject]) -> tuple[str | None, tuple[ToolCall, ...]]:
-    body = body.strip().removesuffix(END).rstrip()
-    content, found, section = body.partition(CALLS_BEGIN)
-    if not found:
-        return content.strip() or None, ()
-    section = section.strip().removesuffix(CALLS_END)
-    calls: list[ToolCall] = []
-    for number, piece in enumerate(section.split(CALL_END), 1):
-        piece = piece.strip()
-        if not piece:
-            continue
-        where = f"tool call {number}"
-        if not piece.startswith(CALL_BEGIN) or SEP not in piece:
-            raise _Unparsed(f"{where} is not {CALL_BEGIN}NAME{SEP}ARGUMENTS{CALL_END}")
-        name, _, arguments = piece.removeprefix(CALL_BEGIN).partition(SEP)
-        if name == "function" and (fenced := _FENCED.match(arguments)):
-            name, arguments = fenced[1], fenced[2]
-        try:
-            value = json.loads(arguments)
-        except json.JSONDecodeError as e:
-            raise _Unparsed(f"{where}: its arguments are not JSON ({e})") from e
-        if not name.strip():
-            raise _Unparsed(f"{where} has no name")
-        calls.append(ToolCall(name.strip(), _arguments(value, where)))
-    return content.strip() or None, tuple(calls)
+    return _SECTION.read(body, _call)
+
+
+def _call(piece: str, where: str) -> ToolCall:
+    if not piece.startswith(CALL_BEGIN) or SEP not in piece:
+        raise _Unparsed(f"{where} is not {CALL_BEGIN}NAME{SEP}ARGUMENTS{CALL_END}")
+    name, _, arguments = piece.removeprefix(CALL_BEGIN).partition(SEP)
+    if name == "function" and (fenced := _FENCED.match(arguments)):
+        name, arguments = fenced[1], fenced[2]
+    value = json_arguments(arguments, where)
+    if not name.strip():
+        raise _Unparsed(f"{where} has no name")
+    return ToolCall(name.strip(), value)
 
 
 DEEPSEEK_V3 = FormatParser("deepseek_v3", _deepseek_v3)

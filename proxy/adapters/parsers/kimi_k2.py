@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
-from proxy.adapters.tool_parsers import FormatParser, ToolCall, _arguments, _Unparsed
+from proxy.adapters.parsers.sections import Section, json_arguments
+from proxy.adapters.tool_parsers import FormatParser, ToolCall, _Unparsed
 from proxy.core.values import JsonObject
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -16,28 +16,19 @@ END = "<|im_end|>"
 _ID = re.compile(r"\A\s*(?:functions\.)?([^:\s]+)(?::\d+)?\s*\Z")  # functions.NAME:INDEX, the call's id
 
 
+_SECTION = Section(END, SECTION_BEGIN, SECTION_END, CALL_END)
+
+
 def _kimi_k2(body: str, tools: Sequence[JsonObject]) -> tuple[str | None, tuple[ToolCall, ...]]:
-    body = body.strip().removesuffix(END).rstrip()
-    content, found, section = body.partition(SECTION_BEGIN)
-    if not found:
-        return content.strip() or None, ()
-    section = section.strip().removesuffix(SECTION_END)
-    calls: list[ToolCall] = []
-    for number, piece in enumerate(section.split(CALL_END), 1):
-        piece = piece.strip()
-        if not piece:
-            continue
-        where = f"tool call {number}"
-        head, found, arguments = piece.removeprefix(CALL_BEGIN).partition(ARGUMENTS)
-        named = _ID.match(head)
-        if not piece.startswith(CALL_BEGIN) or not found or named is None:
-            raise _Unparsed(f"{where} is not {CALL_BEGIN}functions.NAME:INDEX{ARGUMENTS}{{...}}{CALL_END}")
-        try:
-            value = json.loads(arguments)
-        except json.JSONDecodeError as e:
-            raise _Unparsed(f"{where}: its arguments are not JSON ({e})") from e
-        calls.append(ToolCall(named[1], _arguments(value, where)))
-    return content.strip() or None, tuple(calls)
+    return _SECTION.read(body, _call)
+
+
+def _call(piece: str, where: str) -> ToolCall:
+    head, found, arguments = piece.removeprefix(CALL_BEGIN).partition(ARGUMENTS)
+    named = _ID.match(head)
+    if not piece.startswith(CALL_BEGIN) or not found or named is None:
+        raise _Unparsed(f"{where} is not {CALL_BEGIN}functions.NAME:INDEX{ARGUMENTS}{{...}}{CALL_END}")
+    return ToolCall(named[1], json_arguments(arguments, where))
 
 
 KIMI_K2 = FormatParser("kimi_k2", _kimi_k2)
