@@ -63,6 +63,8 @@ Failure = tuple[int, str, str, list[tuple[bytes, bytes]]]
 
 
 class ParkedReply:
+    __slots__ = ("_broker", "_call", "_dialect", "_episode", "_keepalive_s", "_open_turn")  # one per parked call
+
     def __init__(
         self, broker: Broker, dialect: Dialect, call: Call, open_turn: OpenTurn, episode: Episode, keepalive_s: float
     ) -> None:
