@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from proxy.adapters.ids_json import IdsJson, answer_of
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
@@ -89,7 +90,8 @@ class ServedUpstream:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop, at the first call
         self._timeout_s = timeout_s
-        self._tokens = TokenPolicy(self._post, self._model_root)
+        self._ids = IdsJson()
+        self._tokens = TokenPolicy(self._send, self._model_root, self._ids)
         self._roots: dict[str, str] = {}
 
     async def complete(self, answerer: Answerer, request: JsonObject, parent: Turn | None = None) -> Reply:
@@ -106,7 +108,7 @@ class ServedUpstream:
         else:
             asked.pop("tool_choice", None)
         body = server.ask({**asked, **sampling, "model": answerer.model, "stream": False})
-        response = await self._post(url, body, timeout_s)
+        response = answer_of(await self._send(url, orjson.dumps(body), timeout_s))
         return _reply(server, url, response, sampling)
 
     async def aclose(self) -> None:
@@ -143,10 +145,11 @@ class ServedUpstream:
         self._roots[api_base] = root
         return root
 
-    async def _post(self, url: str, body: JsonObject, timeout_s: float) -> JsonObject:
+    async def _send(self, url: str, body: bytes, timeout_s: float) -> bytes:
+        """A JSON body to the server; its answer's bytes, where it answered 200."""
         try:
             async with self._client().post(
-                url, data=orjson.dumps(body), headers=_JSON, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url, data=body, headers=_JSON, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as answer:
                 status, reason, content = answer.status, answer.reason, await answer.read()
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -156,13 +159,7 @@ class ServedUpstream:
             if status == 400 and _CONTEXT_FULL.search(why):
                 raise ContextFull(f"the conversation is longer than the policy's context: {why}")
             raise UpstreamError(f"the policy's server answered {status}: {why}")
-        try:
-            response = orjson.loads(content)
-        except orjson.JSONDecodeError as e:
-            raise UpstreamError("the policy's server answered with something other than JSON") from e
-        if not isinstance(response, dict) or not response.get("choices"):
-            raise UpstreamError("the policy's server answered with no choices")
-        return response
+        return content
 
 
 def mode_of(answerer: Answerer) -> str:
