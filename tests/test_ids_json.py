@@ -1,12 +1,13 @@
 """Token ids as JSON text: a server's echo of the prompt ids cut out of its answer only where it is the one echo, where
-the ids are read from, and written as servers write it; the ids' text kept for a turn's child within its bound."""
+the ids are read from, and written as servers write it; the ids' text kept for a turn's child within its bound; an
+echo read after its parent's ids where it extends them."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from proxy.adapters.ids_json import IdsJson, cut_echo, dumped, joined
+from proxy.adapters.ids_json import IdsJson, after, cut_echo, dumped, joined
 
 
 def completion(echo: bytes, *, top: bytes = b"") -> bytes:
@@ -52,3 +53,18 @@ def test_ids_text_is_joined_and_kept_for_the_same_objects_only() -> None:
     assert ids.of(tuple(orjson.loads(b"[1,2,3]")), sampled) == b"[1,2,3,4]"  # equal ids, other objects: dumped
     ids.keep((5,) * 4, (6,), b"[5,5,5,5,6]")  # 11 + 40 bytes: over 64 with the first, which goes
     assert ids.of(prompt, sampled) == b"[1,2,3,4]"
+
+
+@pytest.mark.parametrize(
+    ("echo", "before", "new"),
+    [
+        (b"[1,2,3,44]", b"[1,2]", [3, 44]),
+        (b"[1,2]", b"[1,2]", []),
+        (b"[1,23]", b"[1,2]", None),  # 23 is not 2 then more
+        (b"[1]", b"[1,2]", None),
+        (b"[9,2,3]", b"[1,2]", None),
+        (b"[1,2,3]", b"[]", None),  # no parent's ids to extend
+    ],
+)
+def test_an_echo_extends_its_parents_ids_token_for_token(echo: bytes, before: bytes, new: list[int] | None) -> None:
+    assert after(echo, before) == new

@@ -112,12 +112,30 @@ def cut_echo(content: bytes, where: str) -> Echo | None:
     return Echo(response, text)
 
 
+def after(echo: bytes, before: bytes) -> list[int] | None:
+    """The ids an echo's text (`cut_echo`) holds after those of `before` (another array's text), where it begins
+    with them all; None where it does not."""
+    head = before[:-1]
+    if len(head) < 2 or not echo.startswith(head):  # one comparison of bytes
+        return None
+    rest = echo[len(head) :]
+    if rest == b"]":
+        return []
+    if not rest.startswith(b","):
+        return None
+    return list(orjson.loads(b"[" + rest[1:]))
+
+
 def answer_of(content: bytes) -> JsonObject:
     """A server's answer parsed, if it is JSON with choices."""
     try:
         response = orjson.loads(content)
     except orjson.JSONDecodeError as e:
         raise UpstreamError("the policy's server answered with something other than JSON") from e
+    return with_choices(response)
+
+
+def with_choices(response: Any) -> JsonObject:
     if not isinstance(response, dict) or not response.get("choices"):
         raise UpstreamError("the policy's server answered with no choices")
     return response
