@@ -1,0 +1,86 @@
+"""A process killed while its Postgres connection runs a statement (an upgrade's batch, holding the upgrade's lock)
+lets go of what it held within about a second, not once the statement ends: the next start does not wait for
+the killed work."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy
+
+from proxy.storage import upgrade
+from proxy.storage.engines import engine_url
+from testkit.databases import fresh_schema
+from tests.conftest import POSTGRES_URL
+from tests.test_storage_upgrade import ROOT
+
+pytestmark = pytest.mark.skipif(
+    not POSTGRES_URL and not os.environ.get("CI"),
+    reason="no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)",
+)
+
+STATEMENT_S = 60  # the killed statement's length: far longer than the wait allowed after the kill
+FREE_WITHIN_S = 5  # Postgres looks for a vanished client each second (`engines.CHECK_CLIENT_MS`), under load too
+HOLD = f"""
+import asyncio, sys
+from proxy.storage import upgrade
+from proxy.storage.sql import SqlStore
+
+async def main(url):
+    store = SqlStore(url)
+    await store.open()
+    with store.engine.connect() as conn:  # a connection of the store's, as the upgrade's
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(upgrade._LOCK)
+        conn.exec_driver_sql("SELECT pg_sleep({STATEMENT_S})")  # the batch it is killed in
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def schema_url() -> Iterator[str]:
+    if not POSTGRES_URL:
+        pytest.fail("CI must run the Postgres tests: .ci/run sets TRAJPROXY_TEST_POSTGRES_URL")
+    with fresh_schema(POSTGRES_URL) as url:
+        yield url
+
+
+@pytest.mark.timeout(180)
+def test_the_upgrade_lock_of_a_process_killed_mid_statement_is_free_within_seconds(schema_url: str) -> None:
+    engine = sqlalchemy.create_engine(engine_url(schema_url))
+    held = subprocess.Popen(
+        [sys.executable, "-c", HOLD, schema_url], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            deadline = time.monotonic() + 120
+            while not conn.execute(
+                sqlalchemy.text(
+                    "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'SELECT pg_sleep(%'"
+                )
+            ).first():
+                assert held.poll() is None and time.monotonic() < deadline, "the lock was never held"
+                time.sleep(0.1)
+            try_lock = upgrade._LOCK.replace("pg_advisory_lock", "pg_try_advisory_lock")
+            assert conn.exec_driver_sql(try_lock).scalar() is False  # held by the sleeping statement
+
+            os.kill(held.pid, signal.SIGKILL)
+            held.wait(timeout=30)
+            killed = time.monotonic()
+            while not conn.exec_driver_sql(try_lock).scalar():
+                waited_s = time.monotonic() - killed
+                assert waited_s < FREE_WITHIN_S, f"the lock was still held {waited_s:.1f} s after the kill"
+                time.sleep(0.05)
+            conn.exec_driver_sql(upgrade._UNLOCK)
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.wait(timeout=30)
+        engine.dispose()
