@@ -9,21 +9,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy
 
 from proxy.storage import upgrade
 from proxy.storage.engines import engine_url
-from testkit.databases import fresh_schema
-from tests.conftest import POSTGRES_URL
+from tests.conftest import fresh_database
 from tests.test_storage_upgrade import ROOT
-
-pytestmark = pytest.mark.skipif(
-    not POSTGRES_URL and not os.environ.get("CI"),
-    reason="no Postgres server: set TRAJPROXY_TEST_POSTGRES_URL (bash .ci/run starts one and sets it)",
-)
 
 STATEMENT_S = 60  # the killed statement's length: far longer than the wait allowed after the kill
 FREE_WITHIN_S = 5  # Postgres looks for a vanished client each second (`engines.CHECK_CLIENT_MS`), under load too
@@ -43,16 +37,13 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-@pytest.fixture
-def schema_url() -> Iterator[str]:
-    if not POSTGRES_URL:
-        pytest.fail("CI must run the Postgres tests: .ci/run sets TRAJPROXY_TEST_POSTGRES_URL")
-    with fresh_schema(POSTGRES_URL) as url:
-        yield url
-
-
 @pytest.mark.timeout(180)
-def test_the_upgrade_lock_of_a_process_killed_mid_statement_is_free_within_seconds(schema_url: str) -> None:
+def test_the_upgrade_lock_of_a_process_killed_mid_statement_is_free_within_seconds(tmp_path: Path) -> None:
+    with fresh_database("postgres", tmp_path) as schema_url:
+        held_and_killed(schema_url)
+
+
+def held_and_killed(schema_url: str) -> None:
     engine = sqlalchemy.create_engine(engine_url(schema_url))
     held = subprocess.Popen(
         [sys.executable, "-c", HOLD, schema_url], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
