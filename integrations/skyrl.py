@@ -19,7 +19,8 @@ repeat from step to step, the keys do not. The salt is SkyRL's own (`build_vllm_
 SkyRL's generators share the engine's prefix cache for one policy version.
 
 Written for SkyRL 0.4 (Python 3.12). SkyRL's options this generator cannot serve are refused when it is made: routed
-experts (R3) and sampler support sets, neither of which the inference engine's token endpoint returns here.
+experts (R3) and sampler support sets, per-token side channels trajproxy does not record (a sample line holds ids,
+mask and logprobs), which SkyRL would otherwise train without.
 
 How sample lines become rows: integrations/skyrl_outputs.py (`generator_output`, a plain function).
 """
@@ -38,8 +39,6 @@ from sandbox.tasks.task import Task
 EXTRA_TASKS, EXTRA_TASK_ID, EXTRA_AGENT = "tasks", "task_id", "agent"
 # SkyRL's sampling parameters that only shape the text it would decode, not what is sampled
 _NOT_SAMPLING = frozenset({"logprobs", "skip_special_tokens", "n"})
-
-
 # SkyRL's inference options whose per-token side channels this generator does not return (the client's fields)
 _REFUSED = {
     "enable_return_routed_experts": "routed experts (R3)",
