@@ -75,7 +75,8 @@ class Episode:
 
     def call(self) -> tuple[list[int], str | None, str | None]:
         parent = self.turns[-1] if self.turns else None
-        return _prompt(self.t, [dict(m) for m in self.history], TOOLS, parent)
+        ids, continued, why = _prompt(self.t, [dict(m) for m in self.history], TOOLS, parent)
+        return list(ids), continued, why
 
     def answer(self, ids: list[int], text: str, cut: int | None = None) -> dict[str, Any]:
         """The model's reply (its sampled ids, `cut` to a few), as the agent gets it, which the agent hands back
@@ -226,9 +227,9 @@ def test_a_glm_reply_that_stopped_on_another_role_than_the_next_is_a_discontinui
             _prompt(t, messages, TOOLS, episode.turns[-1], then)
         assert "\n" not in refused.value.message
         return
-    ids, continued, why = _prompt(t, messages, TOOLS, episode.turns[-1], then)
+    prompt, continued, why = _prompt(t, messages, TOOLS, episode.turns[-1], then)
     assert continued is None and why is not None and why.startswith("discontinuity: the reply stopped on '<|user|>'")
-    assert ids == t.prompt(messages, TOOLS)  # rendered in full
+    assert list(prompt) == t.prompt(messages, TOOLS)  # rendered in full
 
 
 @pytest.mark.parametrize(

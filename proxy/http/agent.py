@@ -186,7 +186,8 @@ class AgentCall:
             parsed = dialect.parse(body)
             if self._continued is not None:
                 parsed = await self._continued(episode, body, parsed)
-            retry = headers.get(b"x-stainless-retry-count", b"0") not in (b"", b"0")
+            said = headers.get(b"x-stainless-retry-count")  # absent: the client does not say (None)
+            retry = None if said is None else said not in (b"", b"0")
             open_turn = await broker.park(
                 episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry
             )
