@@ -145,6 +145,15 @@ class Answers:
         except UpstreamError as e:
             self._context.endings.end([open_turn], TurnStatus.FAILED, e.message, e)
             return
+        except (
+            Exception
+        ) as e:  # a fault in making the answer (a template, a parser): the agent hears now, not at its timeout
+            log.exception("turn %s: answering it from %s failed", open_turn.turn.id, answerer.kind)
+            failed = UpstreamError(
+                f"the policy's answer could not be made ({type(e).__name__}); the server's log says more"
+            )
+            self._context.endings.end([open_turn], TurnStatus.FAILED, failed.message, failed)
+            return
         await self.answer_reserved(open_turn, _sent_under(reply, answerer, version))
 
     async def answer_reserved(self, open_turn: OpenTurn, reply: Reply) -> None:
