@@ -5,7 +5,8 @@
 
 One kind, sized to SmolLM2-135M-Instruct (whose untrained pass rate on it is between 5% and 60%): create a file that
 holds a given word, graded by `grep -qiw WORD FILE`. Renaming a file (`mv`) and counting a file's lines into a file
-(`wc -l`) were tried first and left out: the untrained model passed none of 20 such held-out tasks.
+(`wc -l`) were tried first and left out: the untrained model passed none of 20 such held-out episodes
+(benchmarks/RESULTS.md, section 36).
 The train and held-out splits share no instance (no (file, word) pair is in both). Everything is deterministic:
 the same files every time. The files in /work (a few lists of words) are there to look around in.
 """
@@ -114,7 +115,7 @@ def split(train: int, heldout: int, seed: int) -> tuple[list[dict[str, object]],
     """Disjoint splits of the instances shuffled by `seed`: no (file, word) pair is in both."""
     found = instances()
     random.Random(seed).shuffle(found)
-    rows = [
+    rows: list[dict[str, object]] = [
         {"prompt": prompt, "label": key, "metadata": {"image": IMAGE, "workdir": WORKDIR, "eval_cmd": check}}
         for prompt, check, key in found[: train + heldout]
     ]
