@@ -12,7 +12,9 @@ ms per 1k tokens of context, least squares), the turns per second one core answe
 each database holds after the episode (less an empty one's) against the final prompt's ids at 4 bytes each.
 `--tokenizer` names the model folders whose tokenizers to run with (default: the tiny model the tests build, and
 SmolLM2's where ~/.cache/trajproxy holds it); `--check-template every` renders the whole conversation on every
-continued turn (`served.template_differs`), as before issue 48.
+continued turn (`served.template_differs`), as before issue 48. `--before DIR` (again for more) runs each way through
+another checkout's trajproxy too (`git worktree add ../before HEAD~1`), beside this one's, so a change is measured
+before and after in one run.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Way:
     name: str
     server: Server
     database: Path
+    tree: str = "this"
     episode: str = ""
     key: str = ""
     messages: list[dict[str, Any]] = field(default_factory=lambda: [*TASK])
@@ -155,7 +158,9 @@ def stored_bytes(database: Path) -> int:
         return int(pages * db.execute("PRAGMA page_size").fetchone()[0])
 
 
-def run(model_dir: Path, turns: int, seed: int, check: Any = True) -> list[dict[str, Any]]:
+def run(
+    model_dir: Path, turns: int, seed: int, check: Any = True, before: list[Path] | None = None
+) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     results = [tool_result(rng) for _ in range(turns)]
     with (
@@ -164,16 +169,17 @@ def run(model_dir: Path, turns: int, seed: int, check: Any = True) -> list[dict[
         contextlib.ExitStack() as stack,
         httpx.Client(timeout=300) as client,
     ):
-        ways = []
+        ways: list[Way] = []
         for name in WAYS:
-            database = Path(scratch) / f"{name}.db"
-            server = stack.enter_context(trajproxy(f"sqlite:///{database}", None, None))
-            ways.append(Way(name, server, database))
+            for tree in [None, *(before or [])]:
+                database = Path(scratch) / f"{name}-{len(ways)}.db"
+                server = stack.enter_context(trajproxy(f"sqlite:///{database}", tree, None))
+                ways.append(Way(name, server, database, tree.name if tree else "this"))
         empty = stored_bytes(ways[0].database)
         for way in ways:
             begin(client, way, api_base, check)
         for i, result in enumerate(results):
-            for way in ways[i % 3 :] + ways[: i % 3]:
+            for way in ways[i % len(ways) :] + ways[: i % len(ways)]:
                 context = ways[0].context[-1] if ways[0].context else 0
                 turn(client, way, result, context)
         return [summary(way, stored_bytes(way.database) - empty) for way in ways]
@@ -190,6 +196,7 @@ def summary(way: Way, stored: int) -> dict[str, Any]:
     final = way.context[-1] + 30
     return {
         "way": way.name,
+        "tree": way.tree,
         "turns": n,
         "final_context": way.context[-1],
         "cpu_10_29": statistics.fmean(early),
@@ -209,6 +216,7 @@ def summary(way: Way, stored: int) -> dict[str, Any]:
 COLUMNS = [
     ("tokenizer", "tokenizer", "s"),
     ("way", "way", "s"),
+    ("trajproxy", "tree", "s"),
     ("turns", "turns", "d"),
     ("final context, tokens", "final_context", ",d"),
     ("CPU ms/turn, turns 10-29", "cpu_10_29", ".2f"),
@@ -249,6 +257,7 @@ def main() -> None:
         choices=["sampled", "every", "never"],
         help="policy_options.check_template",
     )
+    parser.add_argument("--before", type=Path, action="append", default=[], help="another checkout (again: more)")
     parser.add_argument("--quick", action="store_true", help="a short smoke: 32 turns, the tiny model's tokenizer")
     parser.add_argument("--repeats", type=int, default=1, help="accepted for benchmarks/all.py")
     args = parser.parse_args()
@@ -259,7 +268,8 @@ def main() -> None:
     rows = []
     for folder in folders:
         check = {"sampled": True, "every": "every", "never": False}[args.check_template]
-        rows += [{"tokenizer": folder.name.split("-")[0], **row} for row in run(folder, args.turns, args.seed, check)]
+        found = run(folder, args.turns, args.seed, check, args.before)
+        rows += [{"tokenizer": folder.name.split("-")[0], **row} for row in found]
     table(rows)
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from sandbox.agents.bundles import BundleError, Bundles
 from sandbox.agents.manifests import ManifestError, load, presets
-from sandbox.backends.docker_sandboxes import Pruned, prune
+from sandbox.backends.docker_sandboxes import prune
+from sandbox.backends.images import Pruned
 from sandbox.backends.interface import SandboxError
 from sandbox.console import console as _console
 from sandbox.run.command import run_command

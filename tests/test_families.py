@@ -75,7 +75,8 @@ class Episode:
 
     def call(self) -> tuple[list[int], str | None, str | None]:
         parent = self.turns[-1] if self.turns else None
-        return _prompt(self.t, [dict(m) for m in self.history], TOOLS, parent)
+        ids, continued, why = _prompt(self.t, [dict(m) for m in self.history], TOOLS, parent)
+        return list(ids), continued, why
 
     def answer(self, ids: list[int], text: str, cut: int | None = None) -> dict[str, Any]:
         """The model's reply (its sampled ids, `cut` to a few), as the agent gets it, which the agent hands back
@@ -226,9 +227,9 @@ def test_a_glm_reply_that_stopped_on_another_role_than_the_next_is_a_discontinui
             _prompt(t, messages, TOOLS, episode.turns[-1], then)
         assert "\n" not in refused.value.message
         return
-    ids, continued, why = _prompt(t, messages, TOOLS, episode.turns[-1], then)
+    prompt, continued, why = _prompt(t, messages, TOOLS, episode.turns[-1], then)
     assert continued is None and why is not None and why.startswith("discontinuity: the reply stopped on '<|user|>'")
-    assert ids == t.prompt(messages, TOOLS)  # rendered in full
+    assert list(prompt) == t.prompt(messages, TOOLS)  # rendered in full
 
 
 @pytest.mark.parametrize(
@@ -273,3 +274,28 @@ def test_a_family_with_an_official_renderer_is_built_by_its_package_not_a_templa
     made = renderer_of("unused: harmony carries its own vocabulary", None, {}, "gpt-oss")
     assert type(made).__name__ == "HarmonyTemplate" and made.family.name == "gpt-oss"
     assert made.end_of_turn in made.stops
+
+
+# A template that joins each message's `content` to its text with `+`, as SmolLM2's does: a reply that is only tool
+# calls, with no content field, makes it raise (an undefined field cannot be added to a string)
+READS_CONTENT = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def test_a_template_that_refuses_the_conversation_is_a_difference_from_its_start_not_a_lost_call() -> None:
+    # The whole-conversation check raised instead: the served call was never answered, and its agent heard 504 once
+    # the turn timed out (SmolLM2's run of benchmarks/long_episode.py, RESULTS.md section 35)
+    strict = ChatTemplate(tokenizer("chatml"), READS_CONTENT, {}, named("chatml"))
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "list the files"},
+        {"role": "assistant", "tool_calls": [call("bash", {"command": "ls"}, 0)]},
+        {"role": "tool", "tool_call_id": "functions.bash:0", "content": "a.py"},
+    ]
+    ids = strict.encode("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n")
+    differs = strict.difference(ids, messages, TOOLS)
+    assert differs is not None and differs.at == 0
+    assert differs.rendered.startswith("(the chat template refused the conversation: ")
+    assert differs.sent == "<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n"

@@ -299,9 +299,11 @@ def turn_rows_of(fleet: list[Replica]) -> list[Any]:
     return turn_rows(fleet[0].database_url)
 
 
+@pytest.mark.parametrize("said", [True, False], ids=["retry said", "retry unsaid"])
 def test_a_turn_whose_agent_hung_up_leaves_every_queue_until_its_retry_comes_back_on_another(
-    replicas: Replicas,
+    replicas: Replicas, said: bool
 ) -> None:
+    """With `x-stainless-retry-count`, or without it (the Gemini SDK): no second turn."""
     a, b = replicas(2, "--retry-grace-s", "60")
     episode = trainer_on(a, replicas).create_episode(task="flaky network")
     body = b'{"model":"policy","messages":[{"role":"user","content":"are you there?"}]}'
@@ -311,13 +313,32 @@ def test_a_turn_whose_agent_hung_up_leaves_every_queue_until_its_retry_comes_bac
     until(lambda: turn_rows(a.database_url, "held_for")[0].held_for == "agent", "the turn to leave the queue")
     assert trainer_on(b, replicas).next_turns(wait_s=0) == []  # no trainer anywhere gets it meanwhile
     with ThreadPoolExecutor(max_workers=1) as pool:
-        retried = {**headers, "x-stainless-retry-count": "1"}
+        retried = {**headers, "x-stainless-retry-count": "1"} if said else headers
         retry = pool.submit(httpx.post, f"{b.url}/v1/chat/completions", content=body, headers=retried, timeout=60)
         [turn] = trainer_on(a, replicas).next_turns(wait_s=60)  # back in the queue, held by b now
         trainer_on(a, replicas).reply(turn.id, "yes", lease_id=turn.lease_id)
         assert retry.result(timeout=60).json()["choices"][0]["message"]["content"] == "yes"
     [row] = turn_rows(a.database_url)
     assert (row.seq, row.status, row.replica) == (0, "answered", b.health()["replica"])
+
+
+def test_a_reply_lost_with_its_agent_is_replayed_to_its_unsaid_retry_on_another_replica(replicas: Replicas) -> None:
+    """A call answered after its agent hung up (its reply recorded, handed to nobody), retried through another
+    replica by a client that does not say it retries: it gets that reply, and the episode keeps one turn."""
+    a, b = replicas(2, "--retry-grace-s", "60")
+    episode = trainer_on(a, replicas).create_episode(task="lost reply")
+    body = b'{"model":"policy","messages":[{"role":"user","content":"are you there?"}]}'
+    headers = {"authorization": f"Bearer {episode.key}", "content-type": "application/json"}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(httpx.post, f"{a.url}/v1/chat/completions", content=body, headers=headers, timeout=3)
+        [turn] = trainer_on(a, replicas).next_turns(wait_s=60)  # leased while its agent waits
+        with pytest.raises(httpx.TimeoutException):
+            first.result(timeout=60)
+    trainer_on(b, replicas).reply(turn.id, "recorded, never sent", lease_id=turn.lease_id)
+    retry = httpx.post(f"{b.url}/v1/chat/completions", content=body, headers=headers, timeout=60)
+    assert retry.json()["choices"][0]["message"]["content"] == "recorded, never sent", retry.text
+    [row] = turn_rows(a.database_url)
+    assert (row.seq, row.status) == (0, "answered")
 
 
 def test_a_turn_whose_agent_never_comes_back_is_taken_over_and_abandoned(replicas: Replicas) -> None:

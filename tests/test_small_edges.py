@@ -98,13 +98,22 @@ def test_a_key_under_a_name_the_server_does_not_read_is_kept_out_of_log_lines() 
 
 @ON_SQLITE
 @pytest.mark.settings(no_trainer_token=True)
-def test_an_open_trainer_api_judges_two_host_headers_by_the_first(server: Any) -> None:
+def test_an_open_trainer_api_refuses_two_host_headers_whichever_comes_first(server: Any) -> None:
     where = urlsplit(server.url)
-    for hosts, status in ((["evil.example", where.netloc], 403), ([where.netloc, "evil.example"], 200)):
-        with socket.create_connection((where.hostname, where.port), timeout=10) as connection:
-            lines = ["GET /api/episodes HTTP/1.1", *(f"host: {host}" for host in hosts), "connection: close"]
-            connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-            answer = b""
-            while chunk := connection.recv(65536):
-                answer += chunk
-        assert answer.split(b" ", 2)[1] == str(status).encode(), (hosts, answer[:300])
+    tries = [
+        (["evil.example", where.netloc], 400),
+        ([where.netloc, "evil.example"], 400),
+        ([where.netloc, where.netloc], 400),
+        ([where.netloc], 200),
+    ]
+    for path in ("/api/episodes", "/ui/"):
+        for hosts, status in tries:
+            with socket.create_connection((where.hostname, where.port), timeout=10) as connection:
+                lines = [f"GET {path} HTTP/1.1", *(f"host: {host}" for host in hosts), "connection: close"]
+                connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+                answer = b""
+                while chunk := connection.recv(65536):
+                    answer += chunk
+            assert answer.split(b" ", 2)[1] == str(status).encode(), (path, hosts, answer[:300])
+            if status == 400:
+                assert b"names one Host" in answer, answer[-300:]

@@ -51,6 +51,8 @@ def test_an_open_trainer_api_answers_no_web_page(
         {"sec-fetch-site": "same-site"},
         {"host": f"{REBOUND}:{port}", "origin": f"http://{REBOUND}:{port}"},
         {"host": f"{REBOUND}:{port}"},
+        # a browser older than Fetch Metadata: its cross-site GET (an <img>, a link) names no page at all
+        {"user-agent": "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_15_7) AppleWebKit/605.1.15 Version/15.6 Safari"},
     ]
     with httpx.Client(base_url=base, timeout=10) as http:
         for method, path, body in trainer_routes(episode.id, turn.id):
@@ -76,7 +78,9 @@ def test_an_open_trainer_api_answers_no_web_page(
     assert [e.id for e in trainer.episodes().episodes] == [episode.id]
     assert not answer.done()
 
-    # What the trainer itself sends still works: its client, a same-origin page, and a browser's own address bar.
+    # What the trainer itself sends still works: its client, a program with neither header (curl), a same-origin
+    # page, and a browser's own address bar.
+    assert httpx.get(f"{base}/api/turns/{turn.id}", headers={"user-agent": "curl/8.5.0"}).status_code == 200
     for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
         page = {"host": host, "origin": f"http://{host}", "sec-fetch-site": "same-origin"}
         assert httpx.get(f"{base}/api/turns/{turn.id}", headers=page).status_code == 200

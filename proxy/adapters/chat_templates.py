@@ -156,7 +156,11 @@ class ChatTemplate:
 
     def difference(self, ids: Sequence[int], messages: Sequence[JsonObject], tools: Any) -> Difference | None:
         """Whether the template's rendering of the whole conversation is the text of `ids`, and where not."""
-        rendered, sent = self.render(messages, tools, generation_prompt=True), self.decode(ids)
+        try:
+            rendered = self.render(messages, tools, generation_prompt=True)
+        except TemplateError as e:  # the chat endpoint would refuse the conversation: it differs from its start
+            return Difference(0, f"(the chat template refused the conversation: {e})", self.decode(ids[:80])[:80])
+        sent = self.decode(ids)
         if rendered == sent:
             return None
         at = next(

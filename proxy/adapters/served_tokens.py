@@ -30,7 +30,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
+
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
+from proxy.adapters.ids_json import IdsJson, answer_of, cut_echo, dumped, joined
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
 from proxy.core.episodes import same_message
@@ -53,7 +56,7 @@ TOKEN_OPTIONS = frozenset(
 )
 ON_DISCONTINUITY = ("branch", "fail", "rerender")  # the first is the default
 FIRST_CALL = "the first call of its branch"  # as proxy/storage/samples.py reads it
-Post = Callable[[str, JsonObject, float], Awaitable[JsonObject]]
+Send = Callable[[str, bytes, float], Awaitable[bytes]]  # the body's bytes to a URL, within a time: the answer's
 Sampled = tuple[list[int] | None, list[int] | None, list[float] | None, str, str | None]
 
 
@@ -131,10 +134,11 @@ ENDPOINTS: Mapping[str, TokenEndpoint] = {"vllm": VllmCompletions(), "sglang": S
 
 
 class TokenPolicy:
-    def __init__(self, post: Post, model_root: Callable[[str], Awaitable[str]]) -> None:
-        self._post = post
+    def __init__(self, send: Send, model_root: Callable[[str], Awaitable[str]], ids: IdsJson) -> None:
+        self._send = send
         self._model_root = model_root  # where a server's model lies, for its tokenizer
         self._templates = ChatTemplates()
+        self._ids = ids  # the JSON of turns' ids, for their children's
 
     async def complete(
         self, answerer: Answerer, request: JsonObject, parent: Turn | None, api_base: str, timeout_s: float
@@ -149,13 +153,14 @@ class TokenPolicy:
         check = getattr(template, "difference", None)  # the jinja template's: official renderers have no text
         differs = check(ids, messages, tools) if check and _checked(options, continued, parent, messages) else None
         sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
-        url = endpoint.url(api_base)
-        response = await self._post(url, endpoint.ask(answerer.model, ids, sampling), timeout_s)
-        read, completion, logprobs, text, why = endpoint.sampled(response)
-        if read is not None and read != ids:  # one comparison at C speed (both lists, from JSON and `_prompt`)
-            raise UpstreamError("the policy's server read other prompt ids than it was sent")
-        if not isinstance(completion, list) or not all(isinstance(i, int) for i in completion):
+        sent = self._sent(ids, parent if continued else None)
+        asked = endpoint.ask(answerer.model, _PLACE, sampling)
+        response = await self._asked(endpoint, asked, ids, sent, api_base, timeout_s)
+        _, sampled_ids, logprobs, text, why = endpoint.sampled(response)
+        if not isinstance(sampled_ids, list) or not all(isinstance(i, int) for i in sampled_ids):
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
+        completion = tuple(sampled_ids)
+        self._ids.keep(ids, completion, joined(sent, dumped(completion)))
         if logprobs is not None and (len(logprobs) != len(completion) or not all(_number(v) for v in logprobs)):
             logprobs = None  # not one per sampled token: not to be trusted for a loss
         family: Family = getattr(template, "family", GENERAL)
@@ -181,14 +186,48 @@ class TokenPolicy:
             message=message,
             finish_reason=finish,
             usage=Usage(len(ids), len(completion)),
-            prompt_token_ids=tuple(ids),
-            completion_token_ids=tuple(completion),
+            prompt_token_ids=ids,
+            completion_token_ids=completion,
             logprobs=tuple(float(v) for v in logprobs) if logprobs is not None else None,
             served=served,
             policy_version=_version(response.get("policy_version")),
             # by construction: its parent's prompt and sampled ids, then more
             extends_parent=True if continued else None,
         )
+
+    def _sent(self, ids: tuple[int, ...], continued: Turn | None) -> bytes:
+        """The JSON of a prompt's ids: of a continued turn, its parent's ids' text (kept) and the new ids'."""
+        reply = continued.reply if continued is not None else None
+        if reply is None or reply.prompt_token_ids is None or reply.completion_token_ids is None:
+            return dumped(ids)
+        prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
+        return joined(self._ids.of(prompt, sampled), dumped(ids[len(prompt) + len(sampled) :]))
+
+    async def _asked(
+        self,
+        endpoint: TokenEndpoint,
+        asked: JsonObject,
+        ids: tuple[int, ...],
+        sent: bytes,
+        api_base: str,
+        timeout_s: float,
+    ) -> JsonObject:
+        """The server's answer to `asked`, its prompt the ids whose JSON is `sent` (in place of `_PLACE`): their
+        echo compared as text where the server writes it as it was sent, else parsed and compared as ids."""
+        body = orjson.dumps(asked)
+        if body.count(_PLACED) == 1:
+            body = body.replace(_PLACED, sent)
+        else:  # the placeholder's text in the sampling options too: not worth a cleverer place
+            body = orjson.dumps({k: list(ids) if v is _PLACE else v for k, v in asked.items()})
+        content = await self._send(endpoint.url(api_base), body, timeout_s)
+        echo = cut_echo(content, "choice")
+        if echo is not None and echo.text == sent:  # one comparison of bytes
+            return echo.response
+        response = answer_of(content)
+        read = endpoint.sampled(response)[0]
+        if read is not None and tuple(read) != ids:
+            raise UpstreamError("the policy's server read other prompt ids than it was sent")
+        return response
 
     async def _template(self, answerer: Answerer, api_base: str) -> ChatTemplate:
         options = answerer.options
@@ -210,6 +249,8 @@ class TokenPolicy:
 
 
 _DISCONTINUITY = "discontinuity: "
+_PLACE = [-(1 << 62) - 48]  # where the prompt's ids go in the body sent, as their JSON text
+_PLACED = dumped(_PLACE)
 
 
 def _prompt(
@@ -218,17 +259,21 @@ def _prompt(
     tools: list[JsonObject],
     parent: Turn | None,
     on_discontinuity: str = ON_DISCONTINUITY[0],
-) -> tuple[list[int], str | None, str | None]:
+) -> tuple[tuple[int, ...], str | None, str | None]:
     """The call's prompt ids, the id of the turn they continue (None: rendered in full), and why not where not."""
     reply = parent.reply if parent is not None else None
     if parent is None or reply is None or reply.message is None:
-        return template.prompt(messages, tools), None, FIRST_CALL
+        return tuple(template.prompt(messages, tools)), None, FIRST_CALL
     prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
     n = len(parent.request.get("messages") or ())
     if not prompt or sampled is None:
-        return template.prompt(messages, tools), None, "its parent's reply has no token ids"
+        return tuple(template.prompt(messages, tools)), None, "its parent's reply has no token ids"
     if n >= len(messages) or not same_message(reply.message, messages[n]):
-        return template.prompt(messages, tools), None, "its history does not hold its parent's reply as it was given"
+        return (
+            tuple(template.prompt(messages, tools)),
+            None,
+            "its history does not hold its parent's reply as it was given",
+        )
     try:
         delta = _delta(template, messages[n + 1 :], tools, sampled, messages[: n + 1])
     except Discontinuity as e:
@@ -237,8 +282,8 @@ def _prompt(
             raise UpstreamError(
                 f"token in, token out cannot attribute this call's ids ({why}); policy_options.on_discontinuity is fail"
             ) from e
-        return template.prompt(messages, tools), None, why
-    return [*prompt, *sampled, *delta], parent.id, None
+        return tuple(template.prompt(messages, tools)), None, why
+    return prompt + sampled + tuple(delta), parent.id, None  # copies of references, in C
 
 
 def _delta(

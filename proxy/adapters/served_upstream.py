@@ -15,12 +15,13 @@ sent: the trainer, not the agent, decides how the policy samples.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
+from proxy.adapters.ids_json import IdsJson, after, answer_of, cut_echo, dumped, joined, with_choices
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
@@ -40,6 +41,7 @@ class ServerDialect(Protocol):
 
     name: str
     enable: str  # what to turn on when a server answers without ids
+    echo_at: str  # where its answer holds the prompt ids: "top" (level) or (first) "choice"
 
     def ask(self, body: JsonObject) -> JsonObject: ...
 
@@ -52,6 +54,7 @@ class VllmServer:
 
     name = "vllm"
     enable = "vLLM 0.10.2 or later answers `return_token_ids`; older servers cannot give the ids"
+    echo_at = "top"
 
     def ask(self, body: JsonObject) -> JsonObject:
         return {**body, "logprobs": True, "return_token_ids": True}
@@ -68,6 +71,7 @@ class SglangServer:
 
     name = "sglang"
     enable = "SGLang 0.5.13 or later answers `return_prompt_token_ids` and `return_meta_info`; upgrade the server"
+    echo_at = "choice"
 
     def ask(self, body: JsonObject) -> JsonObject:
         return {**body, "logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True}
@@ -89,7 +93,8 @@ class ServedUpstream:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop, at the first call
         self._timeout_s = timeout_s
-        self._tokens = TokenPolicy(self._post, self._model_root)
+        self._ids = IdsJson()
+        self._tokens = TokenPolicy(self._send, self._model_root, self._ids)
         self._roots: dict[str, str] = {}
 
     async def complete(self, answerer: Answerer, request: JsonObject, parent: Turn | None = None) -> Reply:
@@ -106,8 +111,30 @@ class ServedUpstream:
         else:
             asked.pop("tool_choice", None)
         body = server.ask({**asked, **sampling, "model": answerer.model, "stream": False})
-        response = await self._post(url, body, timeout_s)
-        return _reply(server, url, response, sampling)
+        content = await self._send(url, orjson.dumps(body), timeout_s)
+        if (echo := cut_echo(content, server.echo_at)) is None:
+            return _reply(server, url, answer_of(content), sampling)
+        reply = _reply(server, url, with_choices(echo.response), sampling, self._prompt(echo.text, parent))
+        if reply.prompt_token_ids is not None and reply.completion_token_ids is not None:
+            self._ids.keep(
+                reply.prompt_token_ids,
+                reply.completion_token_ids,
+                joined(echo.text, dumped(reply.completion_token_ids)),
+            )
+        return reply
+
+    def _prompt(self, echo: bytes, parent: Turn | None) -> tuple[list[int] | tuple[int, ...], bool | None]:
+        """The prompt ids a server echoed (`echo`, their text), and True where they extend its parent's prompt and
+        sampled ids (then read from the parent's, and only the ids after them parsed)."""
+        reply = parent.reply if parent is not None else None
+        if reply is not None and reply.prompt_token_ids and reply.completion_token_ids is not None:
+            prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
+            if (new := after(echo, self._ids.of(prompt, sampled))) is not None:
+                return prompt + sampled + tuple(new), True  # (what `Answers` would find, at C speed)
+        try:
+            return orjson.loads(echo), None
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError("the policy's server answered with something other than JSON") from e
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -143,10 +170,11 @@ class ServedUpstream:
         self._roots[api_base] = root
         return root
 
-    async def _post(self, url: str, body: JsonObject, timeout_s: float) -> JsonObject:
+    async def _send(self, url: str, body: bytes, timeout_s: float) -> bytes:
+        """A JSON body to the server; its answer's bytes, where it answered 200."""
         try:
             async with self._client().post(
-                url, data=orjson.dumps(body), headers=_JSON, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url, data=body, headers=_JSON, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as answer:
                 status, reason, content = answer.status, answer.reason, await answer.read()
         except (aiohttp.ClientError, TimeoutError) as e:
@@ -156,13 +184,7 @@ class ServedUpstream:
             if status == 400 and _CONTEXT_FULL.search(why):
                 raise ContextFull(f"the conversation is longer than the policy's context: {why}")
             raise UpstreamError(f"the policy's server answered {status}: {why}")
-        try:
-            response = orjson.loads(content)
-        except orjson.JSONDecodeError as e:
-            raise UpstreamError("the policy's server answered with something other than JSON") from e
-        if not isinstance(response, dict) or not response.get("choices"):
-            raise UpstreamError("the policy's server answered with no choices")
-        return response
+        return content
 
 
 def mode_of(answerer: Answerer) -> str:
@@ -179,9 +201,19 @@ def _api_base(answerer: Answerer) -> str:
     return base.rstrip("/")
 
 
-def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: JsonObject) -> Reply:
+def _reply(
+    server: ServerDialect,
+    url: str,
+    response: JsonObject,
+    sampling: JsonObject,
+    echoed: tuple[list[int] | tuple[int, ...], bool | None] | None = None,  # the prompt ids, cut out of the answer
+) -> Reply:
+    prompt: Sequence[int] | None
     prompt, completion, logprobs = server.ids(response)
-    if not _int_list(prompt) or not _int_list(completion, empty=True):
+    extends = None
+    if echoed is not None:
+        prompt, extends = echoed
+    if not (extends or _int_list(prompt)) or not _int_list(completion, empty=True):
         raise UpstreamError(
             f"the policy's server answered without the token ids it sampled, which training needs: {server.enable}"
         )
@@ -204,6 +236,7 @@ def _reply(server: ServerDialect, url: str, response: JsonObject, sampling: Json
         completion_token_ids=tuple(completion),
         logprobs=tuple(logprobs) if logprobs is not None else None,
         served={"server": server.name, "mode": "chat", "sampling": sampling, "response": kept(response)},
+        extends_parent=extends,
     )
 
 

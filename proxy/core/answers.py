@@ -27,7 +27,7 @@ from proxy.core.errors import Conflict, NotFound, StorageError, TrajproxyError, 
 from proxy.core.open_turns import OpenTurn, Pause, delivery_of
 from proxy.core.prefixes import extension_of
 from proxy.core.recovery import adopt, left_open
-from proxy.core.retries import retried
+from proxy.core.retries import lost_reply, retried
 from proxy.core.values import Answerer, Reply, Turn, TurnStatus, Usage
 
 log = logging.getLogger("trajproxy")
@@ -249,6 +249,9 @@ class LocalQueue:
 
     async def retried(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
         return await retried(self._context.open_turns, self._context.store, live, wire)
+
+    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+        return await lost_reply(self._context.store, live, wire)
 
     async def turn(self, turn_id: str) -> Turn:
         return await self._context.endings.turn(turn_id)

@@ -38,6 +38,7 @@ from proxy.core.forks import Forks
 from proxy.core.open_turns import HOLDING, OpenTurn, Pause
 from proxy.core.queue import Others, TurnQueue
 from proxy.core.recorder import Recorder
+from proxy.core.retries import orphaned
 from proxy.core.rewards import Rewards
 from proxy.core.values import (
     Answerer,
@@ -204,22 +205,28 @@ class Broker:
     # Agent side
 
     async def park(
-        self, episode_id: str, dialect: str, request: JsonObject, wire: bytes, *, stream: bool, retry: bool = False
+        self,
+        episode_id: str,
+        dialect: str,
+        request: JsonObject,
+        wire: bytes,
+        *,
+        stream: bool,
+        retry: bool | None = False,
     ) -> OpenTurn:
         """Record the agent's call as a new turn and park it for a trainer to pull.
 
         An SDK's retry (`retry`) of a call whose turn is still open attaches to that turn, and a retry of the
-        episode's last answered call gets its recorded reply again: a retry never becomes a second turn.
+        episode's last answered call gets its recorded reply again: a retry never becomes a second turn. A call
+        that does not say whether it is one (`retry` None) is one by its body (`proxy.core.retries`).
         """
         live = await self._episodes.load(episode_id)
         if live is None:
             raise closed_error(await self.episode(episode_id))
-        # The body of an open turn no agent waits on (its agent hung up, or an earlier process recorded it) is that
-        # turn's retry whether or not the SDK says so (the Gemini SDK does not): its first attempt is gone.
-        orphaned = any(
-            t.exchanges == 0 and t.turn.wire == wire for t in self._context.open_turns.of_episode(episode_id)
-        )
-        if (retry or orphaned) and (same := await self.queue.retried(live, wire)) is not None:
+        if retry or orphaned(self._context.open_turns, episode_id, wire):
+            if (same := await self.queue.retried(live, wire)) is not None:
+                return same
+        elif retry is None and (same := await self.queue.unmarked_retry(live, wire)) is not None:
             return same
         # A fork's first calls are answered from its parent's (the check costs nothing for other episodes).
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
@@ -280,6 +287,8 @@ class Broker:
 
     def handed_over(self, turn: Turn) -> None:
         """An answered turn's reply was handed over to its agent's connection."""
+        if (live := self._episodes.get(turn.episode_id)) is not None:
+            live.handed(turn)
         self._endings.observer.handed_over(turn, self._now())
 
     def count_tokens(self, request: JsonObject) -> int:

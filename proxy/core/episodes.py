@@ -173,6 +173,7 @@ def _fingerprint(message: Any) -> int:
 
 
 _CLOSED_EPISODES = 100_000
+HANDED_KEPT = 16  # an episode's latest hand-overs remembered: more than its calls at once
 
 
 @dataclass(eq=False, slots=True)
@@ -187,6 +188,8 @@ class LiveEpisode:
     branches: Branches
     recording: dict[asyncio.Future[None], bytes] = field(default_factory=dict)
     last_answered: Turn | None = None
+    loaded_seq: int = 0  # its next seq when this process loaded it: turns before were recorded by another
+    handed_over: OrderedDict[str, None] = field(default_factory=OrderedDict)  # its latest replies handed over here
     arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
     versions: list[str] = field(default_factory=list)  # the policy versions of its answered turns, as answered
     # One new turn written at a time, and one change of the episode's record: what memory holds then follows
@@ -208,6 +211,12 @@ class LiveEpisode:
             self.versions.append(reply.policy_version)
         for call in (reply.message or {}).get("tool_calls") or ():
             self.arguments[call["id"]] = call["function"]["arguments"]
+
+    def handed(self, turn: Turn) -> None:
+        """An answered turn's reply was handed over to its agent's connection here (see `retries.lost_reply`)."""
+        self.handed_over[turn.id] = None
+        while len(self.handed_over) > HANDED_KEPT:
+            self.handed_over.popitem(last=False)
 
     def restore_arguments(self, request: JsonObject) -> None:
         """Give tool calls the agent sends back the exact arguments string the trainer sent, where the agent's
@@ -283,6 +292,7 @@ class LiveEpisodes:
 
     def add(self, episode: Episode, tally: Tally, heads: Iterable[Turn] = ()) -> LiveEpisode:
         live = LiveEpisode(episode, tally.next_seq, tally.tokens, Branches.resume(tally.next_branch, heads))
+        live.loaded_seq = tally.next_seq
         self._open[episode.id] = live
         self._by_key[episode.key_hash] = live
         return live

@@ -130,8 +130,13 @@ class SharedDatabase(Protocol):
 
     async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]: ...
 
-    async def attach(self, episode_id: str, wire: bytes) -> Turn | None:
-        """The open turn of the episode with this wire body (an SDK retry's), now held by this replica."""
+    async def attach(self, episode_id: str, wire: bytes, *, orphaned: bool = False) -> Turn | None:
+        """The open turn of the episode with this wire body (an SDK retry's), now held by this replica; with
+        `orphaned`, only one no agent waits on (its agent hung up, or its replica is gone)."""
+        ...
+
+    async def unsent(self, episode_id: str, wire: bytes) -> Turn | None:
+        """The episode's latest turn, if it is answered and has this wire body (a retry's whose reply was lost)."""
         ...
 
     async def beat(self) -> list[tuple[Turn, str | None]]:

@@ -41,6 +41,12 @@ class TurnQueue(Protocol):
         """The turn an SDK retry (this exact body) belongs to, open or answered, wherever its first attempt landed."""
         ...
 
+    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+        """The turn a call that does not say whether it is a retry (no `x-stainless-retry-count`) belongs to, beyond
+        an open turn here no agent waits on: an open turn elsewhere no agent waits on, or the episode's latest turn,
+        answered, its reply never handed over (`retries.lost_reply`); None: it is a new call."""
+        ...
+
     async def turn(self, turn_id: str) -> Turn:
         """A turn's latest state, its lease as the queue has it."""
         ...

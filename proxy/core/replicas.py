@@ -22,7 +22,7 @@ from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import StorageError
 from proxy.core.open_turns import OpenTurn, Pause, Pollers
 from proxy.core.ports import SharedDatabase
-from proxy.core.retries import replayed
+from proxy.core.retries import replayed, unsent
 from proxy.core.values import Turn, TurnStatus
 
 log = logging.getLogger("trajproxy")
@@ -75,10 +75,17 @@ class Replicas:
         self.away(found, False)
         return found
 
-    async def attach(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
-        """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked: this
-        replica holds it from now on, and the retry waits on it."""
-        turn = await self._database.attach(live.episode.id, wire)
+    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+        """The turn a call that does not say whether it is a retry belongs to, wherever its first attempt was made:
+        an open turn with its body no agent waits on (its agent hung up, or its replica is gone), or the episode's
+        latest turn, answered with its body, its reply handed over by no agent here."""
+        found = await self.attach(live, wire, orphaned=True)
+        return found or unsent(await self._database.unsent(live.episode.id, wire), live, wire)
+
+    async def attach(self, live: LiveEpisode, wire: bytes, *, orphaned: bool = False) -> OpenTurn | None:
+        """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked (with
+        `orphaned`, only one no agent waits on): this replica holds it from now on, and the retry waits on it."""
+        turn = await self._database.attach(live.episode.id, wire, orphaned=orphaned)
         if turn is None:
             return None
         open_turn = self._open_turns.get(turn.id) or self._adopt(turn)

@@ -58,6 +58,9 @@ class SharedQueue:
         found = await retried(self._context.open_turns, self._context.store, live, wire)
         return await self._replicas.retried(found, live, wire)
 
+    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+        return await self._replicas.unmarked_retry(live, wire)
+
     def away(self, open_turn: OpenTurn) -> None:
         if open_turn.withdrawn:
             self._replicas.away(open_turn, True)

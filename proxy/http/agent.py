@@ -14,7 +14,7 @@ dialect: keep-alives, the reply, or an error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
@@ -63,6 +63,8 @@ Failure = tuple[int, str, str, list[tuple[bytes, bytes]]]
 
 
 class ParkedReply:
+    __slots__ = ("_broker", "_call", "_dialect", "_episode", "_keepalive_s", "_open_turn")  # one per parked call
+
     def __init__(
         self, broker: Broker, dialect: Dialect, call: Call, open_turn: OpenTurn, episode: Episode, keepalive_s: float
     ) -> None:
@@ -146,22 +148,21 @@ class ParkedReply:
         await respond(send, status, self._dialect.error_body(status, kind, message), headers)
 
 
-async def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> None:
-    """Until one of two futures is done: asyncio.wait's work without its generality, which costs several
-    times more and runs once per turn."""
+def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> asyncio.Future[None]:
+    """A future done once one of two futures is done: asyncio.wait's work without its generality, which costs
+    several times more and runs once per turn. A plain function, not a coroutine: a parked call holds no frame of it
+    for as long as it waits; the first to finish takes the waits off both."""
     woken = asyncio.get_running_loop().create_future()
 
     def wake(_: object) -> None:
+        a.remove_done_callback(wake)
+        b.remove_done_callback(wake)
         if not woken.done():
             woken.set_result(None)
 
     a.add_done_callback(wake)
     b.add_done_callback(wake)
-    try:
-        await woken
-    finally:
-        a.remove_done_callback(wake)
-        b.remove_done_callback(wake)
+    return woken
 
 
 class AgentCall:
@@ -173,8 +174,8 @@ class AgentCall:
         self._settings = settings
         self._continued = continued
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.serve(self.dialect, path_key(scope), scope, receive, send)
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Coroutine[Any, Any, None]:
+        return self.serve(self.dialect, path_key(scope), scope, receive, send)  # no frame of its own while parked
 
     async def serve(self, dialect: Dialect, key: str | None, scope: Scope, receive: Receive, send: Send) -> None:
         broker, settings = self._broker, self._settings
@@ -185,7 +186,8 @@ class AgentCall:
             parsed = dialect.parse(body)
             if self._continued is not None:
                 parsed = await self._continued(episode, body, parsed)
-            retry = headers.get(b"x-stainless-retry-count", b"0") not in (b"", b"0")
+            said = headers.get(b"x-stainless-retry-count")  # absent: the client does not say (None)
+            retry = None if said is None else said not in (b"", b"0")
             open_turn = await broker.park(
                 episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry
             )

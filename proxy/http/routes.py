@@ -53,7 +53,7 @@ from proxy.http.edge import (
     timed_body,
     too_deep,
 )
-from proxy.http.origins import LocalCallers, first_headers
+from proxy.http.origins import LocalCallers
 
 WEBSOCKET = "WEBSOCKET"  # a route's method for a WebSocket handshake
 ANY = "*"  # as a method: every HTTP method (its handler says which it allows); as a path: every path
@@ -268,11 +268,15 @@ class Router:
     async def _admit_open(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Check a request to an open route (the page, the docs, metrics): with no token, the page is as open as the
         API, so it too answers only requests to a local host. False once it has been refused."""
-        if self._token is not None or (foreign := self._callers.foreign_host(first_headers(scope["headers"]))) is None:
+        if self._token is not None:
             return True
-        await self._drain(scope, receive)
-        await _refuse(send, 403, Forbidden.kind, foreign)
-        return False
+        try:
+            self._callers.check(scope["headers"], api=False)
+        except TrajproxyError as e:
+            await self._drain(scope, receive)
+            await _refuse(send, status_of(e), e.kind, e.message)
+            return False
+        return True
 
     async def _admit_handshake(self, scope: Scope, send: Send) -> bool:
         """Check a WebSocket handshake (the trainer's stream) before it is accepted; its query is the stream's own
@@ -298,9 +302,7 @@ class Router:
 
     def _check_token(self, scope: Scope) -> None:
         if self._token is None:  # nothing to show: a program on this machine may call, a web page may not
-            headers = first_headers(scope["headers"])
-            if (foreign := self._callers.foreign_host(headers) or self._callers.foreign_page(headers)) is not None:
-                raise Forbidden(foreign)
+            self._callers.check(scope["headers"], api=True)
             return
         given = parse_bearer(dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
         if given is None or not same_secret(given, self._token):

@@ -90,6 +90,18 @@ _ATTACH = text(
     ORDER BY seq DESC LIMIT 1 FOR UPDATE)
 RETURNING *"""
 )
+_ATTACH_ORPHANED = text(
+    f"""UPDATE turn SET replica = :me, {_BACK} WHERE id = (
+    SELECT t.id FROM turn t WHERE t.episode_id = :episode_id AND t.wire_hash = :wire_hash
+        AND t.status IN ('parked', 'leased')
+        AND (t.held_for = 'agent' OR NOT EXISTS (SELECT 1 FROM replica r WHERE r.id = t.replica))
+    ORDER BY t.seq DESC LIMIT 1 FOR UPDATE OF t)
+RETURNING *"""
+)
+_UNSENT = text(
+    "SELECT * FROM turn WHERE episode_id = :episode_id AND wire_hash = :wire_hash AND status = 'answered' "
+    "AND seq = (SELECT max(seq) FROM turn WHERE episode_id = :episode_id)"
+)
 _BEAT = text(
     f"""INSERT INTO replica (id, started_at, heartbeat_at) VALUES (:me, {_NOW}, {_NOW})
 ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at"""
@@ -227,16 +239,21 @@ class PostgresQueue:
         found = await self._transaction(lambda conn: turns_of(conn, conn.execute(stmt).all()))
         return {turn.id: turn for turn in found}
 
-    async def attach(self, episode_id: str, wire: bytes) -> Turn | None:
+    async def attach(self, episode_id: str, wire: bytes, *, orphaned: bool = False) -> Turn | None:
         params = {"me": self.replica, "episode_id": episode_id, "wire_hash": wire_hash(wire)}
 
         def run(conn: Connection) -> list[Turn]:
-            rows = list(conn.execute(_ATTACH, params))
+            rows = list(conn.execute(_ATTACH_ORPHANED if orphaned else _ATTACH, params))
             if rows:  # it may have been out of the queue while its agent was away
                 conn.execute(_NOTIFY, _notice("parked", episode_id))
             return turns_of(conn, rows)
 
         found = await self._transaction(run)
+        return found[0] if found else None
+
+    async def unsent(self, episode_id: str, wire: bytes) -> Turn | None:
+        params = {"episode_id": episode_id, "wire_hash": wire_hash(wire)}
+        found = await self._transaction(lambda conn: turns_of(conn, list(conn.execute(_UNSENT, params))))
         return found[0] if found else None
 
     async def beat(self) -> list[tuple[Turn, str | None]]:

@@ -39,7 +39,7 @@ from proxy.core.errors import StorageError
 from proxy.core.values import MAIN_REWARD, Episode, EpisodeStatus, Reward, Tally, Turn, TurnStatus
 from proxy.storage.content import Contents, dumps
 from proxy.storage.database_lock import DatabaseLock
-from proxy.storage.engines import engine_url, tune_sqlite
+from proxy.storage.engines import engine_url, tune_postgres, tune_sqlite
 from proxy.storage.stored_turns import turns_of
 from proxy.storage.tables import EpisodeRow, RewardRow, TurnRow, add_missing_columns, episode_from, reward_from
 from proxy.storage.upgrade import upgrade
@@ -263,8 +263,7 @@ class SqlStore(StoreWrites):
                 pool_pre_ping=not sqlite,
                 connect_args={"check_same_thread": False, "timeout": 30} if sqlite else {},
             )
-            if sqlite:
-                event.listen(engine, "connect", tune_sqlite)
+            event.listen(engine, "connect", tune_sqlite if sqlite else tune_postgres)
             with engine.begin() as conn:  # the schema, made by one process at a time (replicas start at once)
                 if not sqlite:
                     conn.execute(_SCHEMA_LOCK)

@@ -20,7 +20,6 @@ import tarfile
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -40,7 +39,15 @@ from sandbox.backends.gate_containers import (
     raise_if_exited,
 )
 from sandbox.backends.identity import RunIdentity
-from sandbox.backends.images import MANAGED, build_image, check_arch, ensure_image, remove_containers
+from sandbox.backends.images import (
+    MANAGED,
+    Pruned,
+    build_image,
+    check_arch,
+    ensure_image,
+    prune_gone,
+    remove_containers,
+)
 from sandbox.backends.interface import ExecResult, SandboxCounter, SandboxError, SandboxSpec
 
 _TIMED_OUT = (124, 137)  # exit codes of `timeout` when it had to stop the command
@@ -55,39 +62,15 @@ async def _blocking(threads: ThreadPoolExecutor, call: Callable[..., T], *args: 
     return await asyncio.get_running_loop().run_in_executor(threads, partial(call, *args, **kwargs))
 
 
-@dataclass(frozen=True, slots=True)
-class Pruned:
-    """What a prune did: the containers it removed, and those it left, each with why."""
-
-    removed: tuple[str, ...]
-    kept: Mapping[str, str]  # container id -> why it was left
-
-
 async def prune(labels: dict[str, str] | None = None) -> Pruned:
     """Remove the containers of trajproxy's sandboxes (those that also carry `labels`, if given) whose run is gone:
     runs of this owner, on this host, whose process has exited. Those of a live run, another owner or another host
     are left, and said why. No sandboxes need be made for it: a run prunes before it starts any."""
     engine = await asyncio.to_thread(_engine)
     try:
-        return await asyncio.to_thread(_prune, engine, {**(labels or {}), MANAGED: "1"}, RunIdentity.current())
+        return await asyncio.to_thread(prune_gone, engine, {**(labels or {}), MANAGED: "1"}, RunIdentity.current())
     finally:
         engine.close()
-
-
-def _prune(client: Any, selector: Mapping[str, str], here: RunIdentity) -> Pruned:
-    removed: list[str] = []
-    kept: dict[str, str] = {}
-    chosen = [f"{name}={value}" for name, value in selector.items()]
-    # Another run on the same engine may remove a container between the listing and its inspection: skip it.
-    for container in client.containers.list(all=True, filters={"label": chosen}, ignore_removed=True):
-        made_by = RunIdentity.from_labels(container.labels)
-        why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(here)
-        if why is None:
-            remove_containers(container)
-            removed.append(container.id)
-        else:
-            kept[container.id] = why
-    return Pruned(tuple(removed), kept)
 
 
 def _engine() -> Any:
@@ -181,7 +164,7 @@ class DockerSandboxes:
 
     async def prune(self) -> Pruned:
         """Remove the containers with these sandboxes' labels whose run is gone (`prune`)."""
-        return await _blocking(self._threads, lambda: _prune(self._docker(), self._selector, self.run))
+        return await _blocking(self._threads, lambda: prune_gone(self._docker(), self._selector, self.run))
 
     def _docker(self) -> Any:
         if self._client is None:

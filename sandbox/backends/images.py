@@ -1,22 +1,26 @@
 """Task images: found on this machine, pulled, or built from a task's own build context under a tag derived from
 that context's content, so a task whose environment has not changed is never built twice; one-off containers run
-from an image to their end (a bundle build); and the removal of containers, whatever state they are in."""
+from an image to their end (a bundle build); and the removal of containers, whatever state they are in, and of those
+whose run is gone."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
 
+from sandbox.backends.identity import RunIdentity
 from sandbox.backends.interface import ExecResult, SandboxError
 from sandbox.backends.network_steps import build_parts, parts
 
 MANAGED = "trajproxy.managed"
+BUNDLE_BUILD = {MANAGED: "1", "trajproxy.role": "bundle-build"}
 _LOG_KEPT = 3000
 
 
@@ -98,18 +102,47 @@ def remove_containers(*containers: Any) -> None:
         raise SandboxError(f"could not remove container(s) {'; '.join(errors)}")
 
 
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What a prune did: the containers it removed, and those it left, each with why."""
+
+    removed: tuple[str, ...]
+    kept: Mapping[str, str]  # container id -> why it was left
+
+
+def prune_gone(client: Any, selector: Mapping[str, str], here: RunIdentity) -> Pruned:
+    """Remove the containers carrying the `selector` labels whose run is gone (`RunIdentity.why_kept`)."""
+    removed: list[str] = []
+    kept: dict[str, str] = {}
+    chosen = [f"{name}={value}" for name, value in selector.items()]
+    # Another run on the same engine may remove a container between the listing and its inspection: skip it.
+    for container in client.containers.list(all=True, filters={"label": chosen}, ignore_removed=True):
+        made_by = RunIdentity.from_labels(container.labels)
+        why = "with no run labels (made by an older trajproxy)" if made_by is None else made_by.why_kept(here)
+        if why is None:
+            remove_containers(container)
+            removed.append(container.id)
+        else:
+            kept[container.id] = why
+    return Pruned(tuple(removed), kept)
+
+
 def run_container(image: str, command: list[str], binds: Mapping[str, str], timeout_s: float) -> ExecResult:
     """Run a one-off container to its end (a bundle build): `binds` maps host folders to its paths, read-write;
-    it reaches the network the engine gives it (a package registry). It is removed, whatever happens."""
+    it reaches the network the engine gives it (a package registry). It is removed, whatever happens; one whose
+    caller died before removing it (killed while it ran, or between its end and its removal) carries that caller's
+    identity, so the next build here, `trajproxy run` and `trajproxy sandbox prune` remove it."""
+    here = RunIdentity.current()
     try:
         client = docker.from_env()
+        prune_gone(client, BUNDLE_BUILD, here)
         ensure_image(client, image)
         container = client.containers.run(
             image,
             command,
             detach=True,
             volumes={host: {"bind": path, "mode": "rw"} for host, path in binds.items()},
-            labels={MANAGED: "1", "trajproxy.role": "bundle-build"},
+            labels={**BUNDLE_BUILD, **here.labels()},
         )
     except docker.errors.DockerException as e:
         raise SandboxError(f"could not start a build container from {image!r}: {e}") from e

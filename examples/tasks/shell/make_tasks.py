@@ -6,7 +6,7 @@
 One kind, sized to SmolLM2-135M-Instruct (whose untrained pass rate on it is between 5% and 60%): create a file that
 holds a given word, graded by `grep -qiw WORD FILE`. Renaming a file (`mv`) and counting a file's lines into a file
 (`wc -l`) were tried first and left out: the untrained model passed none of 20 such held-out episodes
-(benchmarks/RESULTS.md, section 36).
+(benchmarks/RESULTS.md, section 37).
 The train and held-out splits share no instance (no (file, word) pair is in both). Everything is deterministic:
 the same files every time. The files in /work (a few lists of words) are there to look around in.
 """
