@@ -67,8 +67,8 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     assert done.returncode == 0, done.stderr[-4000:]
     assert "TRL currently supports vLLM" not in done.stderr  # vLLM runs in its own process, never through TRL
     lines = [line for line in done.stdout.splitlines() if line.startswith(("step ", "eval "))]
-    said = [line.split(":")[0] if line.startswith("eval ") else " ".join(line.split()[:2]) for line in lines]
-    assert said == ["eval at step 0", "step 1/2", "step 2/2", "eval at step 2"]
+    printed = [line.split(":")[0] if line.startswith("eval ") else " ".join(line.split()[:2]) for line in lines]
+    assert printed == ["eval at step 0", "step 1/2", "step 2/2", "eval at step 2"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] and len(summary["steps"]) == 2
     evaluations = summary["evaluations"]
