@@ -45,6 +45,14 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="each episode's calls at most: the next one is refused (429 budget_exceeded), the agent stops, and the "
         "episode is graded and finished as truncated (its reason says so), not failed",
     )
+    train.add_argument(
+        "--eval-tasks",
+        help="held-out tasks (any path `trajproxy run` takes): each run once, with a fixed seed of its own, at the "
+        "start and the end and every --eval-every steps; the pass rate goes to the summary and the plot",
+    )
+    train.add_argument(
+        "--eval-every", type=int, default=0, help="evaluate on --eval-tasks every N steps (default: 0, start and end)"
+    )
     train.add_argument("--agent-timeout-s", type=float, help="each agent's budget (default: the task's)")
     train.add_argument(
         "--out", default="trajproxy-train", help="the run's folder: served weights, database, checkpoint"

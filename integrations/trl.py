@@ -77,23 +77,23 @@ class TrlRollouts:
             None if self._seed is None else (self._seed * 1_000_003 + step * 10_007 + i) % 2**31
             for i in range(len(keys))
         ]
-        done = self.call(self._run_all([str(p) for p in prompts], keys, seeds))
+        done = self.call(self.run_all([self.tasks[str(p)] for p in prompts], keys, seeds))
         self.rollouts.extend(done)
         self.handed = to_trl(done, group_size, eos=_eos(trainer))
         return self.handed
 
-    async def _run_all(self, task_ids: list[str], keys: list[str], seeds: list[int | None]) -> list[Rollout]:
+    async def run_all(self, tasks: Sequence[Task], keys: list[str], seeds: list[int | None]) -> list[Rollout]:
+        """One graded episode per task (any task, the trainer's or held-out ones), `concurrency` at a time."""
         gate = asyncio.Semaphore(self._concurrency)
 
-        async def one(task_id: str, key: str, seed: int | None) -> Rollout:
+        async def one(task: Task, key: str, seed: int | None) -> Rollout:
             async with gate:
                 sampling = {"seed": seed} if seed is not None else None
-                task = self.tasks[task_id]
-                rollout = await self.env.run(task, self._agent, key=key, sampling=sampling, metadata={"task": task_id})
+                rollout = await self.env.run(task, self._agent, key=key, sampling=sampling, metadata={"task": task.id})
             self._on_rollout(key, rollout)
             return rollout
 
-        runs = [asyncio.create_task(one(*given)) for given in zip(task_ids, keys, seeds, strict=True)]
+        runs = [asyncio.create_task(one(*given)) for given in zip(tasks, keys, seeds, strict=True)]
         self._running.update(runs)
         try:
             return list(await asyncio.gather(*runs))

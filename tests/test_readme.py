@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -76,22 +77,28 @@ def test_the_compose_section_names_the_settings_a_shared_engine_needs() -> None:
         assert name in compose, name
 
 
-def test_the_training_example_makes_the_model_it_trains_with_one_command(tmp_path: Path) -> None:
-    """The README's training run names the model its own line makes (examples/rl/tiny_model.py, the tests' model),
-    not a cache folder only a test run fills; that line, run as written, finds the tests' build there and keeps it."""
-    from testkit.vllm_server import build_tiny_model, vllm_python  # lazy: only this test needs vLLM's Python
+def test_the_training_example_makes_the_model_and_the_tasks_it_trains_with(tmp_path: Path) -> None:
+    """The README's training run names the model its own line makes (examples/models/smollm2.py: SmolLM2-135M-Instruct
+    from PyPI), not a cache folder only a test run fills; that line, run as written, finds the tests' build there and
+    keeps it. Its tasks are the ones make_tasks.py writes, in the image its docker line builds."""
+    from testkit.vllm_server import build_smollm2, vllm_python  # lazy: only this test needs vLLM's Python
 
     (block,) = re.findall(r"\[start:train\] -->\n(.*?)<!-- --8<-- \[end:train\]", README.read_text(), re.DOTALL)
-    (made,) = re.findall(r'^"\$PY" examples/rl/tiny_model\.py (\S+)', block, re.MULTILINE)
+    (made,) = re.findall(r'^"\$PY" examples/models/smollm2\.py (\S+)', block, re.MULTILINE)
     assert re.search(rf"--model {re.escape(made)} ", block), block  # what the run trains is what that line made
     assert "ls -d" not in block and "tests/" not in block
-    built = build_tiny_model()
-    there = tmp_path / "tiny-model"
+    (image,) = re.findall(r"docker build -t (\S+) examples/tasks/shell", block)
+    for split in ("train", "heldout"):
+        assert f"examples/tasks/shell/{split}.jsonl" in block
+        rows = [json.loads(line) for line in (ROOT / f"examples/tasks/shell/{split}.jsonl").read_text().splitlines()]
+        assert {row["metadata"]["image"] for row in rows} == {image}
+    built = build_smollm2()
+    there = tmp_path / "smollm2"
     shutil.copytree(built, there)
-    line = f'"$PY" examples/rl/tiny_model.py {made}'.replace(made, str(there))
+    line = f'"$PY" examples/models/smollm2.py {made}'.replace(made, str(there))
     done = subprocess.run(
         ["bash", "-c", line], cwd=ROOT, env={**os.environ, "PY": vllm_python()}, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(there)
-    assert (there / ".model_stamp").read_text() == (built / ".model_stamp").read_text()  # examples/rl/tiny_model.STAMP
+    assert (there / ".model_stamp").read_text() == (built / ".model_stamp").read_text()  # left as it was

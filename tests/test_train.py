@@ -11,6 +11,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -45,12 +46,12 @@ def trajproxy_train() -> Iterator[Path]:
 TURNS = 2  # each episode's calls: the second prompt holds the first command's output
 
 
-def command(train: Path, out: Path, label: str, steps: int) -> list[str]:
+def command(train: Path, out: Path, label: str, steps: int, *more: str) -> list[str]:
     return [
         str(train), "train", str(EXAMPLE), "--agent", "minimal", "--model", str(build_tiny_model()),
         "--steps", str(steps), "--group-size", "4", "--max-turns", str(TURNS), "--seed", "0",
         "--sampling", "max_tokens=64", "--sampling", "structured_outputs=" + json.dumps({"regex": CHOICE}),
-        "--out", str(out), "--label", label,
+        "--out", str(out), "--label", label, *more,
     ]  # fmt: skip
 
 
@@ -58,13 +59,23 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     trajproxy_train: Path, tmp_path: Path, task_image: str, engine: Any, label: str
 ) -> None:
     out = tmp_path / "run"
-    done = subprocess.run(command(trajproxy_train, out, label, 2), capture_output=True, text=True, timeout=800)
+    # held out: the example task once more, evaluated at the start and after the last step (--eval-every 2)
+    held_out = ["--eval-tasks", str(EXAMPLE), "--eval-every", "2"]
+    done = subprocess.run(
+        command(trajproxy_train, out, label, 2, *held_out), capture_output=True, text=True, timeout=800
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "TRL currently supports vLLM" not in done.stderr  # vLLM runs in its own process, never through TRL
-    lines = [line for line in done.stdout.splitlines() if line.startswith("step ")]
-    assert [line.split()[1] for line in lines] == ["1/2", "2/2"]
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("step ", "eval "))]
+    printed = [line.split(":")[0] if line.startswith("eval ") else " ".join(line.split()[:2]) for line in lines]
+    assert printed == ["eval at step 0", "step 1/2", "step 2/2", "eval at step 2"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] and len(summary["steps"]) == 2
+    evaluations = summary["evaluations"]
+    assert [(e["step"], e["tasks"], e["failed"]) for e in evaluations] == [(0, 1, 0), (2, 1, 0)]
+    for evaluation in evaluations:
+        assert evaluation["rewards"] in ([0.0], [1.0]) and evaluation["pass_rate"] == evaluation["rewards"][0]
+    evaluated = [episode for e in evaluations for episode in e["episodes"]]
     for number, step in enumerate(summary["steps"], start=1):
         # every turn answered by the weights of its step
         assert step["policy_versions"] == {f"step-{number - 1}": 4 * TURNS} and step["turns"] == 4 * TURNS
@@ -79,11 +90,17 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     assert done.stdout.splitlines()[-1] == f"trajproxy train: {said}"  # the run's last line says where all is
     # every sampled id recorded as vLLM sampled it, and trained in the export
     with sqlite3.connect(out / "trajproxy.db") as db:
-        query = "SELECT reply, token_ids FROM turn ORDER BY created_at"
-        replies = [(json.loads(reply), unpack(ids)[2]) for reply, ids in db.execute(query)]
+        query = "SELECT reply, token_ids FROM turn WHERE episode_id NOT IN (%s) ORDER BY created_at"
+        query %= ",".join("?" * len(evaluated))
+        replies = [(json.loads(reply), unpack(ids)[2]) for reply, ids in db.execute(query, evaluated)]
         ended = db.execute("SELECT status, reason FROM episode").fetchall()
+        versions = [
+            [v for (v,) in db.execute("SELECT policy_version FROM turn WHERE episode_id = ?", (episode,))]
+            for episode in evaluated
+        ]
+    assert versions == [["step-0"] * TURNS, ["step-2"] * TURNS]  # each evaluation answered by its step's weights
     # --max-turns refused each agent's next call: every episode a graded truncation, none failed
-    assert len(ended) == 8, ended
+    assert len(ended) == 8 + 2, ended
     assert all(status == "finished" and reason.startswith("truncated: ") for status, reason in ended), ended
     assert len(replies) == 2 * 4 * TURNS
     for reply, ids in replies:
@@ -96,6 +113,7 @@ def test_trajproxy_train_trains_through_sandboxed_agents_and_serves_each_steps_w
     finally:
         engine_.dispose()
     samples = [json.loads(line) for line in exported.getvalue().splitlines()]
+    samples = [sample for sample in samples if sample["episode_id"] not in evaluated]  # the trained episodes
     assert len(samples) == 8 and all(len(s["turns"]) == TURNS for s in samples)
     assert sum(sum(s["loss_mask"]) for s in samples) == sum(len(ids or ()) for _, ids in replies)
     for sample in samples:  # loss on each call's sampled ids, none on the environment's between them
@@ -160,3 +178,31 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["--steps", "0"], "--steps must be at least 1 (0 with --eval-tasks: evaluate only)"),
+        (["--eval-every", "-1"], "--eval-every must be 0 (at the start and the end only) or more"),
+        (["--eval-tasks", "/nonexistent/tasks.jsonl"], "--eval-tasks /nonexistent/tasks.jsonl: "),
+    ],
+)
+def test_held_out_options_that_cannot_run_are_refused_in_one_line(
+    trajproxy_train: Path, tmp_path: Path, given: list[str], said: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # a folder that looks like a model: nothing is loaded before refusing
+    done = subprocess.run(
+        [str(trajproxy_train), "train", str(EXAMPLE), "--agent", "minimal", "--model", str(model), *given],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TRAJPROXY_VLLM_PYTHON": sys.executable},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"trajproxy train: {said}"), line
+    assert not (tmp_path / "trajproxy-train").exists()

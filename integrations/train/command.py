@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from integrations.rollouts import Rollout, Rollouts, Served, tasks_of
+from integrations.train.evaluate import evaluate, evaluation_line
 from integrations.train.report import Step, Summary, plot, step_line, where_line
 from integrations.train.vllm import SERVER_FLAGS, reload_weights, vllm_server
 from integrations.train.weights import save_weights, served_copy, served_logprobs, trainer_logprobs
 from integrations.trl import TrlRollouts, graded_reward
 from proxy.settings import key_values
+from sandbox.tasks.task import Task
 
 SERVED_NAME = "policy"
 # On a GPU, vLLM shares it with the trainer: a third of its memory for the engine
@@ -57,8 +59,13 @@ def train(args: argparse.Namespace) -> int:
     vllm_python = args.vllm_python or os.environ.get("TRAJPROXY_VLLM_PYTHON") or sys.executable
     if vllm_python == sys.executable and importlib.util.find_spec("vllm") is None:
         raise Refused("no vLLM in this Python: pass --vllm-python (a Python with vLLM) or set TRAJPROXY_VLLM_PYTHON")
-    if args.steps < 1 or args.group_size < 2 or args.tasks_per_step < 1:
-        raise Refused("--steps must be at least 1, --group-size at least 2 (GRPO compares a group), --tasks-per-step 1")
+    if args.steps < (0 if args.eval_tasks else 1) or args.group_size < 2 or args.tasks_per_step < 1:
+        raise Refused(
+            "--steps must be at least 1 (0 with --eval-tasks: evaluate only), --group-size at least 2 (GRPO "
+            "compares a group), --tasks-per-step 1"
+        )
+    if args.eval_every < 0:
+        raise Refused("--eval-every must be 0 (at the start and the end only) or more")
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         raise Refused(f"--model {args.model}: no config.json there (a model's folder is expected)")
@@ -72,20 +79,29 @@ def train(args: argparse.Namespace) -> int:
         raise Refused(f"{args.tasks}: {e}") from e
     if len(tasks) < args.tasks_per_step:
         raise Refused(f"{args.tasks} holds {len(tasks)} task(s), fewer than --tasks-per-step {args.tasks_per_step}")
+    held_out: list[Task] = []
+    if args.eval_tasks:
+        try:
+            held_out = list(tasks_of(args.eval_tasks))
+        except (OSError, ValueError) as e:
+            raise Refused(f"--eval-tasks {args.eval_tasks}: {e}") from e
+        if not held_out:
+            raise Refused(f"--eval-tasks {args.eval_tasks}: no task there")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = Summary(args, out)
     # SIGTERM stops the run as Ctrl-C does: everything started is ended on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        _train(args, model_dir, out, tasks, sampling, labels, vllm_python, summary)
+        _train(args, model_dir, out, tasks, held_out, sampling, labels, vllm_python, summary)
     finally:
         written = Path(args.summary) if args.summary else out / "summary.json"
         summary.write(written)
         drawn = Path(args.plot) if args.plot else out / "reward.png"
-        if summary.steps:
+        drew = bool(summary.steps or summary.evaluations)
+        if drew:
             plot(summary, drawn)
-        print(where_line(summary, written, drawn if summary.steps else None), flush=True)  # the run's last line
+        print(where_line(summary, written, drawn if drew else None), flush=True)  # the run's last line
     return 0 if summary.completed else 1
 
 
@@ -94,6 +110,7 @@ def _train(
     model_dir: Path,
     out: Path,
     tasks: dict[str, Any],
+    held_out: list[Task],
     sampling: dict[str, Any],
     labels: dict[str, str],
     vllm_python: str,
@@ -138,10 +155,22 @@ def _train(
         rollouts = TrlRollouts(
             environment, tasks, options.agent, concurrency=options.concurrency, run="train", seed=options.seed
         )
+
+        def held_out_pass_rate(step: int) -> None:
+            if held_out:
+                evaluation = evaluate(rollouts, held_out, step, options.seed)
+                summary.evaluations.append(evaluation)
+                print(evaluation_line(evaluation), flush=True)
+
         try:
             version = "step-0"
             rollouts.call(rollouts.env.trainer.pause("hold"))
             rollouts.call(rollouts.env.trainer.resume(version))
+            held_out_pass_rate(0)
+            if options.steps == 0:
+                summary.completed = True
+                return
+            began = time.monotonic()
 
             class Sync(TrainerCallback):
                 def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -166,6 +195,9 @@ def _train(
                     step = Step.of(state.global_step, done, rollouts.handed, delta, moved, time.monotonic() - began)
                     summary.steps.append(step)
                     print(step_line(step, options.steps), flush=True)
+                    every = options.eval_every
+                    if (every and state.global_step % every == 0) or state.global_step == options.steps:
+                        held_out_pass_rate(state.global_step)
                     began = time.monotonic()
                     if delta is not None and delta > options.max_drift:
                         raise RuntimeError(
@@ -182,6 +214,7 @@ def _train(
                 learning_rate=options.learning_rate,
                 lr_scheduler_type="constant",  # every step's update at the rate asked for (TRL's default decays it)
                 beta=0.0,
+                temperature=float(sampling["temperature"]),  # TRL's logprobs at the temperature vLLM sampled at
                 num_iterations=1,
                 use_cpu=not torch.cuda.is_available(),
                 bf16=False,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from integrations.rollouts import Rollout
+from integrations.train.evaluate import Evaluation
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class Summary:
     args: argparse.Namespace
     out: Path
     steps: list[Step] = field(default_factory=list)
+    evaluations: list[Evaluation] = field(default_factory=list)
     completed: bool = False
     checkpoint: str | None = None
 
@@ -82,6 +84,7 @@ class Summary:
             "database": str(self.out / "trajproxy.db"),
             "checkpoint": self.checkpoint,
             "steps": [asdict(step) for step in self.steps],
+            "evaluations": [asdict(evaluation) for evaluation in self.evaluations],
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(body, indent=2) + "\n")
@@ -122,6 +125,15 @@ def plot(summary: Summary, path: Path) -> None:
         axes.scatter([step.step] * len(scored), scored, s=12, alpha=0.3, color="tab:blue")
     points = [(s.step, s.mean_reward) for s in summary.steps if s.mean_reward is not None]
     axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="tab:blue", label="mean reward")
+    if summary.evaluations:
+        evaluated = [(e.step, e.pass_rate) for e in summary.evaluations]
+        axes.plot(
+            [p[0] for p in evaluated],
+            [p[1] for p in evaluated],
+            marker="s",
+            color="tab:orange",
+            label=f"held-out pass rate ({summary.evaluations[0].tasks} tasks)",
+        )
     axes.set_xlabel("step (the policy that sampled: step-(K-1))")
     axes.set_ylabel("reward")
     axes.set_ylim(-0.05, 1.05)
