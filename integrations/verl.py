@@ -20,7 +20,8 @@ what a verl user sets and what is lost.
 
 verl's classic worker takes one sequence per `run`: an episode whose agent rewrote its history (several lines) trains
 its line with the most sampled ids and reports the others, untrained, in extra_fields; `branches: all` returns every
-line as a list, for verl's TransferQueue (v1) worker, which takes several outputs per run.
+line as a list, for verl's TransferQueue (v1) worker (`trainer.use_v1: true`, verl 0.9.1's default), which takes
+several outputs per run; the classic worker cannot, so the loop refuses `all` there before any episode.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ __all__ = ["TrajproxyAgentLoop", "agent_loop_output", "agent_loop_outputs", "clo
 
 # verl's sampling options that the episode takes as they are (vLLM spells them alike); verl's win over a row's own
 VERL_SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty")
+# what of verl's row an episode's metadata keeps (under "verl"): the v1 worker's sample key is {uid}_{session_id}_{i}
+VERL_ROW = ("index", "uid", "data_source", "session_id", "global_steps")
 
 
 @dataclass
@@ -67,23 +70,30 @@ class _Worker:
 
     def __init__(self) -> None:
         self.rollouts: Rollouts | None = None
+        self.options: dict[str, Any] = {}
         self.calls: dict[str, _Calls] = {}
         self.tasks: dict[tuple[str, str | None, str | None], Task] = {}
         self.opening = asyncio.Lock()
-        self._gate: asyncio.Semaphore | None = None
+        self.gate: asyncio.Semaphore | None = None
 
-    def gate(self, max_episodes: int) -> asyncio.Semaphore:
-        """What holds the worker to `max_episodes` episodes (sandboxes) at once (the first loop's number)."""
-        if self._gate is None:
-            self._gate = asyncio.Semaphore(max_episodes)
-        return self._gate
-
-    async def open(self, loop: TrajproxyAgentLoop) -> Rollouts:
+    async def open(self, loop: TrajproxyAgentLoop) -> tuple[Rollouts, asyncio.Semaphore]:
+        """The worker's Rollouts and the gate that holds it to `max_episodes` episodes (sandboxes) at once, both made
+        from the first loop's options; a loop of another entry of verl's agent-loop file whose options for them
+        differ is refused (one worker runs one trajproxy)."""
+        options = {**loop.rollouts_options(), "max_episodes": loop.max_episodes}
         async with self.opening:
             if self.rollouts is None:
-                rollouts = Rollouts(self.generate, **loop.rollouts_options())
+                rollouts = Rollouts(self.generate, **{k: v for k, v in options.items() if k != "max_episodes"})
                 self.rollouts = await rollouts.__aenter__()  # held for the worker's life: verl has no close hook
-            return self.rollouts
+                self.options, self.gate = options, asyncio.Semaphore(loop.max_episodes)
+        differ = sorted(name for name in options if options[name] != self.options[name])
+        if differ:
+            raise ValueError(
+                f"trajproxy agent loop options {', '.join(differ)}: one verl agent-loop worker runs one trajproxy, "
+                "made from its first loop's entry; give every trajproxy entry of the agent-loop file the same values"
+            )
+        assert self.gate is not None
+        return self.rollouts, self.gate
 
     async def generate(self, key: str, prompt_ids: list[int], sampling: dict[str, Any]) -> Generated:
         calls = self.calls[key]
@@ -149,10 +159,16 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         """Options come from the loop's entry in verl's agent-loop config file; verl passes the rest.
-        `max_episodes`: how many episodes (sandboxes) one worker runs at once; its other rows wait their turn."""
+        `max_episodes`: how many episodes (sandboxes) one worker runs at once; its other rows wait their turn (verl's
+        classic worker starts a batch's rows at once, its v1 worker every row's `rollout.n` sessions)."""
         super().__init__(*args, **kwargs)
         if max_episodes < 1:
             raise ValueError(f"max_episodes: at least 1, not {max_episodes}")
+        if branches == "all" and not (self.config.get("trainer") or {}).get("use_v1", True):  # verl 0.9.1: true
+            raise ValueError(
+                "branches: all returns several outputs per run, which only verl's v1 worker takes "
+                "(trainer.use_v1: true); the classic worker (trainer.use_v1: false) takes one: use branches: main"
+            )
         self.max_episodes = max_episodes
         self.database_dir = database_dir
         self.database_url = database_url
@@ -177,7 +193,6 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
             "chat_template": model.get("custom_chat_template") if hasattr(model, "get") else None,
             "database_url": database_url,
             "tool_parser": self.tool_parser,
-            "sampling": self.sampling,
             "chat_template_kwargs": dict(kwargs) if kwargs else None,
             "turn_timeout_s": self.turn_timeout_s,
             "agent_timeout_s": self.agent_timeout_s,
@@ -187,22 +202,22 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         """One sandboxed, graded episode of the row's task (`extra_info`: tasks, task_id, agent, image, sampling)."""
         worker = _this_worker()
-        rollouts = await worker.open(self)
+        rollouts, gate = await worker.open(self)
         row = _plain(kwargs.get("extra_info") or {})
         agent = row.get("agent") or self.agent
         if not row.get("tasks") or not agent:
             raise ValueError("a trajproxy row needs extra_info.tasks and an agent (extra_info.agent or the loop's)")
         task = await self.task(worker, str(row["tasks"]), row.get("task_id"), row.get("image"))
-        sampling = {**dict(row.get("sampling") or {}), **_vllm_sampling(sampling_params)}
+        sampling = {**self.sampling, **dict(row.get("sampling") or {}), **_vllm_sampling(sampling_params)}
         asked = {"logprobs": bool(sampling_params.get("logprobs"))}
-        engine_params({**self.sampling, **sampling, **asked}, self.rollout_config.name)  # refused before the episode
+        engine_params({**sampling, **asked}, self.rollout_config.name)  # refused before the episode
         key = uuid.uuid4().hex
         budget = ResponseBudget(self.rollout_config.response_length)
-        async with worker.gate(self.max_episodes):
+        async with gate:
             calls = worker.calls[key] = _Calls(self, asked, budget)
             began = time.perf_counter()
             try:
-                metadata = {"verl": {k: _plain(kwargs.get(k)) for k in ("index", "uid", "data_source") if k in kwargs}}
+                metadata = {"verl": {k: _plain(kwargs[k]) for k in VERL_ROW if k in kwargs}}
                 rollout = await rollouts.run(task, str(agent), key=key, sampling=sampling, metadata=metadata)
             finally:
                 del worker.calls[key]

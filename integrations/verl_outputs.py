@@ -60,7 +60,8 @@ def agent_loop_output(
         "response_logprobs": rollout_logprobs[:response_length] if logprobs else None,
         "reward_score": reward,
         "num_turns": 2 * len(line["turns"]),  # each call: the messages before it, and its reply
-        "extra_fields": {"trajproxy": info},
+        # verl's v1 worker copies the last output's reward_extra_info to its others when the loop gave the reward
+        "extra_fields": {"trajproxy": info, "reward_extra_info": {}},
     }
 
 
@@ -74,8 +75,10 @@ def agent_loop_outputs(
     fallback_prompt_ids: list[int] | None = None,
     pad_id: int = 0,
 ) -> list[dict[str, Any]]:
-    """The AgentLoopOutput fields of a rollout: with `branches="main"` one, its line with the most sampled ids (the
-    earliest of equals), the others named in `untrained_lines`; with "all" one per line, in order. A rollout without
+    """The AgentLoopOutput fields of a rollout: with `branches="main"` one, its main line (the most sampled ids, the
+    earliest of equals), the others named in `untrained_lines`; with "all" one per line, in branch order but the main
+    line last: verl's v1 worker takes a run's last output for the whole run (its GRPO advantage, read at the first
+    trained id, goes to every output; the reward function and a teacher's logprobs see it alone). A rollout without
     any line (its sandbox or task failed before the agent's first call) is one failed sequence: the fallback prompt,
     one pad id at no loss, reward 0.0."""
     lines = rollout.samples
@@ -103,10 +106,11 @@ def agent_loop_outputs(
             "failure_reason": rollout.reason or f"the episode {rollout.status} before any call",
         }
         lines = [line]
+    main = max(lines, key=lambda line: (sum(line["loss_mask"]), -lines.index(line)))
     if branches == "all":
-        chosen = lines
+        chosen = [line for line in lines if line is not main] + [main]
     elif branches == "main":
-        chosen = [max(lines, key=lambda line: (sum(line["loss_mask"]), -lines.index(line)))]
+        chosen = [main]
     else:
         raise ValueError(f"branches: 'main' or 'all', not {branches!r}")
     outputs = [

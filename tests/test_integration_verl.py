@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_tokens_mode import SANDBOXED, three_turns
+from tests.test_tokens_mode import PRESETS, SANDBOXED, three_turns
 
 pytestmark = pytest.mark.timeout(900)  # the first test using vllm waits for it; verl's venv may be built
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "tests" / "integrations" / "verl_check.py"
+V1_CHECK = ROOT / "tests" / "integrations" / "verl_v1_check.py"
 EXAMPLE = ROOT / "examples" / "tasks" / "calc" / "tasks.jsonl"
 RESPONSE_LENGTH = 1024  # verl_check.py's rollout.response_length
 
@@ -34,12 +36,31 @@ def verl_python() -> str:
 
 
 def check(mode: str, **args: Any) -> Any:
+    """What a check in verl's environment printed last: verl_check.py's `mode`, or verl_v1_check.py's ("v1")."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    argv = [str(V1_CHECK)] if mode == "v1" else [str(CHECK), mode]
     done = subprocess.run(
-        [verl_python(), str(CHECK), mode, json.dumps(args)], capture_output=True, text=True, timeout=800, env=env
+        [verl_python(), *argv, json.dumps(args)], capture_output=True, text=True, timeout=800, env=env
     )
     assert done.returncode == 0, done.stderr[-5000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sandboxed(mode: str, vllm: Any, folder: Path, agent: Path, label: str) -> Any:
+    """A check whose episodes run `agent` (a minimal agent's manifest) on the example task in sandboxes labelled
+    `label`, its calls held to the minimal agent's commands (SANDBOXED)."""
+    name, value = label.split("=")
+    return check(
+        mode,
+        folder=str(folder),
+        model_dir=str(vllm.model_dir),
+        base_url=vllm.base_url,
+        model=vllm.served_name,
+        tasks=str(EXAMPLE),
+        agent=str(agent),
+        regex=SANDBOXED["minimal"][0],
+        labels={name: value},
+    )
 
 
 def spans_of(requests: list[dict[str, Any]], prompt: list[int], response: list[int]) -> list[int]:
@@ -73,19 +94,7 @@ def assert_padded(padded: dict[str, Any], row: int, output: dict[str, Any]) -> N
 def test_the_agent_loop_runs_a_sandboxed_agent_through_verls_engine_and_returns_what_it_sampled(
     vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str
 ) -> None:
-    name, value = label.split("=")
-    agent = str(three_turns("minimal", tmp_path))
-    got = check(
-        "loop",
-        folder=str(tmp_path),
-        model_dir=str(vllm.model_dir),
-        base_url=vllm.base_url,
-        model=vllm.served_name,
-        tasks=str(EXAMPLE),
-        agent=agent,
-        regex=SANDBOXED["minimal"][0],
-        labels={name: value},
-    )
+    got = sandboxed("loop", vllm, tmp_path, three_turns("minimal", tmp_path), label)
     assert got["type"] == "TrajproxyAgentLoop"  # made from verl's registry, as its worker makes loops
     output, requests, recorded = got["output"], got["requests"], got["recorded"]
     info = output["extra_fields"]["trajproxy"]
@@ -157,9 +166,14 @@ def test_an_episode_of_two_branches_maps_line_for_line_and_verls_padding_keeps_e
     assert [line["branch"] for line in samples] == [0, 1]  # the rewritten history opened a second branch
     assert [len(line["turn_ids"]) for line in samples] == [2, 2]
 
-    # every line, field for field
+    # every line, field for field, the main line (the most sampled ids) last: verl's v1 worker takes a run's last
+    # output for the run (its GRPO advantage, its reward function's and teacher's view)
+    kept = max(samples, key=lambda line: (sum(line["loss_mask"]), -line["branch"]))
+    other = samples[1 - samples.index(kept)]
     outputs = mapped["all"]
-    for line, output in zip(samples, outputs, strict=True):
+    assert [output["extra_fields"]["trajproxy"]["branch"] for output in outputs] == [other["branch"], kept["branch"]]
+    for output in outputs:
+        line = samples[output["extra_fields"]["trajproxy"]["branch"]]
         assert output["prompt_ids"] == line["prompt_ids"]
         assert output["response_ids"] == line["completion_ids"]
         assert output["response_mask"] == line["loss_mask"]
@@ -175,15 +189,14 @@ def test_an_episode_of_two_branches_maps_line_for_line_and_verls_padding_keeps_e
 
     # one sequence per run: the line with the most sampled ids, the other reported untrained
     (main,) = mapped["main"]
-    kept = max(samples, key=lambda line: (sum(line["loss_mask"]), -line["branch"]))
-    other = samples[1 - samples.index(kept)]
     assert main["response_ids"] == kept["completion_ids"]
     assert main["extra_fields"]["trajproxy"]["untrained_lines"] == [
         {"branch": other["branch"], "turn_ids": other["turn_ids"], "sampled_ids": sum(other["loss_mask"])}
     ]
 
     # verl's length limits: the prompt cut from the left, the response from the right, and said
-    for line, cut in zip(samples, got["cut"], strict=True):
+    for cut in got["cut"]:
+        line = samples[cut["extra_fields"]["trajproxy"]["branch"]]
         assert cut["prompt_ids"] == line["prompt_ids"][-8:] and cut["response_ids"] == line["completion_ids"][:5]
         assert cut["response_mask"] == line["loss_mask"][:5]
         info = cut["extra_fields"]["trajproxy"]
@@ -204,3 +217,82 @@ def test_an_episode_of_two_branches_maps_line_for_line_and_verls_padding_keeps_e
     # API spells it becomes the type SamplingParams needs
     assert got["refused"].startswith("sampling option(s) regex: verl's vLLM server passes")
     assert got["converted"] == "StructuredOutputsParams"
+    # a loop that returns every line is refused where verl's classic worker (trainer.use_v1: false) would make it
+    assert "branches: all returns several outputs per run, which only verl's v1 worker takes" in got["classic_all"]
+
+
+def restarting(folder: Path) -> Path:
+    """The minimal agent's manifest (the same bundle) run twice in one episode, as an agent that restarts does: two
+    calls, then one from the task again, which does not extend the episode's last call: two lines, branch 0 (two
+    calls) and branch 1 (one)."""
+    shutil.copytree(PRESETS / "minimal", folder / "minimal")
+    run = "{bundle}/bin/python3 {bundle}/minimal/agent.py @{task_file} --workdir {workdir} --model {model}"
+    manifest = (PRESETS / "minimal.toml").read_text()
+    assert run in manifest
+    (folder / "minimal.toml").write_text(manifest.replace(run, f"{run} --max-turns 2; {run} --max-turns 1"))
+    return folder / "minimal.toml"
+
+
+def test_verls_default_v1_worker_runs_the_loop_with_branches_main_and_all_and_its_replay_buffer_samples_them(
+    vllm: Any, tmp_path: Path, task_image: str, engine: Any, label: str
+) -> None:
+    """verl 0.9.1's default trainer (`trainer.use_v1: true`), as the GPU example configures it: verl's v1 trainer
+    submits two rows (one per trajproxy entry of its agent-loop file: `branches: main`, `branches: all`), its
+    `AgentLoopWorkerTQ` runs them through trajproxy's loop with verl's LLM server client and load balancer, and its
+    replay buffer samples what the loop put in TransferQueue. Only verl's vLLM server replica (a GPU process) stands
+    in, answering with the real vLLM on the CPU (tests/integrations/verl_v1_check.py says how and why). Each episode
+    has two lines (the agent restarts)."""
+    got = sandboxed("v1", vllm, tmp_path, restarting(tmp_path), label)
+    assert got["use_v1"] is True and got["trainer_mode"] == "sync"  # the example keeps verl's default trainer
+    episodes: dict[str, list[dict[str, Any]]] = {}
+    for turn in got["turns"]:
+        episodes.setdefault(turn["episode_id"], []).append(turn)
+    assert len(episodes) == 2 and all([t["branch"] for t in turns] == [0, 0, 1] for turns in episodes.values())
+    rows = got["rows"]
+    outputs = {agent: [row for row in rows if row["agent_name"] == agent] for agent in ("trajproxy", "trajproxy_all")}
+    main, every = outputs["trajproxy"], outputs["trajproxy_all"]
+    # verl's keys: {uid}_{session}_{output}: one output for `main`, one per line for `all`, the main line last
+    assert [row["key"].split("_", 1)[1] for row in main] == ["0_0"]
+    assert [row["key"].split("_", 1)[1] for row in every] == ["0_0", "0_1"]
+    assert [row["extra_fields"]["trajproxy"]["branch"] for row in (*main, *every)] == [0, 1, 0]
+
+    seeds = {}
+    for row in rows:
+        info = row["extra_fields"]["trajproxy"]
+        turns = episodes[info["episode_id"]]
+        line = [turn for turn in turns if turn["branch"] == info["branch"]]
+        calls = [{"prompt_ids": t["prompt_ids"], "token_ids": t["completion_ids"]} for t in line]
+        # exactly the line's recorded ids, 1 in the mask on exactly the ids the engine sampled, its logprobs there
+        assert row["prompts"] == line[0]["prompt_ids"]
+        assert row["prompts"] + row["responses"] == line[-1]["prompt_ids"] + line[-1]["completion_ids"]
+        assert row["response_mask"] == spans_of(calls, row["prompts"], row["responses"])
+        served = {tuple(r["prompt_ids"] + r["token_ids"]): r for r in got["requests"]}
+        sampled = [lp for t in line for lp in served[tuple(t["prompt_ids"] + t["completion_ids"])]["log_probs"]]
+        trained = [lp for lp, m in zip(row["rollout_log_probs"], row["response_mask"], strict=True) if m]
+        assert trained == pytest.approx(sampled)
+        # the grader's reward on the last id (verl's rm_scores), none of verl's reward extras (which its v1 worker
+        # copies from a run's last output to its others), verl's global steps as each turn's policy version
+        assert row["rm_scores"][-1] == 0.0 and len(row["rm_scores"]) == len(row["responses"])
+        assert row["extra_fields"]["reward_extra_info"] == {}
+        assert info["policy_versions"] == ["7"] * len(line) and info["lines"] == 2
+        seeds[info["episode_id"]] = 5 if row["agent_name"] == "trajproxy" else 6
+    # `main`: the restarted line reported, untrained
+    restarted = episodes[main[0]["extra_fields"]["trajproxy"]["episode_id"]][2]
+    assert main[0]["extra_fields"]["trajproxy"]["untrained_lines"] == [
+        {"branch": 1, "turn_ids": [restarted["id"]], "sampled_ids": len(restarted["completion_ids"])}
+    ]
+    # `all`: every id the episode sampled is trained, once
+    all_turns = episodes[every[0]["extra_fields"]["trajproxy"]["episode_id"]]
+    assert sum(sum(row["response_mask"]) for row in every) == sum(len(t["completion_ids"]) for t in all_turns)
+    # verl's staleness tags read the loop's weights range; the prompt's own step is the trainer's
+    for tag in got["tags"]:
+        assert (tag["min_global_steps"], tag["max_global_steps"], tag["global_steps"]) == (7, 7, 3)
+
+    # the worker ran its two rows (started at once) one episode at a time (max_episodes: 1), each call with its own
+    # entry's sampling (seed), through verl's client and balancer to the one server
+    requests = [(r["prompt_ids"], r["token_ids"], r["sampling_params"]["seed"]) for r in got["requests"]]
+    runs = [
+        [(t["prompt_ids"], t["completion_ids"], seeds[t["episode_id"]]) for t in turns] for turns in episodes.values()
+    ]
+    assert requests in (runs[0] + runs[1], runs[1] + runs[0])
+    assert not engine.containers.list(all=True, filters={"label": label})

@@ -41,6 +41,7 @@ from testkit.databases import recorded_turns
 from tests.vllm_generate import VllmGenerate
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 4096, 1024
+GLOBAL_STEPS = 7  # the trainer step whose weights the engine holds, as verl's server reports it
 CUSTOM_LINE = "verl-custom-template\\n"  # the first line of the template the verl user set (custom_chat_template)
 
 
@@ -55,31 +56,40 @@ class VllmServerManager(LLMServerClient):  # type: ignore[misc]
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
     ) -> TokenOutput:
-        params = dict(sampling_params)
-        # verl's vLLM server's contract (vllm_async_server.py): max_tokens and its logprobs flag taken out, then
-        # SamplingParams(max_tokens=..., **the rest), where an unknown name raises
-        max_tokens = params.pop("max_tokens")
-        asked = bool(params.pop("logprobs", False))
-        SamplingParams(max_tokens=max_tokens, logprobs=0 if asked else None, **params)
-        plain = {k: _wire(v) if k == "structured_outputs" else v for k, v in params.items()}
-        generated = await self.engine(request_id, list(prompt_ids), {**plain, "max_tokens": max_tokens})
-        self.requests.append(
-            {
-                "request_id": request_id,
-                "prompt_ids": list(prompt_ids),
-                "sampling_params": {**sampling_params, **plain},
-                "structured_outputs_type": type(params.get("structured_outputs")).__name__,
-                "token_ids": generated.token_ids,
-                "log_probs": generated.logprobs,
-            }
-        )
-        return TokenOutput(  # as verl's vLLM server words it: completed (stop or length) or aborted
-            token_ids=generated.token_ids,
-            log_probs=generated.logprobs if asked else None,
-            stop_reason="aborted" if generated.finish_reason == "abort" else "completed",
-            num_preempted=0,
-            extra_fields={"global_steps": 7},
-        )
+        output, request = await serve(self.engine, request_id, prompt_ids, sampling_params, GLOBAL_STEPS)
+        self.requests.append(request)
+        return output
+
+
+async def serve(
+    engine: VllmGenerate, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], global_steps: int
+) -> tuple[TokenOutput, dict[str, Any]]:
+    """One call as verl's vLLM server answers it, sampled by the real vLLM over HTTP: its TokenOutput (the weights'
+    `global_steps` in extra_fields), and the call as it was made."""
+    params = dict(sampling_params)
+    # verl's vLLM server's contract (vllm_async_server.py): max_tokens and its logprobs flag taken out, then
+    # SamplingParams(max_tokens=..., **the rest), where an unknown name raises
+    max_tokens = params.pop("max_tokens")
+    asked = bool(params.pop("logprobs", False))
+    SamplingParams(max_tokens=max_tokens, logprobs=0 if asked else None, **params)
+    plain = {k: _wire(v) if k == "structured_outputs" else v for k, v in params.items()}
+    generated = await engine(request_id, list(prompt_ids), {**plain, "max_tokens": max_tokens})
+    request = {
+        "request_id": request_id,
+        "prompt_ids": list(prompt_ids),
+        "sampling_params": {**sampling_params, **plain},
+        "structured_outputs_type": type(params.get("structured_outputs")).__name__,
+        "token_ids": generated.token_ids,
+        "log_probs": generated.logprobs,
+    }
+    output = TokenOutput(  # as verl's vLLM server words it: completed (stop or length) or aborted
+        token_ids=generated.token_ids,
+        log_probs=generated.logprobs if asked else None,
+        stop_reason="aborted" if generated.finish_reason == "abort" else "completed",
+        num_preempted=0,
+        extra_fields={"global_steps": global_steps},
+    )
+    return output, request
 
 
 def _wire(structured: Any) -> Any:
@@ -88,8 +98,9 @@ def _wire(structured: Any) -> Any:
     return {kind: getattr(structured, kind) for kind in kinds if getattr(structured, kind, None) is not None}
 
 
-def verl_config(model_dir: str, loops_yaml: Path) -> Any:
-    """verl's PPO trainer config from its own hydra defaults, for this model and trajproxy's agent loop."""
+def verl_config(model_dir: str, loops_yaml: Path, *more: str) -> Any:
+    """verl's PPO trainer config from its own hydra defaults, for this model and trajproxy's agent loop (and `more`
+    overrides)."""
     folder = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=folder, version_base=None):
         return compose(
@@ -102,15 +113,16 @@ def verl_config(model_dir: str, loops_yaml: Path) -> Any:
                 "actor_rollout_ref.rollout.calculate_log_probs=true",
                 "actor_rollout_ref.rollout.agent.default_agent_loop=trajproxy",
                 f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops_yaml}",
+                *more,
             ],
         )
 
 
-def loops_yaml(folder: Path, options: dict[str, Any]) -> Path:
-    """verl's agent-loop config file naming trajproxy's loop (JSON is YAML)."""
+def loops_yaml(folder: Path, entries: dict[str, dict[str, Any]]) -> Path:
+    """verl's agent-loop config file, an entry naming trajproxy's loop per name, with its options (JSON is YAML)."""
     path = folder / "agent_loops.yaml"
-    entry = {"name": "trajproxy", "_target_": "integrations.verl.TrajproxyAgentLoop", **options}
-    path.write_text(json.dumps([entry]))
+    loops = [{"name": name, "_target_": "integrations.verl.TrajproxyAgentLoop", **o} for name, o in entries.items()]
+    path.write_text(json.dumps(loops))
     return path
 
 
@@ -133,6 +145,21 @@ async def padded(worker: AgentLoopWorker, outputs: list[AgentLoopOutput], row: d
     batch = worker._postprocess(internal, input_non_tensor_batch=None)
     tensors = {name: batch.batch[name].tolist() for name in batch.batch.keys()}  # noqa: SIM118 (a TensorDict iterates rows)
     return {"tensors": tensors, "extra": [_jsonable(v) for v in batch.non_tensor_batch["trajproxy"].tolist()]}
+
+
+def made_loop(worker: AgentLoopWorker, name: str) -> Any:
+    """The agent loop of verl's agent-loop file named `name`, made as AgentLoopWorker._run_agent_loop makes a row's."""
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[name],
+        trainer_config=DictConfigWrap(config=worker.config),
+        server_manager=worker.llm_client,
+        tokenizer=worker.tokenizer,
+        processor=worker.processor,
+        hf_model_type=worker.hf_model_type,
+        dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(worker.config.data),
+        tools=ToolListWrap(worker.tools),
+    )
 
 
 def recorded(database: Path, episode_id: str) -> dict[str, Any]:
@@ -167,23 +194,14 @@ async def loop_check(args: dict[str, Any]) -> dict[str, Any]:
         "sampling": {"seed": 5, "max_tokens": 160, "structured_outputs": {"regex": args["regex"]}},
         "max_episodes": 1,  # the worker's batch of two rows runs one episode at a time
     }
-    config = verl_config(args["model_dir"], loops_yaml(folder, options))
+    # verl's classic worker, as `trainer.use_v1: false` runs it (verl_v1_check.py runs the default, v1)
+    config = verl_config(args["model_dir"], loops_yaml(folder, {"trajproxy": options}), "trainer.use_v1=false")
     # the verl user's own chat template: the model's, after a line of its own
     own = AutoTokenizer.from_pretrained(args["model_dir"]).chat_template
     config.actor_rollout_ref.model.custom_chat_template = "{{- '" + CUSTOM_LINE + "' }}" + own
     manager = VllmServerManager(config, args["base_url"], args["model"])
     worker = AgentLoopWorker(config, manager)
-    loop = hydra.utils.instantiate(  # as AgentLoopWorker._run_agent_loop makes each row's loop
-        config=_agent_loop_registry["trajproxy"],
-        trainer_config=DictConfigWrap(config=worker.config),
-        server_manager=worker.llm_client,
-        tokenizer=worker.tokenizer,
-        processor=worker.processor,
-        hf_model_type=worker.hf_model_type,
-        dataset_cls=worker.dataset_cls,
-        data_config=DictConfigWrap(worker.config.data),
-        tools=ToolListWrap(worker.tools),
-    )
+    loop = made_loop(worker, "trajproxy")
     row = {
         "raw_prompt": np.array([{"role": "user", "content": "fix calc.py"}], dtype=object),
         "extra_info": {"tasks": args["tasks"], "agent": args["agent"]},
@@ -234,8 +252,14 @@ async def host_agent(rollouts: Rollouts) -> Rollout:
 
 async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
     folder = Path(args["folder"])
-    config = verl_config(args["model_dir"], loops_yaml(folder, {}))
+    entries = {"trajproxy": {}, "trajproxy_all": {"branches": "all"}}
+    config = verl_config(args["model_dir"], loops_yaml(folder, entries), "trainer.use_v1=false")
     worker = AgentLoopWorker(config, LLMServerClient(config))
+    try:  # the classic worker takes one output per run: a loop that would return several is refused when made
+        made_loop(worker, "trajproxy_all")
+        classic_all = ""
+    except Exception as e:  # hydra wraps what the loop raised
+        classic_all = str(e)
     engine = VllmGenerate(args["base_url"], args["model"])
     sampling = {"temperature": 1.0, "seed": 3, "max_tokens": 8}
     async with Rollouts(engine, tokenizer=args["model_dir"], sampling=sampling) as rollouts:
@@ -266,6 +290,7 @@ async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
         "padded": await padded(worker, outputs, row),
         "refused": refused,
         "converted": type(converted).__name__,
+        "classic_all": classic_all,
     }
 
 

@@ -19,6 +19,13 @@ It writes the dataset (rows naming the task and the agent: `agent_name` "trajpro
 `OUT/episodes/rollouts-<pid>.db` (one SQLite file per agent-loop worker): `trajproxy export --shape tokens` reads it.
 `--check` composes verl's config from its hydra defaults with the same overrides and prints the parts this script
 sets, without a GPU: a key verl does not know fails there.
+
+What runs is verl's default trainer, kept as it is: `trainer.use_v1: true` (verl's v1 `PPOTrainerSync`, trainer mode
+`sync`), whose `AgentLoopWorkerTQ` runs each row's `--n` sessions at once and hands their outputs to the trainer
+through TransferQueue. tests/test_integration_verl.py runs this script's overrides (at test size: one rollout per row,
+a tiny model, one TransferQueue storage unit) through that trainer's submission, worker, LLM server client, load
+balancer and replay buffer on a CPU, with the real vLLM on the CPU standing in for verl's GPU server replica; the
+training steps themselves (actor, reference, weight sync) need the GPU and are not run there.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ def write_inputs(out: Path, agent: str, rows: int) -> tuple[Path, Path]:
         "name": "trajproxy",
         "_target_": "integrations.verl.TrajproxyAgentLoop",
         "database_dir": str(out / "episodes"),
-        "branches": "main",  # "all": every line of a branching episode, for verl's v1 (TransferQueue) worker
+        "branches": "main",  # "all": every line of a branching episode, the main line last (v1 worker only)
         "tool_parser": "hermes",
         "sampling": {"max_tokens": 512},  # each call's cap; verl's response_length caps the whole episode
         "turn_timeout_s": 600,
@@ -133,6 +140,7 @@ def check(settings: list[str]) -> None:
         "rollout": {k: rollout[k] for k in ("name", "mode", "n", "prompt_length", "response_length", "max_model_len")},
         "agent": OmegaConf.to_container(rollout.agent, resolve=True),
         "use_v1": config.trainer.use_v1,
+        "trainer_mode": config.trainer.v1.trainer_mode,
     }
     print(json.dumps(shown, indent=2))
 
