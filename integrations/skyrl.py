@@ -15,58 +15,40 @@ Each turn's prompt ids are built by trajproxy (the chat template, the continuati
 parsing) and sampled by `InferenceEngineClient.generate` with the trajectory's episode key as its session id (sticky
 routing) and a prefix-cache salt of the weights' version; the ids and logprobs it returns are what is recorded and
 trained. An episode's key is `<run>-<phase>-step<global step>-<instance id>_<repetition>`: SkyRL's trajectory ids
-repeat from step to step, the keys do not.
+repeat from step to step, the keys do not. The salt is SkyRL's own (`build_vllm_cache_salt`), so trajproxy's calls and
+SkyRL's generators share the engine's prefix cache for one policy version.
 
-How sample lines (`proxy/storage/sample.schema.json`) become rows (`generator_output`, a plain function):
-- one line per trajectory (an agent that never rewrote its history): one row, its ids, mask and logprobs as recorded.
-- several lines (a rewritten history, a compaction, a sub-agent): with SkyRL's step-wise training
-  (`generator.step_wise_trajectories=true`) every line is a row of that trajectory, in order, `is_last_step` on the
-  last; SkyRL broadcasts the trajectory's advantage to all of them, and a sampled id shared by two lines carries loss
-  in one only. Without it SkyRL takes exactly one row per trajectory: the line with the most trainable ids is
-  trained, the others are not (`rollout_metrics` counts them: `trajproxy/untrained_lines`, `.../untrained_ids`).
-- an infrastructure failure (a lost sandbox, an engine that aborted, a passed deadline: the line's
-  `infrastructure_failure`), an episode with no reward, or a rollout that raised: the trajectory is masked as SkyRL's
-  Harbor generator masks a timeout, one placeholder row with loss mask [0] and reward 0.0, and by default so is every
-  other trajectory of its prompt (a GRPO group scored against a missing member would be skewed).
-- rewards are the episode's return (per trajectory; in step-wise rows, on the last row, 0.0 on the others), stop
-  reasons SkyRL's vocabulary: `length` where the last call was cut by max_tokens, `stop` otherwise, `error` masked.
+Written for SkyRL 0.4 (Python 3.12). SkyRL's options this generator cannot serve are refused when it is made: routed
+experts (R3) and sampler support sets, per-token side channels trajproxy does not record (a sample line holds ids,
+mask and logprobs), which SkyRL would otherwise train without.
+
+How sample lines become rows: integrations/skyrl_outputs.py (`generator_output`, a plain function).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-import typing
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import typing_extensions
-
 from integrations.rollouts import Generated, Rollout, Rollouts, find_task
+from integrations.skyrl_outputs import generator_output
 from integrations.token_server import ResponseBudget
 from sandbox.tasks.task import Task
 
 EXTRA_TASKS, EXTRA_TASK_ID, EXTRA_AGENT = "tasks", "task_id", "agent"
-PLACEHOLDER_ID = 0  # a masked trajectory's one token (as SkyRL's Harbor generator writes it)
 # SkyRL's sampling parameters that only shape the text it would decode, not what is sampled
 _NOT_SAMPLING = frozenset({"logprobs", "skip_special_tokens", "n"})
+# SkyRL's inference options whose per-token side channels this generator does not return (the client's fields)
+_REFUSED = {
+    "enable_return_routed_experts": "routed experts (R3)",
+    "enable_return_sample_support_set": "sampler support sets",
+}
 
 
 def _import_skyrl() -> Any:
-    """SkyRL's generator base class, or None where SkyRL is not installed (the mapping needs none of it).
-
-    skyrl 0.3.0 declares Python 3.11 but its tinker types put `typing.TypedDict`s in pydantic models, which pydantic
-    refuses below 3.12 (0.4 requires 3.12); typing_extensions' TypedDict stands in while its package is imported."""
+    """SkyRL's generator base class, or None where SkyRL is not installed (the mapping needs none of it)."""
     try:
-        if sys.version_info < (3, 12) and "skyrl.backends" not in sys.modules:
-            standard = typing.TypedDict
-            typing.TypedDict = typing_extensions.TypedDict
-            try:
-                import skyrl.backends  # noqa: F401  # lazy: the skyrl extra
-            finally:
-                typing.TypedDict = standard
         from skyrl.train.generators.base import GeneratorInterface  # lazy: the skyrl extra
     except ImportError:
         return None
@@ -78,112 +60,6 @@ if TYPE_CHECKING:
     _Base = object
 else:
     _Base = _GeneratorInterface or object
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float] | None
-    reward: float
-    stop_reason: str
-    trajectory_id: Any
-    last: bool
-    seconds: float | None
-
-
-def _masked(trajectory_id: Any, seconds: float | None) -> _Row:
-    one = [PLACEHOLDER_ID]
-    return _Row(one, one, [0], [0.0], 0.0, "error", trajectory_id, True, seconds)
-
-
-def _failed(rollout: Rollout) -> str | None:
-    """Why this trajectory cannot be scored (None when it can)."""
-    if not rollout.samples:
-        return rollout.reason or f"no sample lines ({rollout.status})"
-    for line in rollout.samples:
-        if line["infrastructure_failure"]:
-            return str(line["failure_reason"])
-    if rollout.samples[0]["reward"] is None:
-        return "no reward"
-    return None
-
-
-def _stop_reason(line: dict[str, Any]) -> str:
-    return "length" if line["stop_reason"] == "length" else "stop"
-
-
-def _instance(trajectory_id: Any) -> Any:
-    return getattr(trajectory_id, "instance_id", trajectory_id)
-
-
-def generator_output(
-    rollouts: Sequence[Rollout],
-    trajectory_ids: Sequence[Any],
-    *,
-    step_wise: bool = False,
-    mask_failed_groups: bool = True,
-    overlong_filtering: bool = False,
-    seconds: Sequence[float] | None = None,
-) -> dict[str, Any]:
-    """SkyRL's `GeneratorOutput` (as a dict) for rollouts aligned with `trajectory_ids` (SkyRL's `TrajectoryID`s, or
-    any values: a value's `instance_id` names its prompt group, else the value itself); the module's docstring says
-    how lines become rows. `overlong_filtering`: SkyRL's `apply_overlong_filtering`, no loss on rows cut by length.
-    `seconds`: each trajectory's wall time (SkyRL's `trajectory_generation_times`)."""
-    assert len(rollouts) == len(trajectory_ids), "one rollout per trajectory"
-    failures = [_failed(rollout) for rollout in rollouts]
-    masked_groups = (
-        {_instance(t) for t, why in zip(trajectory_ids, failures, strict=True) if why}
-        if (mask_failed_groups)
-        else set()
-    )
-    rows: list[_Row] = []
-    untrained_lines = untrained_ids = 0
-    for index, (rollout, trajectory_id) in enumerate(zip(rollouts, trajectory_ids, strict=True)):
-        wall = seconds[index] if seconds is not None else None
-        if failures[index] or _instance(trajectory_id) in masked_groups:
-            rows.append(_masked(trajectory_id, wall))
-            continue
-        lines = rollout.samples
-        if not step_wise:
-            chosen = max(range(len(lines)), key=lambda i: (sum(lines[i]["loss_mask"]), -i))
-            untrained_lines += len(lines) - 1
-            untrained_ids += sum(sum(line["loss_mask"]) for i, line in enumerate(lines) if i != chosen)
-            lines = [lines[chosen]]
-        for position, line in enumerate(lines):
-            last = position == len(lines) - 1
-            stop = _stop_reason(line)
-            mask = list(line["loss_mask"])
-            if overlong_filtering and stop != "stop":
-                mask = [0] * len(mask)
-            reward = float(line["reward"]) if last or not step_wise else 0.0
-            ids = line["prompt_ids"], line["completion_ids"]
-            rows.append(_Row(*ids, mask, line["logprobs"], reward, stop, trajectory_id, last, wall))
-    logprobs_whole = all(row.logprobs is not None for row in rows)
-    return {
-        "prompt_token_ids": [row.prompt_ids for row in rows],
-        "response_ids": [row.response_ids for row in rows],
-        "rewards": [row.reward for row in rows],
-        "loss_masks": [row.loss_mask for row in rows],
-        "stop_reasons": [row.stop_reason for row in rows],
-        # SkyRL takes logprobs for every row or for none: one line without them drops them from the batch
-        "rollout_logprobs": [row.logprobs for row in rows] if logprobs_whole else None,
-        "trajectory_ids": [row.trajectory_id for row in rows],
-        "is_last_step": [row.last for row in rows] if step_wise else None,
-        "trajectory_generation_times": [row.seconds for row in rows] if seconds is not None else None,
-        "rollout_metrics": {
-            "trajproxy/trajectories": len(rollouts),
-            "trajproxy/failed_trajectories": sum(1 for why in failures if why),
-            "trajproxy/masked_trajectories": sum(
-                1 for t, why in zip(trajectory_ids, failures, strict=True) if why or _instance(t) in masked_groups
-            ),
-            "trajproxy/lines": sum(len(rollout.samples) for rollout in rollouts),
-            "trajproxy/untrained_lines": untrained_lines,
-            "trajproxy/untrained_ids": untrained_ids,
-            "trajproxy/rows_without_logprobs": sum(1 for row in rows if row.logprobs is None),
-        },
-    }
 
 
 def episode_sampling(sampling_params: dict[str, Any] | None) -> dict[str, Any]:
@@ -224,11 +100,15 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         `tokenizer`: the policy's folder (its chat template); `agent`: the rows' agent unless a row names one;
         `model`: the engine's model or LoRA adapter to sample (default: the client's); `step_wise`,
         `overlong_filtering`: SkyRL's `generator.step_wise_trajectories` and `generator.apply_overlong_filtering`;
-        `use_cache_salt`: salt the engine's prefix cache with the weights' version, as SkyRL's generators do;
+        `use_cache_salt`: salt the engine's prefix cache with the weights' version, as SkyRL's generators do (their
+        salt);
         `max_total_length`: an episode's ids, its first prompt and all that follows, at most this many (each call's
         `max_tokens` held to what is left, at least 1), as SkyRL's `generator.max_input_length` bounds its own."""
         if _GeneratorInterface is None:
-            raise ImportError("TrajproxyGenerator needs SkyRL: pip install skyrl")
+            raise ImportError("TrajproxyGenerator needs SkyRL 0.4: pip install 'skyrl>=0.4'")
+        for option, what in _REFUSED.items():
+            if getattr(inference_engine_client, option, False):
+                raise ValueError(f"TrajproxyGenerator returns no {what}: set generator.inference_engine.{option}=false")
         self._client = inference_engine_client
         self._model = model
         self._agent = agent
@@ -240,6 +120,7 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         self._limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._max_total_length = max_total_length
         self._budgets: dict[str, ResponseBudget] = {}
+        self._llm_seconds: dict[str, float] = {}
         self._rollouts_options: dict[str, Any] = {
             "tokenizer": tokenizer,
             "database_url": database_url,
@@ -272,12 +153,13 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         ]
         done = await asyncio.gather(*runs)
         output = generator_output(
-            [rollout for rollout, _ in done],
+            [rollout for rollout, _, _ in done],
             trajectory_ids,
             step_wise=self._step_wise,
             mask_failed_groups=self._mask_failed_groups,
             overlong_filtering=self._overlong_filtering,
-            seconds=[wall for _, wall in done],
+            seconds=[wall for _, wall, _ in done],
+            llm_seconds=[llm for _, _, llm in done],
         )
         output["rollout_metrics"] = {**_skyrl_metrics(output), **output["rollout_metrics"]}
         return output
@@ -295,7 +177,8 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
 
     async def _trajectory(
         self, rollouts: Rollouts, extra: dict[str, Any], trajectory_id: Any, step: int, phase: str, sampling: Any
-    ) -> tuple[Rollout, float]:
+    ) -> tuple[Rollout, float, float]:
+        """The trajectory's rollout, its wall time and the part of it spent in the engine's calls."""
         key = self.key(trajectory_id, step, phase)
         began = time.monotonic()
         try:
@@ -308,8 +191,9 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
             rollout = Rollout(key, None, "failed", None, f"the rollout raised {type(e).__name__}: {e}", [])
         finally:
             self._budgets.pop(key, None)
+            llm = self._llm_seconds.pop(key, 0.0)
             await self._client.finish_session(key)
-        return rollout, time.monotonic() - began
+        return rollout, time.monotonic() - began, llm
 
     async def _run(
         self,
@@ -362,7 +246,11 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
             "session_ids": [key],
             "cache_salt": self._salt,
         }
-        out = await self._client.generate(request, model=self._model)
+        began = time.monotonic()
+        try:
+            out = await self._client.generate(request, model=self._model)
+        finally:
+            self._llm_seconds[key] = self._llm_seconds.get(key, 0.0) + time.monotonic() - began
         logprobs = out.get("response_logprobs")
         reason = out["stop_reasons"][0]
         return Generated(
@@ -373,12 +261,14 @@ class TrajproxyGenerator(_Base):  # SkyRL's GeneratorInterface
         )
 
     def _cache_salt(self) -> str | None:
-        """The weights' version as a prefix-cache salt (vLLM refuses '@' and '/' in one), or None."""
+        """The weights' version as a prefix-cache salt, SkyRL's own (its generators' `_compute_cache_salt`), or None."""
+        from skyrl.train.generators.utils import build_vllm_cache_salt  # lazy: the skyrl extra
+
         version = getattr(self._client, "weight_version", None)
         if not self._use_cache_salt or version is None:
             return None
-        name = str(self._model or getattr(self._client, "model_name", "policy"))
-        return f"{''.join(c if c.isalnum() or c in '-_.' else '-' for c in name)}-v{version}"
+        salt: str = build_vllm_cache_salt(version, self._model)
+        return salt
 
 
 def _skyrl_metrics(output: dict[str, Any]) -> dict[str, Any]:
@@ -387,11 +277,12 @@ def _skyrl_metrics(output: dict[str, Any]) -> dict[str, Any]:
 
     last = output["is_last_step"] or [True] * len(output["response_ids"])
     keep = [i for i, is_last in enumerate(last) if is_last]
-    times = output["trajectory_generation_times"]
+    times, splits = output["trajectory_generation_times"], output["trajectory_time_splits"]
     metrics: dict[str, Any] = get_rollout_metrics(
         [output["response_ids"][i] for i in keep],
         [output["rewards"][i] for i in keep],
         loss_masks=[output["loss_masks"][i] for i in keep],
         trajectory_completion_times=[times[i] for i in keep] if times else None,
+        trajectory_time_splits={k: [v[i] for i in keep] for k, v in splits.items()} if splits else None,
     )
     return metrics

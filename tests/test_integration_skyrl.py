@@ -1,7 +1,8 @@
-"""The SkyRL adapter (integrations/skyrl.py): its generator's real `generate`, in SkyRL's own venv with SkyRL's own
-remote inference client answering the minimal agent's calls in Docker sandboxes through a real vLLM, gives the
-episodes' recorded ids field for field and passes SkyRL's validation; a recorded episode with two branches maps to
-one row or to step-wise rows; failures are masked as SkyRL's Harbor generator masks them."""
+"""The SkyRL adapter (integrations/skyrl.py, integrations/skyrl_outputs.py): its generator's real `generate`, in SkyRL
+0.4's own venv on Python 3.12 with SkyRL's own remote inference client answering the minimal agent's calls in Docker
+sandboxes through a real vLLM, gives the episodes' recorded ids field for field, SkyRL's salt and time splits, and
+passes SkyRL's validation; a recorded episode with two branches maps to one row or to step-wise rows; SkyRL's side
+channels it cannot return are refused; failures are masked as SkyRL's Harbor generator masks them."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ import httpx
 import pytest
 
 from integrations.rollouts import Rollout
-from integrations.skyrl import episode_sampling, generator_output
+from integrations.skyrl import episode_sampling
+from integrations.skyrl_outputs import generator_output
 from testkit.tasks import EXAMPLE, ROOT
 from testkit.vllm_server import VllmServer
 
-pytestmark = pytest.mark.timeout(900)  # the first run builds SkyRL's venv (.ci/trainer-venv skyrl) and starts vLLM
+# the first run on a machine builds SkyRL's venv (.ci/trainer-venv skyrl: torch from PyPI, ~10 min) and starts vLLM
+pytestmark = pytest.mark.timeout(1800)
 CHECK = ROOT / "tests" / "integrations" / "skyrl_check.py"
 NEVER_DONE = r"```bash\n(ls|pwd|cat calc.py)\n```"  # a command each turn, never the agent's TASK_COMPLETE
 TURNS = 3
@@ -104,7 +107,7 @@ def test_the_generators_generate_gives_the_recorded_episodes_field_for_field(
         assert len(turns) == TURNS and {turn["branch"] for turn in turns} == {0}
         assert {turn["policy_version"] for turn in turns} == {"0"}  # the client's weight version: no sync yet
         assert episode["metadata"]["skyrl"] == {
-            "run": "check", "global_step": 7, "phase": "train", "trajectory_id": f"calc_{row}", "weights": "tiny-v0",
+            "run": "check", "global_step": 7, "phase": "train", "trajectory_id": f"calc_{row}", "weights": got["salt"],
         }  # fmt: skip
         ids, mask, logprobs = stitched(turns)
         assert output["prompt_token_ids"][row] == turns[0]["prompt_token_ids"]
@@ -114,7 +117,7 @@ def test_the_generators_generate_gives_the_recorded_episodes_field_for_field(
         [grader] = [r["value"] for r in episode["rewards"] if r["source"] == "grader" and r["name"] == "reward"]
         assert output["rewards"][row] == grader == 0.0  # graded, the bug left: not an infrastructure failure
         assert output["stop_reasons"][row] == "stop"
-        assert output["trajectory_generation_times"][row] > 0
+        assert 0 < output["trajectory_time_splits"]["llm"][row] < output["trajectory_generation_times"][row]
         for turn in turns:  # mask-1 ids are what vLLM samples for that prompt with the batch's own sampling
             again = resample(server, turn["prompt_token_ids"], got["sampling"])
             assert again == turn["completion_token_ids"]
@@ -122,6 +125,9 @@ def test_the_generators_generate_gives_the_recorded_episodes_field_for_field(
     metrics = output["rollout_metrics"]
     assert metrics["trajproxy/masked_trajectories"] == 0 and metrics["trajproxy/lines"] == 2
     assert metrics["generate/avg_num_tokens"] == sum(map(len, output["response_ids"])) / 2  # SkyRL's own metrics
+    llm = output["trajectory_time_splits"]["llm"]
+    assert metrics["generate/trajectory_time_llm_mean"] == pytest.approx(sum(llm) / 2)
+    assert got["salt"] == "0"  # the prefix-cache salt SkyRL's own generator sends at weight version 0, and trajproxy's
 
 
 def resample(server: VllmServer, prompt_ids: list[int], sampling: dict[str, Any]) -> list[int]:
@@ -171,6 +177,15 @@ def test_a_branched_episode_is_one_row_or_a_step_wise_row_per_line(
     capped = got["capped"]
     assert 1 <= capped["first"] <= 6 and 1 <= capped["second"] <= max(1, 6 - capped["first"] - 2)
     assert capped["version"] == 0  # SkyRL's client's weight version, each turn's policy version
+
+    # SkyRL's per-token side channels the generator cannot return are refused when it is made, each named
+    assert got["refused"] == {
+        option: f"TrajproxyGenerator returns no {what}: set generator.inference_engine.{option}=false"
+        for option, what in [
+            ("enable_return_routed_experts", "routed experts (R3)"),
+            ("enable_return_sample_support_set", "sampler support sets"),
+        ]
+    }
 
 
 # The mapping alone, on lines as the export writes them (no SkyRL needed): failures, logprobs, lengths.

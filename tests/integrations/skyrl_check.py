@@ -7,7 +7,8 @@ episodes; prints one JSON object (the last line of stdout) for the test to check
         its output checked by SkyRL's validate_generator_output
     python tests/integrations/skyrl_check.py branches VLLM_ROOT MODEL_DIR SERVED DATABASE REGEX
         an episode whose host agent rewrites its history (two branches), answered through Rollouts.open; its lines
-        mapped to rows both ways (one row, and step-wise), each checked by SkyRL's validation
+        mapped to rows both ways (one row, and step-wise), each checked by SkyRL's validation; the total-length cap;
+        what making the generator says to a client with SkyRL's routed experts or sampler support switched on
 """
 
 from __future__ import annotations
@@ -18,25 +19,36 @@ import sys
 from typing import Any
 
 import openai
-from transformers import AutoTokenizer
-
-from integrations.rollouts import Generated, Rollout, Rollouts
-from integrations.skyrl import TrajproxyGenerator, generator_output
-
-# isort: split
-# SkyRL after integrations.skyrl, which lets skyrl 0.3.0 import on Python 3.11
 from skyrl.backends.skyrl_train.inference_servers.engine_utils import get_sampling_params_for_backend
 from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import RemoteInferenceClient
 from skyrl.train.config import SamplingParams
 from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID
+from skyrl.train.generators.utils import build_vllm_cache_salt
 from skyrl.train.utils.trainer_utils import validate_generator_output
+from transformers import AutoTokenizer
+
+from integrations.rollouts import Generated, Rollout, Rollouts
+from integrations.skyrl import TrajproxyGenerator
+from integrations.skyrl_outputs import generator_output
 
 
-def client(root: str, model_dir: str, served: str) -> RemoteInferenceClient:
+def client(root: str, model_dir: str, served: str, **options: Any) -> RemoteInferenceClient:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return RemoteInferenceClient(
-        proxy_url=root, server_urls=[root], data_parallel_size=1, model_name=served, tokenizer=tokenizer
+        proxy_url=root, server_urls=[root], data_parallel_size=1, model_name=served, tokenizer=tokenizer, **options
     )
+
+
+def refused(root: str, model_dir: str, served: str) -> dict[str, str]:
+    """What making the generator says for each of SkyRL's side channels it cannot return, switched on in the client as
+    SkyRL's config switches it on (generator.inference_engine.<option>)."""
+    said = {}
+    for option in ("enable_return_routed_experts", "enable_return_sample_support_set"):
+        try:
+            TrajproxyGenerator(client(root, model_dir, served, **{option: True}), tokenizer=model_dir)
+        except ValueError as e:
+            said[option] = str(e)
+    return said
 
 
 def plain(output: dict[str, Any]) -> dict[str, Any]:
@@ -97,9 +109,9 @@ async def generate(
         episodes = [await recorded(generator._rollouts, e.id) for e in page.episodes]
     finally:
         await generator.aclose()
-        if engine._session is not None:
-            await engine._session.close()
-    return {"output": plain(dict(output)), "episodes": episodes, "sampling": batch["sampling_params"]}
+        await engine.aclose()
+    salt = build_vllm_cache_salt(engine.weight_version, None)  # what SkyRL's own generator salts with
+    return {"output": plain(dict(output)), "episodes": episodes, "sampling": batch["sampling_params"], "salt": salt}
 
 
 async def branches(root: str, model_dir: str, served: str, database: str, regex: str) -> dict[str, Any]:
@@ -132,8 +144,7 @@ async def branches(root: str, model_dir: str, served: str, database: str, regex:
             truth = await recorded(rollouts, episode.id)
         capped = await total_length_cap(engine, model_dir, samples[0]["prompt_ids"])
     finally:
-        if engine._session is not None:
-            await engine._session.close()
+        await engine.aclose()
     rollout = Rollout("branches-0", episode.id, "finished", 0.5, "", samples)
     ids = [TrajectoryID("colours", 0)]
     one_row = generator_output([rollout], ids)
@@ -146,6 +157,7 @@ async def branches(root: str, model_dir: str, served: str, database: str, regex:
         "one_row": plain(one_row),
         "step_wise": plain(step_wise),
         "capped": capped,
+        "refused": refused(root, model_dir, served),
     }
 
 

@@ -16,14 +16,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from integrations.skyrl import TrajproxyGenerator  # first: it lets skyrl 0.3.0 import on Python 3.11
-
-# isort: split
 import ray
+from skyrl.backends.skyrl_train.inference_servers.utils import resolve_policy_model_name
 from skyrl.train.config import SkyRLTrainConfig
 from skyrl.train.entrypoints.main_base import BasePPOExp
 from skyrl.train.utils import validate_cfg
 from skyrl.train.utils.utils import initialize_ray
+
+from integrations.skyrl import TrajproxyGenerator
 
 
 @dataclass
@@ -39,9 +39,11 @@ class TrajproxyExp(BasePPOExp):  # type: ignore[misc]
         self.generator = TrajproxyGenerator(
             inference_engine_client,
             tokenizer=cfg.trainer.policy.model.path,
+            model=resolve_policy_model_name(cfg),  # the name SkyRL's own generator samples (a LoRA adapter's too)
             step_wise=cfg.generator.step_wise_trajectories,
             overlong_filtering=cfg.generator.apply_overlong_filtering,
             use_cache_salt=cfg.generator.use_cache_salt,
+            max_total_length=cfg.generator.max_input_length,
             **options,
         )
         return self.generator

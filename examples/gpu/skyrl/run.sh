@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A few GRPO steps of SkyRL (skyrl[fsdp] 0.3/0.4 on a GPU node, Docker running) with trajproxy's generator: the minimal
+# A few GRPO steps of SkyRL (skyrl[fsdp] 0.4, Python 3.12, on a GPU node, Docker running) with trajproxy's generator: the minimal
 # agent on the calc example task in sandboxes, 4 rollouts a step, Qwen3-0.6B from a local folder.
 #
 #   MODEL_DIR=/models/Qwen3-0.6B bash examples/gpu/skyrl/run.sh [more SkyRL overrides]
 #
 # It has not been run here (no GPU machine was lent to the task that wrote it); what it needs: SkyRL installed with its
-# GPU extras (`pip install 'skyrl[fsdp]'`, Python 3.12 for 0.4), trajproxy's checkout on PYTHONPATH with its
+# GPU extras (`pip install 'skyrl[fsdp]>=0.4'` on Python 3.12), trajproxy's checkout on PYTHONPATH with its
 # dependencies and the `served` extra (`pip install -e '.[served]'`), Docker, and the example's image
 # (`docker build -t trajproxy/example-calc examples/tasks/calc`).
 set -euo pipefail
