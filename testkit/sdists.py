@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-SDISTS = Path.home() / ".cache" / "trajproxy" / "sdists"
+SDISTS = Path(os.environ.get("TRAJPROXY_CACHE") or Path.home() / ".cache" / "trajproxy") / "sdists"
 
 
 def sdist(requirement: str) -> Path:
-    """A project's sdist from PyPI, downloaded once into ~/.cache/trajproxy/sdists."""
+    """A project's sdist from PyPI, downloaded once into ~/.cache/trajproxy/sdists (or $TRAJPROXY_CACHE/sdists)."""
     folder = SDISTS / requirement
     if not list(folder.glob("*.tar.gz")):
         command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d"]

@@ -55,7 +55,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL_SCRIPT = REPO / "examples" / "rl" / "tiny_model.py"
 SMOLLM2_SCRIPT = REPO / "examples" / "models" / "smollm2.py"
-CACHE = Path(os.environ.get("TRAJPROXY_CACHE", Path.home() / ".cache" / "trajproxy"))
+CACHE = Path(os.environ.get("TRAJPROXY_CACHE") or Path.home() / ".cache" / "trajproxy")
 
 
 @contextlib.contextmanager

@@ -82,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     kept_token(token_file)
     config.pluginmanager.import_plugin("tests.skips")  # under CI, a skip nobody expected fails the run
     config.pluginmanager.import_plugin("tests.placement")  # under xdist: a file per worker, and vLLM's tests on one
+    config.pluginmanager.import_plugin("tests.built_envs")  # the `venvs` mark: tests on what .ci/run builds
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

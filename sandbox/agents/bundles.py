@@ -52,7 +52,8 @@ class Bundle:
 
 def default_root() -> Path:
     given = os.environ.get("TRAJPROXY_BUNDLES")
-    return Path(given) if given else Path.home() / ".cache" / "trajproxy" / "bundles"
+    cache = os.environ.get("TRAJPROXY_CACHE") or Path.home() / ".cache" / "trajproxy"
+    return Path(given) if given else Path(cache) / "bundles"
 
 
 def build_image(manifest: Manifest) -> str:
@@ -83,7 +84,8 @@ def digest(manifest: Manifest) -> str:
 
 
 class Bundles:
-    """The bundles in one host folder (default ~/.cache/trajproxy/bundles, or $TRAJPROXY_BUNDLES)."""
+    """The bundles in one host folder (default $TRAJPROXY_BUNDLES, else the cache's: ~/.cache/trajproxy/bundles, or
+    $TRAJPROXY_CACHE/bundles)."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or default_root()
