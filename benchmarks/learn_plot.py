@@ -1,4 +1,4 @@
-"""The held-out pass rate of several `trajproxy train` seeds: a figure and the numbers (benchmarks/RESULTS.md, §36).
+"""The held-out pass rate of several `trajproxy train` seeds: a figure and the numbers (benchmarks/RESULTS.md, §37).
 
     python benchmarks/learn_plot.py trajproxy-train/seed-*/summary.json --plot docs/learn-pass-rate.png
 
