@@ -21,11 +21,14 @@ def answer_next(trainer: TrainerClient, episode_id: str, **extras: Any) -> None:
 
 
 def over_budget(episode: Any, status: int) -> httpx.Response:
-    """The agent's next call, expected to be refused with `status`."""
+    """The agent's next call (its conversation so far and one more message: the same body again, with no retry header,
+    is the last call retried, which a restarted process answers with its recorded reply), expected to be refused with
+    `status`."""
+    following = [*HELLO, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
     response = httpx.post(
         episode.env["OPENAI_BASE_URL"] + "/chat/completions",
         headers={"authorization": f"Bearer {episode.key}"},
-        json={"model": MODEL, "messages": HELLO},
+        json={"model": MODEL, "messages": following},
         timeout=10,
     )
     assert response.status_code == status, response.text
