@@ -342,7 +342,10 @@ def run(
         record.outcome.split()[0] if record.outcome.startswith("error") else record.outcome for record in soak.calls
     )
     statuses = Counter(turn.status for turn in turns)
-    warm = samples[len(samples) // 5][1]  # after a fifth of the run: caches (recent turns, pools) have filled
+    # after a fifth of the run, and at least 10 s in: caches (recent turns, pools) have filled; in the 20 s smoke a
+    # fifth (4 s) fell before a one-time step of ~80 MiB seen 4-6 s in, flat after it (a leak keeps growing)
+    warm_s = max(seconds / 5, 10.0)
+    warm = next((rss for at, rss in samples if at >= warm_s), samples[-1][1])
     start, end, peak = samples[0][1], samples[-1][1], max(rss for _, rss in samples)
     growth = (end - warm) / warm
     flat = end - warm < max(0.10 * warm, 16 * MIB)
