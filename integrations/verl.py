@@ -35,7 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    _agent_loop_registry,
+)
 
 from integrations.rollouts import Generated, Rollouts, find_task
 from integrations.token_server import ResponseBudget
@@ -139,7 +144,6 @@ async def close() -> None:
         await worker.rollouts.__aexit__(None, None, None)
 
 
-@register("trajproxy")
 class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
     """Runs the row's task with the row's agent through trajproxy; see the module's docstring."""
 
@@ -248,6 +252,12 @@ class TrajproxyAgentLoop(AgentLoopBase):  # type: ignore[misc]
         if found is None:
             found = worker.tasks[(tasks, task_id, image)] = await asyncio.to_thread(find_task, tasks, task_id, image)
         return found
+
+
+# The name `trajproxy` for a row's agent_name, unless the agent-loop file already gave it its own entry (with options):
+# verl's `register` would replace that entry, and verl's worker reads the file before a loop is first made, which is
+# where hydra may first import this module (to make a row of another entry), leaving the file's later rows the defaults.
+_agent_loop_registry.setdefault("trajproxy", {"_target_": f"{__name__}.{TrajproxyAgentLoop.__qualname__}"})
 
 
 def engine_params(params: dict[str, Any], backend: str) -> dict[str, Any]:

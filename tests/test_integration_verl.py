@@ -43,7 +43,9 @@ def check(mode: str, **args: Any) -> Any:
         [verl_python(), *argv, json.dumps(args)], capture_output=True, text=True, timeout=800, env=env
     )
     assert done.returncode == 0, done.stderr[-5000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got["stderr"] = done.stderr[-5000:]  # what verl's workers logged, for a failed assertion to show
+    return got
 
 
 def sandboxed(mode: str, vllm: Any, folder: Path, agent: Path, label: str) -> Any:
@@ -219,6 +221,9 @@ def test_an_episode_of_two_branches_maps_line_for_line_and_verls_padding_keeps_e
     assert got["converted"] == "StructuredOutputsParams"
     # a loop that returns every line is refused where verl's classic worker (trainer.use_v1: false) would make it
     assert "branches: all returns several outputs per run, which only verl's v1 worker takes" in got["classic_all"]
+    # the agent-loop file's `trajproxy` entry (its options) is not replaced by the loop's default when the module is
+    # imported after the worker read the file
+    assert got["reimported"] == 3
 
 
 def restarting(folder: Path) -> Path:
@@ -244,6 +249,11 @@ def test_verls_default_v1_worker_runs_the_loop_with_branches_main_and_all_and_it
     has two lines (the agent restarts)."""
     got = sandboxed("v1", vllm, tmp_path, restarting(tmp_path), label)
     assert got["use_v1"] is True and got["trainer_mode"] == "sync"  # the example keeps verl's default trainer
+    # both rows' episodes ran to the agent's end (a sandbox that failed, or a row verl's worker marked failed, says why)
+    # both rows' episodes ran to the restarted agent's end, its one-turn budget (a sandbox that failed to start, or a
+    # row verl's worker marked failed, says why here)
+    ended = "the agent exited with 1: [agent] stopped: no TASK_COMPLETE within 1 turns"
+    assert [e["reason"] for e in got["episodes"]] == [ended] * 2, (got["episodes"], got["stderr"])
     episodes: dict[str, list[dict[str, Any]]] = {}
     for turn in got["turns"]:
         episodes.setdefault(turn["episode_id"], []).append(turn)

@@ -10,6 +10,7 @@ object: what the loop returned, what the engine sampled, what trajproxy recorded
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sqlite3
 import sys
@@ -35,6 +36,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 from vllm import SamplingParams
 
+import integrations.verl
 from integrations.rollouts import Rollout, Rollouts
 from integrations.verl import agent_loop_outputs, close, engine_params
 from testkit.databases import recorded_turns
@@ -252,7 +254,7 @@ async def host_agent(rollouts: Rollouts) -> Rollout:
 
 async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
     folder = Path(args["folder"])
-    entries = {"trajproxy": {}, "trajproxy_all": {"branches": "all"}}
+    entries = {"trajproxy": {"max_episodes": 3}, "trajproxy_all": {"branches": "all"}}
     config = verl_config(args["model_dir"], loops_yaml(folder, entries), "trainer.use_v1=false")
     worker = AgentLoopWorker(config, LLMServerClient(config))
     try:  # the classic worker takes one output per run: a loop that would return several is refused when made
@@ -260,6 +262,10 @@ async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
         classic_all = ""
     except Exception as e:  # hydra wraps what the loop raised
         classic_all = str(e)
+    # the file's own `trajproxy` entry outlives this module's import after the worker read the file (where a row of
+    # another entry is the first to make a loop, hydra imports the module then): run its code again, as that import does
+    importlib.reload(integrations.verl)
+    reimported = made_loop(worker, "trajproxy").max_episodes
     engine = VllmGenerate(args["base_url"], args["model"])
     sampling = {"temperature": 1.0, "seed": 3, "max_tokens": 8}
     async with Rollouts(engine, tokenizer=args["model_dir"], sampling=sampling) as rollouts:
@@ -291,6 +297,7 @@ async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
         "refused": refused,
         "converted": type(converted).__name__,
         "classic_all": classic_all,
+        "reimported": reimported,
     }
 
 

@@ -39,7 +39,7 @@ from verl.workers.rollout.router import get_router_handle
 
 from examples.gpu.verl.train_grpo import overrides
 from integrations.rollouts import find_task
-from testkit.databases import recorded_turns
+from testkit.databases import recorded_episodes, recorded_turns
 from tests.integrations.verl_check import GLOBAL_STEPS, PROMPT_LENGTH, RESPONSE_LENGTH, loops_yaml, serve, verl_config
 from tests.vllm_generate import VllmGenerate
 
@@ -159,6 +159,7 @@ def v1_check(args: dict[str, Any]) -> dict[str, Any]:
     (database,) = (folder / "db").glob("rollouts-*.db")
     turns = recorded_turns(f"sqlite:///{database}")
     return {
+        "episodes": recorded_episodes(f"sqlite:///{database}"),
         "use_v1": config.trainer.use_v1,
         "trainer_mode": config.trainer.v1.trainer_mode,
         "rows": rows,
