@@ -22,6 +22,7 @@ ids sampled are not what its history says.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 from collections import OrderedDict
@@ -32,7 +33,7 @@ from typing import Any
 from proxy.core.endings import failure
 from proxy.core.errors import EpisodeClosed
 from proxy.core.ports import Store
-from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Reply, Tally, Turn, text_of
+from proxy.core.values import Answerer, Episode, EpisodeStatus, Extension, JsonObject, Reply, Tally, Turn, text_of
 
 log = logging.getLogger("trajproxy")
 
@@ -76,12 +77,13 @@ class Branches:
             branches._add(_Head(turn.branch, turn.id, _prints(turn.request), _sampled(turn.reply)))
         return branches
 
-    def locate(self, request: JsonObject) -> Place:
+    def locate(self, request: JsonObject, extension: Extension | None = None) -> Place:
         """Where a call goes: after the head whose messages it extends furthest (the oldest branch of those that
         extend it as far), or on a new branch. The call heads its branch only once `grow` says it was recorded
-        (before the next `locate`)."""
-        prints = _prints(request)
+        (before the next `locate`). A call that extends a head's messages (`extension`) has only its new messages
+        printed."""
         messages = request.get("messages") or ()
+        prints = self._known_prints(messages, extension) or _prints(request)
         for n in sorted((n for n in self._by_length if n < len(prints)), reverse=True):
             extended = [
                 head
@@ -92,6 +94,14 @@ class Branches:
                 best = min(extended, key=lambda head: head.branch)
                 return Place(best.branch, best.turn_id, prints)
         return Place(self._next, None, prints)
+
+    def _known_prints(self, messages: Any, extension: Extension | None) -> tuple[int, ...] | None:
+        if extension is None:
+            return None
+        for head in self._heads.values():
+            if head.turn_id == extension.turn_id and len(head.prints) == extension.messages:
+                return head.prints + tuple(_fingerprint(message) for message in messages[extension.messages :])
+        return None
 
     def grow(self, turn_id: str, place: Place) -> None:
         """The turn `locate` placed is recorded: it is the head of its branch now."""
@@ -172,6 +182,17 @@ def _fingerprint(message: Any) -> int:
     return hash((message.get("role"), text_of(message.get("content")), calls, message.get("tool_call_id")))
 
 
+@dataclass(frozen=True, slots=True)
+class _Restored:
+    """A request whose arguments were restored: how many messages, its last, the tool call ids among them, and how
+    many of the episode's argument changes had been made."""
+
+    messages: int
+    last: Any
+    ids: set[Any]
+    changes: int
+
+
 _CLOSED_EPISODES = 100_000
 HANDED_KEPT = 16  # an episode's latest hand-overs remembered: more than its calls at once
 
@@ -191,6 +212,9 @@ class LiveEpisode:
     loaded_seq: int = 0  # its next seq when this process loaded it: turns before were recorded by another
     handed_over: OrderedDict[str, None] = field(default_factory=OrderedDict)  # its latest replies handed over here
     arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
+    argument_changes: list[str] = field(default_factory=list)  # the ids of `arguments` as they were set or changed
+    restored: _Restored | None = None  # the latest request whose arguments were restored
+    last_body: Any = None  # its latest call as the agent-facing layer reads the next against it (proxy.http.prefix)
     versions: list[str] = field(default_factory=list)  # the policy versions of its answered turns, as answered
     # One new turn written at a time, and one change of the episode's record: what memory holds then follows
     # the store, write by write, even when a write fails.
@@ -210,6 +234,8 @@ class LiveEpisode:
         if reply.policy_version is not None and reply.policy_version not in self.versions:
             self.versions.append(reply.policy_version)
         for call in (reply.message or {}).get("tool_calls") or ():
+            if self.arguments.get(call["id"]) != call["function"]["arguments"]:
+                self.argument_changes.append(call["id"])
             self.arguments[call["id"]] = call["function"]["arguments"]
 
     def handed(self, turn: Turn) -> None:
@@ -218,20 +244,53 @@ class LiveEpisode:
         while len(self.handed_over) > HANDED_KEPT:
             self.handed_over.popitem(last=False)
 
-    def restore_arguments(self, request: JsonObject) -> None:
+    def restore_arguments(self, request: JsonObject, extension: Extension | None = None) -> bool:
         """Give tool calls the agent sends back the exact arguments string the trainer sent, where the agent's
         dialect carries arguments as a JSON object (Anthropic) and so re-serialised them: the trainer's history
-        then holds the very text its policy produced."""
+        then holds the very text its policy produced.
+
+        A request that extends the last one restored here with the same message objects (`extension`) has only its
+        new messages restored, unless an id among the earlier ones was given other arguments since. Those earlier
+        messages are the earlier request's too: one restored now is copied first, and True says one was."""
         if not self.arguments:
-            return
-        for message in request.get("messages") or ():
-            for call in (message.get("tool_calls") or ()) if isinstance(message, dict) else ():
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict):
-                    continue
-                original, echoed = self.arguments.get(call.get("id")), function.get("arguments")
-                if original is not None and original != echoed and _same_json(original, echoed):
-                    function["arguments"] = original
+            self.restored = None
+            return False
+        messages: Any = request.get("messages") or ()
+        first, ids, changed = 0, set(), False
+        shared = extension.messages if extension is not None else 0
+        known = self.restored
+        if (
+            known is not None
+            and known.messages == shared
+            and len(messages) > shared
+            and messages[shared - 1] is known.last
+            and not any(i in known.ids for i in self.argument_changes[known.changes :])
+        ):
+            first, ids = shared, known.ids  # the chain goes on: its set is carried, not copied
+        for index in range(first, len(messages)):
+            restored = self._restored_calls(messages[index], ids)
+            if restored:
+                message = messages[index]
+                if index < shared:
+                    message = messages[index] = copy.deepcopy(message)
+                    changed = True
+                for at, original in restored:
+                    message["tool_calls"][at]["function"]["arguments"] = original
+        self.restored = _Restored(len(messages), messages[-1] if messages else None, ids, len(self.argument_changes))
+        return changed
+
+    def _restored_calls(self, message: Any, ids: set[Any]) -> list[tuple[int, str]]:
+        """Which of a message's tool calls get their arguments back (by index), and as what; their ids in `ids`."""
+        restored = []
+        for at, call in enumerate((message.get("tool_calls") or ()) if isinstance(message, dict) else ()):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                continue
+            ids.add(call.get("id"))
+            original, echoed = self.arguments.get(call.get("id")), function.get("arguments")
+            if original is not None and original != echoed and _same_json(original, echoed):
+                restored.append((at, original))
+        return restored
 
     def side_answerer(self, request: JsonObject) -> Answerer | None:
         """The episode's routing rule that takes this call as a side call, if one does."""
