@@ -36,7 +36,7 @@ from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontin
 from proxy.adapters.ids_json import IdsJson, answer_of, cut_echo, dumped, joined
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
-from proxy.core.episodes import same_message
+from proxy.core.branches import same_message
 from proxy.core.errors import UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id, text_of
 from proxy.families import GENERAL, Family

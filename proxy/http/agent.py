@@ -29,9 +29,9 @@ from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
 from proxy.dialects.gemini import METHODS, GeminiDialect
 from proxy.dialects.responses import ResponsesDialect
+from proxy.http import prefix
 from proxy.http.counting import CountTokens
 from proxy.http.edge import JSON, agent_key, disconnected, error_headers, parse_json, read_body, respond, status_of
-from proxy.http.prefix import extend, remember
 from proxy.settings import Settings
 
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
@@ -185,7 +185,8 @@ class AgentCall:
             episode = await broker.authenticate(agent_key(key, headers))
             raw = await read_body(scope, receive, settings.max_body_bytes)
             live = broker.live(episode.id)
-            extended = None if self._continued is not None or live is None else extend(live.last_body, raw, dialect)
+            known = live.last_body if live is not None and self._continued is None else None
+            extended = prefix.extend(known, raw, dialect) if known is not None else None
             if extended is not None:
                 parsed = extended.call
             else:
@@ -203,7 +204,8 @@ class AgentCall:
             await refuse(send, dialect, e)
             return
         if live is not None and open_turn.turn.wire is raw and self._continued is None:  # a new turn of this call's
-            live.last_body = remember(open_turn.turn.id, dialect, raw, parsed, extended)
+            small = len(raw) < prefix.EXTEND_FROM  # (no call into prefix.py for these: its only rule is this one)
+            live.last_body = None if small else prefix.remember(open_turn.turn.id, dialect, raw, parsed, extended)
         await ParkedReply(broker, dialect, parsed, open_turn, episode, settings.keepalive_s)(scope, receive, send)
 
 
