@@ -56,7 +56,7 @@ class LiveEpisode:
     loaded_seq: int = 0  # its next seq when this process loaded it: turns before were recorded by another
     handed_over: OrderedDict[str, None] = field(default_factory=OrderedDict)  # its latest replies handed over here
     arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
-    argument_changes: list[str] = field(default_factory=list)  # the ids of `arguments` as they were set or changed
+    argument_changes: list[str] | None = None  # the ids of `arguments` as they were set or changed (made when first)
     restored: _Restored | None = None  # the latest request whose arguments were restored
     last_body: Any = None  # its latest call as the agent-facing layer reads the next against it (proxy.http.prefix)
     versions: list[str] = field(default_factory=list)  # the policy versions of its answered turns, as answered
@@ -79,6 +79,8 @@ class LiveEpisode:
             self.versions.append(reply.policy_version)
         for call in (reply.message or {}).get("tool_calls") or ():
             if self.arguments.get(call["id"]) != call["function"]["arguments"]:
+                if self.argument_changes is None:
+                    self.argument_changes = []
                 self.argument_changes.append(call["id"])
             self.arguments[call["id"]] = call["function"]["arguments"]
 
@@ -100,6 +102,7 @@ class LiveEpisode:
             self.restored = None
             return False
         messages: Any = request.get("messages") or ()
+        changes = self.argument_changes or []
         first, ids, changed = 0, set(), False
         shared = extension.messages if extension is not None else 0
         known = self.restored
@@ -108,7 +111,7 @@ class LiveEpisode:
             and known.messages == shared
             and len(messages) > shared
             and messages[shared - 1] is known.last
-            and not any(i in known.ids for i in self.argument_changes[known.changes :])
+            and not any(i in known.ids for i in changes[known.changes :])
         ):
             first, ids = shared, known.ids  # the chain goes on: its set is carried, not copied
         for index in range(first, len(messages)):
@@ -120,7 +123,7 @@ class LiveEpisode:
                     changed = True
                 for at, original in restored:
                     message["tool_calls"][at]["function"]["arguments"] = original
-        self.restored = _Restored(len(messages), messages[-1] if messages else None, ids, len(self.argument_changes))
+        self.restored = _Restored(len(messages), messages[-1] if messages else None, ids, len(changes))
         return changed
 
     def _restored_calls(self, message: Any, ids: set[Any]) -> list[tuple[int, str]]:
