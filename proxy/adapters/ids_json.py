@@ -23,7 +23,8 @@ from proxy.core.errors import UpstreamError
 from proxy.core.values import JsonObject
 
 _KEPT_BYTES = 64 << 20  # the ids kept for turns' children, all episodes together: their text, and 8 bytes an id
-_ECHO = re.compile(rb'"prompt_token_ids"\s*:\s*')
+_NAME = b'"prompt_token_ids"'
+_ECHO = re.compile(re.escape(_NAME) + rb"\s*:\s*")
 _DIGITS = b"0123456789,"  # an echo as servers write it: compact, non-negative ids
 
 
@@ -95,13 +96,10 @@ class Echo:
 def cut_echo(content: bytes, where: str) -> Echo | None:
     """The answer, parsed with its one `prompt_token_ids` (at the top level, `where="top"`, or on the first choice,
     `where="choice"`) left out as text; None where the answer holds no such echo, or one not as servers write it."""
-    found = list(_ECHO.finditer(content))
-    if len(found) != 1:
+    found = _echo_at(content)
+    if found is None:
         return None
-    start = found[0].end()
-    end = content.find(b"]", start) + 1
-    if content[start : start + 1] != b"[" or not end:
-        return None
+    start, end = found
     text = content[start:end]
     if text.translate(None, _DIGITS) != b"[]":  # one pass in C
         return None
@@ -117,6 +115,29 @@ def cut_echo(content: bytes, where: str) -> Echo | None:
     if not isinstance(holder, dict) or "prompt_token_ids" not in holder or holder["prompt_token_ids"] is not None:
         return None  # the one key cut was not where the ids are read from
     return Echo(response, text)
+
+
+def _echo_at(content: bytes) -> tuple[int, int] | None:
+    """Where the value of the answer's one `"prompt_token_ids"` key lies, an array up to its first `]`; None where
+    there is no such key, more than one, or its value does not open an array. The name is searched for in C, around
+    the array (of digits and commas, which `cut_echo` checks, and so not holding the name): a regex search would step
+    through every digit."""
+    found = None
+    at = content.find(_NAME)
+    while at >= 0:
+        key = _ECHO.match(content, at)
+        if key is None:
+            at = content.find(_NAME, at + 1)
+            continue
+        if found is not None:
+            return None
+        start = key.end()
+        end = content.find(b"]", start) + 1
+        if content[start : start + 1] != b"[" or not end:
+            return None
+        found = (start, end)
+        at = content.find(_NAME, end)
+    return found
 
 
 def after(echo: bytes, before: bytes) -> list[int] | None:
