@@ -257,13 +257,14 @@ _PLACED = dumped(_PLACE)
 
 def _prompt(
     template: ChatTemplate,
-    messages: TemplateMessages,
+    given: Sequence[JsonObject],
     tools: list[JsonObject],
     parent: Turn | None,
     on_discontinuity: str = ON_DISCONTINUITY[0],
 ) -> tuple[tuple[int, ...], str | None, str | None]:
     """The call's prompt ids, the id of the turn they continue (None: rendered in full), and why not where not. A
-    continued call's messages are read from its parent's reply on."""
+    continued call's messages are read from its parent's reply on (`given`: shaped for templates, or shaped as read)."""
+    messages = given if isinstance(given, TemplateMessages) else TemplateMessages(given, shaped=True)
     reply = parent.reply if parent is not None else None
     if parent is None or reply is None or reply.message is None:
         return tuple(template.prompt(messages.all(), tools)), None, FIRST_CALL

@@ -24,9 +24,10 @@ class TemplateMessages(Sequence[JsonObject]):
 
     __slots__ = ("_given", "_shaped")
 
-    def __init__(self, given: Sequence[Any]) -> None:
+    def __init__(self, given: Sequence[Any], *, shaped: bool = False) -> None:
+        """`given`: a request's messages; or, `shaped`, messages shaped already (taken as they are)."""
         self._given = [m for m in given if isinstance(m, dict)]
-        self._shaped: list[JsonObject | None] = [None] * len(self._given)
+        self._shaped: list[JsonObject | None] = list(self._given) if shaped else [None] * len(self._given)
 
     def __len__(self) -> int:
         return len(self._given)
@@ -50,7 +51,9 @@ class TemplateMessages(Sequence[JsonObject]):
 
     def head(self, n: int) -> TemplateMessages:
         """The first `n` messages, shaped as they are read."""
-        return TemplateMessages(self._given[:n])
+        head = TemplateMessages(())
+        head._given, head._shaped = self._given[:n], self._shaped[:n]
+        return head
 
     def all(self) -> list[JsonObject]:
         """Every message, shaped (for a rendering of the whole conversation)."""
