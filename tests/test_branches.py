@@ -8,7 +8,7 @@ from typing import Any
 import anthropic
 
 from proxy.client import TrainerClient
-from proxy.core.episodes import HEADS_KEPT, Branches, Place
+from proxy.core.branches import HEADS_KEPT, Branches, Place
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.responses import ResponsesDialect

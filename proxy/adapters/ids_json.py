@@ -23,7 +23,8 @@ from proxy.core.errors import UpstreamError
 from proxy.core.values import JsonObject
 
 _KEPT_BYTES = 64 << 20  # the ids kept for turns' children, all episodes together: their text, and 8 bytes an id
-_ECHO = re.compile(rb'"prompt_token_ids"\s*:\s*')
+_NAME = b'"prompt_token_ids"'
+_ECHO = re.compile(re.escape(_NAME) + rb"\s*:\s*")
 _DIGITS = b"0123456789,"  # an echo as servers write it: compact, non-negative ids
 
 
@@ -32,9 +33,16 @@ def dumped(ids: Sequence[int]) -> bytes:
 
 
 def joined(*arrays: bytes) -> bytes:
-    """JSON arrays' text as one array's: `[1,2]`, `[]`, `[3]` -> `[1,2,3]`."""
-    inner = [array[1:-1] for array in arrays if len(array) > 2]
-    return b"[" + b",".join(inner) + b"]"
+    """JSON arrays' text as one array's: `[1,2]`, `[]`, `[3]` -> `[1,2,3]` (one copy of their bytes)."""
+    parts: list[bytes | memoryview] = [b"["]
+    for array in arrays:
+        if len(array) > 2:
+            parts += (memoryview(array)[1:-1], b",")
+    if len(parts) > 1:
+        parts[-1] = b"]"  # the last comma
+    else:
+        parts.append(b"]")
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +96,12 @@ class Echo:
 def cut_echo(content: bytes, where: str) -> Echo | None:
     """The answer, parsed with its one `prompt_token_ids` (at the top level, `where="top"`, or on the first choice,
     `where="choice"`) left out as text; None where the answer holds no such echo, or one not as servers write it."""
-    found = list(_ECHO.finditer(content))
-    if len(found) != 1:
+    found = _echo_at(content)
+    if found is None:
         return None
-    start = found[0].end()
-    end = content.find(b"]", start) + 1
-    if content[start : start + 1] != b"[" or not end:
-        return None
+    start, end = found
     text = content[start:end]
-    if text[1:-1].translate(None, _DIGITS):  # one pass in C
+    if text.translate(None, _DIGITS) != b"[]":  # one pass in C
         return None
     whole = memoryview(content)
     try:
@@ -112,10 +117,33 @@ def cut_echo(content: bytes, where: str) -> Echo | None:
     return Echo(response, text)
 
 
+def _echo_at(content: bytes) -> tuple[int, int] | None:
+    """Where the value of the answer's one `"prompt_token_ids"` key lies, an array up to its first `]`; None where
+    there is no such key, more than one, or its value does not open an array. The name is searched for in C, around
+    the array (of digits and commas, which `cut_echo` checks, and so not holding the name): a regex search would step
+    through every digit."""
+    found = None
+    at = content.find(_NAME)
+    while at >= 0:
+        key = _ECHO.match(content, at)
+        if key is None:
+            at = content.find(_NAME, at + 1)
+            continue
+        if found is not None:
+            return None
+        start = key.end()
+        end = content.find(b"]", start) + 1
+        if content[start : start + 1] != b"[" or not end:
+            return None
+        found = (start, end)
+        at = content.find(_NAME, end)
+    return found
+
+
 def after(echo: bytes, before: bytes) -> list[int] | None:
     """The ids an echo's text (`cut_echo`) holds after those of `before` (another array's text), where it begins
     with them all; None where it does not."""
-    head = before[:-1]
+    head = memoryview(before)[:-1]
     if len(head) < 2 or not echo.startswith(head):  # one comparison of bytes
         return None
     rest = echo[len(head) :]

@@ -36,9 +36,10 @@ from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontin
 from proxy.adapters.ids_json import IdsJson, answer_of, cut_echo, dumped, joined
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
-from proxy.core.episodes import same_message
+from proxy.adapters.template_messages import TemplateMessages
+from proxy.core.branches import same_message
 from proxy.core.errors import UpstreamError
-from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id, text_of
+from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id
 from proxy.families import GENERAL, Family
 
 # trajproxy's own options in tokens mode, never sent to the server
@@ -147,11 +148,12 @@ class TokenPolicy:
         endpoint = ENDPOINTS[answerer.kind]
         tools = functions(request.get("tools"))
         template = await self._template(answerer, api_base)
-        messages = [_message(m) for m in request.get("messages") or () if isinstance(m, dict)]
+        messages = TemplateMessages(request.get("messages") or ())
         on_discontinuity = str(options.get("on_discontinuity") or ON_DISCONTINUITY[0])
         ids, continued, not_continued = _prompt(template, messages, tools, parent, on_discontinuity)
         check = getattr(template, "difference", None)  # the jinja template's: official renderers have no text
-        differs = check(ids, messages, tools) if check and _checked(options, continued, parent, messages) else None
+        checked = check and _checked(options, continued, parent, messages)
+        differs = check(ids, messages.all(), tools) if check is not None and checked else None
         sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
         sent = self._sent(ids, parent if continued else None)
         asked = endpoint.ask(answerer.model, _PLACE, sampling)
@@ -255,35 +257,38 @@ _PLACED = dumped(_PLACE)
 
 def _prompt(
     template: ChatTemplate,
-    messages: list[JsonObject],
+    given: Sequence[JsonObject],
     tools: list[JsonObject],
     parent: Turn | None,
     on_discontinuity: str = ON_DISCONTINUITY[0],
 ) -> tuple[tuple[int, ...], str | None, str | None]:
-    """The call's prompt ids, the id of the turn they continue (None: rendered in full), and why not where not."""
+    """The call's prompt ids, the id of the turn they continue (None: rendered in full), and why not where not. A
+    continued call's messages are read from its parent's reply on (`given`: shaped for templates, or shaped as read)."""
+    messages = given if isinstance(given, TemplateMessages) else TemplateMessages(given, shaped=True)
     reply = parent.reply if parent is not None else None
     if parent is None or reply is None or reply.message is None:
-        return tuple(template.prompt(messages, tools)), None, FIRST_CALL
+        return tuple(template.prompt(messages.all(), tools)), None, FIRST_CALL
     prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
     n = len(parent.request.get("messages") or ())
     if not prompt or sampled is None:
-        return tuple(template.prompt(messages, tools)), None, "its parent's reply has no token ids"
+        return tuple(template.prompt(messages.all(), tools)), None, "its parent's reply has no token ids"
     if n >= len(messages) or not same_message(reply.message, messages[n]):
         return (
-            tuple(template.prompt(messages, tools)),
+            tuple(template.prompt(messages.all(), tools)),
             None,
             "its history does not hold its parent's reply as it was given",
         )
     try:
-        delta = _delta(template, messages[n + 1 :], tools, sampled, messages[: n + 1])
+        delta = _delta(template, messages[n + 1 :], tools, sampled, messages.head(n + 1))
     except Discontinuity as e:
         why = _DISCONTINUITY + " ".join(str(e).split())
         if on_discontinuity == "fail":
             raise UpstreamError(
                 f"token in, token out cannot attribute this call's ids ({why}); policy_options.on_discontinuity is fail"
             ) from e
-        return tuple(template.prompt(messages, tools)), None, why
-    return prompt + sampled + tuple(delta), parent.id, None  # copies of references, in C
+        return tuple(template.prompt(messages.all(), tools)), None, why
+    # one copy of the prompt's references, in C (unpacking all three walks the prompt as an iterable)
+    return prompt + (*sampled, *delta), parent.id, None  # noqa: RUF005
 
 
 def _delta(
@@ -291,7 +296,7 @@ def _delta(
     new: list[JsonObject],
     tools: list[JsonObject],
     sampled: Sequence[int],
-    history: list[JsonObject],
+    history: Sequence[JsonObject],
 ) -> list[int]:
     """The template's ids for the new messages after the parent's sampled ids; Discontinuity where it cannot say."""
     family: Family = getattr(template, "family", GENERAL)
@@ -307,7 +312,7 @@ def _delta(
     return delta
 
 
-def _checked(options: JsonObject, continued: str | None, parent: Turn | None, messages: list[JsonObject]) -> bool:
+def _checked(options: JsonObject, continued: str | None, parent: Turn | None, messages: Sequence[JsonObject]) -> bool:
     """Whether this continued turn's whole conversation is rendered to find where the template would differ: on
     every turn with `check_template: "every"`, never with false, and by default on the turns whose message count
     reaches a power of two (a branch's 8th message, 16th, 32nd, ...), so that the check, which costs the whole
@@ -347,15 +352,6 @@ async def _reply_message(text: str, tools: Sequence[JsonObject], parser_name: st
             for call in parsed.tool_calls
         ]
     return message, parsed.error
-
-
-def _message(message: JsonObject) -> JsonObject:
-    """A message as chat templates take it: text content, and the fields templates read."""
-    fields = ("role", "tool_calls", "tool_call_id", "name", "reasoning_content")
-    shaped: JsonObject = {k: message[k] for k in fields if k in message}
-    content = message.get("content")
-    shaped["content"] = content if content is None or isinstance(content, str) else text_of(content)
-    return shaped
 
 
 def functions(tools: Any) -> list[JsonObject]:

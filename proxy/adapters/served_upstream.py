@@ -130,7 +130,7 @@ class ServedUpstream:
         if reply is not None and reply.prompt_token_ids and reply.completion_token_ids is not None:
             prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
             if (new := after(echo, self._ids.of(prompt, sampled))) is not None:
-                return prompt + sampled + tuple(new), True  # (what `Answers` would find, at C speed)
+                return prompt + (*sampled, *new), True  # noqa: RUF005 (one copy of the prompt: what `Answers` would find)
         try:
             return orjson.loads(echo), None
         except orjson.JSONDecodeError as e:

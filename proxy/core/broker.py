@@ -45,6 +45,7 @@ from proxy.core.values import (
     Budget,
     Episode,
     EpisodeStatus,
+    Extension,
     JsonObject,
     Reward,
     Tally,
@@ -167,6 +168,10 @@ class Broker:
             await self._episodes.load(episode.id)
         return episode
 
+    def live(self, episode_id: str) -> LiveEpisode | None:
+        """The live state of an open episode this process serves, if it holds it."""
+        return self._episodes.get(episode_id)
+
     async def episode(self, episode_id: str) -> Episode:
         live = self._episodes.get(episode_id)
         known = live.episode if live else self._episodes.closed(episode_id)
@@ -213,12 +218,14 @@ class Broker:
         *,
         stream: bool,
         retry: bool | None = False,
+        extension: Extension | None = None,
     ) -> OpenTurn:
         """Record the agent's call as a new turn and park it for a trainer to pull.
 
         An SDK's retry (`retry`) of a call whose turn is still open attaches to that turn, and a retry of the
         episode's last answered call gets its recorded reply again: a retry never becomes a second turn. A call
-        that does not say whether it is one (`retry` None) is one by its body (`proxy.core.retries`).
+        that does not say whether it is one (`retry` None) is one by its body (`proxy.core.retries`). A call whose
+        request extends an earlier one's (`extension`) has only its new messages looked at where that suffices.
         """
         live = await self._episodes.load(episode_id)
         if live is None:
@@ -231,7 +238,8 @@ class Broker:
         # A fork's first calls are answered from its parent's (the check costs nothing for other episodes).
         replay = await self._forks.replay(live) if "fork" in live.episode.metadata else None
         self._pause.refuse_if_rejecting()
-        live.restore_arguments(request)
+        if live.restore_arguments(request, extension):
+            extension = None  # an earlier message's arguments were given back: its pieces are not the earlier ones
         side = live.side_answerer(request)
         answerer = side or live.episode.policy  # None: a trainer answers
         held_for = "model" if answerer else "pause" if self._pause.mode in HOLDING else None
@@ -239,7 +247,14 @@ class Broker:
         live.recording[recorded] = wire
         try:
             turn = await self._recorder.record(
-                live, dialect, request, wire, stream=stream, trainable=side is None, held_for=held_for
+                live,
+                dialect,
+                request,
+                wire,
+                stream=stream,
+                trainable=side is None,
+                held_for=held_for,
+                extension=extension,
             )
         finally:  # a retry of this call that came meanwhile finds the turn open once it resumes
             del live.recording[recorded]

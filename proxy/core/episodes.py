@@ -4,24 +4,12 @@ An open episode this process has not served before (it was created by an earlier
 loaded from the store when first needed: its next seq, the tokens it has used and the head of each branch, so
 its agent's next call carries on its sequence and its conversation. A change of an episode's record (started,
 over budget, closed) is written first and held in memory only once the store has it.
-
-Branches: which conversation a call continues, the branches of an episode's trajectory.
-
-An agent's calls usually extend one conversation: each request repeats the previous one's messages and adds
-the reply and what followed. A request that does not (the agent compacted its context, started a sub-agent,
-or asked a side question) opens a new branch. Messages are compared by role, text and tool-call ids only, so
-markers agents move between calls (Anthropic's `cache_control`) and re-serialised tool arguments do not
-break a conversation in two.
-
-Where a turn's reply came with the token ids its policy sampled, a call continues that turn only if it hands the
-reply back as it was given: the same text and the same tool calls (names, and arguments as JSON values); the
-reasoning an agent drops from its history does not count. A call that rewrote the reply opens a new branch: the
-ids sampled are not what its history says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 from collections import OrderedDict
@@ -29,147 +17,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy.core.branches import HEADS_KEPT, Branches, Place
 from proxy.core.endings import failure
 from proxy.core.errors import EpisodeClosed
 from proxy.core.ports import Store
-from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Reply, Tally, Turn, text_of
+from proxy.core.values import Answerer, Episode, EpisodeStatus, Extension, JsonObject, Reply, Tally, Turn
 
 log = logging.getLogger("trajproxy")
 
-HEADS_KEPT = 64
-
 
 @dataclass(frozen=True, slots=True)
-class Place:
-    """Where a call goes: its branch, and the turn it extends (None when it opens the branch)."""
+class _Restored:
+    """A request whose arguments were restored: how many messages, its last, the tool call ids among them, and how
+    many of the episode's argument changes had been made."""
 
-    branch: int
-    parent_id: str | None
-    prints: tuple[int, ...]
-
-
-@dataclass(slots=True, eq=False)
-class _Head:
-    branch: int
-    turn_id: str
-    prints: tuple[int, ...]
-    reply: JsonObject | None = None  # the head's reply, where it carried sampled ids: a call must hand it back
-
-
-class Branches:
-    """The latest call of each branch of one episode (of its `HEADS_KEPT` newest branches).
-
-    Heads are kept by branch (oldest first) and by how many messages they hold. A call is placed by looking only at
-    heads shorter than it, longest first: an episode of calls that all repeat one prompt (a sampling loop) has a
-    head per call, all as long as the next call, and none is compared."""
-
-    def __init__(self, next_branch: int = 0) -> None:
-        self._heads: dict[int, _Head] = {}  # by branch, in the order the branches opened
-        self._by_length: dict[int, list[_Head]] = {}  # by len(prints)
-        self._next = next_branch
-
-    @classmethod
-    def resume(cls, next_branch: int, heads: Iterable[Turn]) -> Branches:
-        """The branches of an episode served before: each turn given is the latest of its branch."""
-        branches = cls(next_branch)
-        for turn in sorted(heads, key=lambda head: head.branch)[-HEADS_KEPT:]:
-            branches._add(_Head(turn.branch, turn.id, _prints(turn.request), _sampled(turn.reply)))
-        return branches
-
-    def locate(self, request: JsonObject) -> Place:
-        """Where a call goes: after the head whose messages it extends furthest (the oldest branch of those that
-        extend it as far), or on a new branch. The call heads its branch only once `grow` says it was recorded
-        (before the next `locate`)."""
-        prints = _prints(request)
-        messages = request.get("messages") or ()
-        for n in sorted((n for n in self._by_length if n < len(prints)), reverse=True):
-            extended = [
-                head
-                for head in self._by_length[n]
-                if head.prints == prints[:n] and (head.reply is None or same_message(head.reply, messages[n]))
-            ]
-            if extended:
-                best = min(extended, key=lambda head: head.branch)
-                return Place(best.branch, best.turn_id, prints)
-        return Place(self._next, None, prints)
-
-    def grow(self, turn_id: str, place: Place) -> None:
-        """The turn `locate` placed is recorded: it is the head of its branch now."""
-        head = self._heads.get(place.branch)
-        if head is None:
-            self._add(_Head(place.branch, turn_id, place.prints))
-            self._next = max(self._next, place.branch + 1)
-            return
-        self._unindex(head)
-        head.turn_id, head.prints, head.reply = turn_id, place.prints, None
-        self._by_length.setdefault(len(head.prints), []).append(head)
-
-    def answered(self, turn_id: str, reply: Reply) -> None:
-        """A turn was answered: if it heads its branch and its reply carries sampled ids, the branch goes on only
-        through calls that hand that reply back."""
-        message = _sampled(reply)
-        if message is None:
-            return
-        for head in self._heads.values():
-            if head.turn_id == turn_id:
-                head.reply = message
-                return
-
-    def _add(self, head: _Head) -> None:
-        self._heads[head.branch] = head
-        self._by_length.setdefault(len(head.prints), []).append(head)
-        if len(self._heads) > HEADS_KEPT:
-            self._unindex(self._heads.pop(next(iter(self._heads))))
-
-    def _unindex(self, head: _Head) -> None:
-        same_length = self._by_length[len(head.prints)]
-        same_length.remove(head)
-        if not same_length:
-            del self._by_length[len(head.prints)]
-
-
-def same_message(given: JsonObject, echoed: Any) -> bool:
-    """Whether a message an agent sends back says what the reply it was given said: the same text (less the
-    whitespace around it) and the same tool calls, by name and arguments as JSON values (agents re-serialise
-    arguments, and drop reasoning and the ids of calls in some dialects)."""
-    if not isinstance(echoed, dict) or echoed.get("role") != "assistant":
-        return False
-    if text_of(given.get("content")).strip() != text_of(echoed.get("content")).strip():
-        return False
-    return _calls(given) == _calls(echoed)
-
-
-def _calls(message: JsonObject) -> list[tuple[Any, Any]] | None:
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            return None
-        arguments = function.get("arguments")
-        try:
-            value = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
-            value = arguments
-        calls.append((function.get("name"), value))
-    return calls
-
-
-def _sampled(reply: Reply | None) -> JsonObject | None:
-    """The reply's message, where the reply carries the ids its policy sampled."""
-    if reply is None or reply.completion_token_ids is None or reply.message is None:
-        return None
-    return reply.message
-
-
-def _prints(request: JsonObject) -> tuple[int, ...]:
-    return tuple(_fingerprint(message) for message in request.get("messages") or ())
-
-
-def _fingerprint(message: Any) -> int:
-    if not isinstance(message, dict):
-        return hash(repr(message))
-    calls = tuple(call.get("id") if isinstance(call, dict) else repr(call) for call in message.get("tool_calls") or ())
-    return hash((message.get("role"), text_of(message.get("content")), calls, message.get("tool_call_id")))
+    messages: int
+    last: Any
+    ids: set[Any]
+    changes: int
 
 
 _CLOSED_EPISODES = 100_000
@@ -191,6 +56,9 @@ class LiveEpisode:
     loaded_seq: int = 0  # its next seq when this process loaded it: turns before were recorded by another
     handed_over: OrderedDict[str, None] = field(default_factory=OrderedDict)  # its latest replies handed over here
     arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
+    argument_changes: list[str] | None = None  # the ids of `arguments` as they were set or changed (made when first)
+    restored: _Restored | None = None  # the latest request whose arguments were restored
+    last_body: Any = None  # its latest call as the agent-facing layer reads the next against it (proxy.http.prefix)
     versions: list[str] = field(default_factory=list)  # the policy versions of its answered turns, as answered
     # One new turn written at a time, and one change of the episode's record: what memory holds then follows
     # the store, write by write, even when a write fails.
@@ -210,6 +78,10 @@ class LiveEpisode:
         if reply.policy_version is not None and reply.policy_version not in self.versions:
             self.versions.append(reply.policy_version)
         for call in (reply.message or {}).get("tool_calls") or ():
+            if self.arguments.get(call["id"]) != call["function"]["arguments"]:
+                if self.argument_changes is None:
+                    self.argument_changes = []
+                self.argument_changes.append(call["id"])
             self.arguments[call["id"]] = call["function"]["arguments"]
 
     def handed(self, turn: Turn) -> None:
@@ -218,20 +90,54 @@ class LiveEpisode:
         while len(self.handed_over) > HANDED_KEPT:
             self.handed_over.popitem(last=False)
 
-    def restore_arguments(self, request: JsonObject) -> None:
+    def restore_arguments(self, request: JsonObject, extension: Extension | None = None) -> bool:
         """Give tool calls the agent sends back the exact arguments string the trainer sent, where the agent's
         dialect carries arguments as a JSON object (Anthropic) and so re-serialised them: the trainer's history
-        then holds the very text its policy produced."""
+        then holds the very text its policy produced.
+
+        A request that extends the last one restored here with the same message objects (`extension`) has only its
+        new messages restored, unless an id among the earlier ones was given other arguments since. Those earlier
+        messages are the earlier request's too: one restored now is copied first, and True says one was."""
         if not self.arguments:
-            return
-        for message in request.get("messages") or ():
-            for call in (message.get("tool_calls") or ()) if isinstance(message, dict) else ():
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict):
-                    continue
-                original, echoed = self.arguments.get(call.get("id")), function.get("arguments")
-                if original is not None and original != echoed and _same_json(original, echoed):
-                    function["arguments"] = original
+            self.restored = None
+            return False
+        messages: Any = request.get("messages") or ()
+        changes = self.argument_changes or []
+        first, ids, changed = 0, set(), False
+        shared = extension.messages if extension is not None else 0
+        known = self.restored
+        if (
+            known is not None
+            and known.messages == shared
+            and len(messages) > shared
+            and messages[shared - 1] is known.last
+            and not any(i in known.ids for i in changes[known.changes :])
+        ):
+            first, ids = shared, known.ids  # the chain goes on: its set is carried, not copied
+        for index in range(first, len(messages)):
+            restored = self._restored_calls(messages[index], ids)
+            if restored:
+                message = messages[index]
+                if index < shared:
+                    message = messages[index] = copy.deepcopy(message)
+                    changed = True
+                for at, original in restored:
+                    message["tool_calls"][at]["function"]["arguments"] = original
+        self.restored = _Restored(len(messages), messages[-1] if messages else None, ids, len(changes))
+        return changed
+
+    def _restored_calls(self, message: Any, ids: set[Any]) -> list[tuple[int, str]]:
+        """Which of a message's tool calls get their arguments back (by index), and as what; their ids in `ids`."""
+        restored = []
+        for at, call in enumerate((message.get("tool_calls") or ()) if isinstance(message, dict) else ()):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                continue
+            ids.add(call.get("id"))
+            original, echoed = self.arguments.get(call.get("id")), function.get("arguments")
+            if original is not None and original != echoed and _same_json(original, echoed):
+                restored.append((at, original))
+        return restored
 
     def side_answerer(self, request: JsonObject) -> Answerer | None:
         """The episode's routing rule that takes this call as a side call, if one does."""

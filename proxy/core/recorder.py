@@ -11,7 +11,7 @@ from proxy.core.endings import failure
 from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import Stale
 from proxy.core.queue import Others, TurnQueue
-from proxy.core.values import EpisodeStatus, JsonObject, Turn, TurnStatus, new_id
+from proxy.core.values import EpisodeStatus, Extension, JsonObject, Turn, TurnStatus, new_id
 
 _STALE_TRIES = 8  # an episode whose agent calls through many replicas at once may be read again this often
 
@@ -26,6 +26,7 @@ class _Call:
     stream: bool
     trainable: bool
     held_for: str | None
+    extension: Extension | None
 
 
 class Recorder:
@@ -55,9 +56,10 @@ class Recorder:
         stream: bool,
         trainable: bool,
         held_for: str | None = None,  # why the turn is out of the queue ("pause", "model")
+        extension: Extension | None = None,  # how its request extends an earlier one's
     ) -> Turn:
         """Write the call as its episode's next turn."""
-        call = _Call(dialect, request, wire, stream, trainable, held_for)
+        call = _Call(dialect, request, wire, stream, trainable, held_for, extension)
         async with live.writing_turn:
             for tries_left in range(self._stale_tries, 0, -1):
                 try:
@@ -78,7 +80,7 @@ class Recorder:
         if (stale := live.episode.budget.stale(live.versions, self._queue.answers.versions)) is not None:
             await self._stale(live, stale)
         model = request.get("model")
-        place = live.branches.locate(request)
+        place = live.branches.locate(request, call.extension)
         turn = Turn(
             id=new_id("tu"),
             episode_id=live.episode.id,
@@ -93,6 +95,7 @@ class Recorder:
             trainable=call.trainable,
             branch=place.branch,
             parent_id=place.parent_id,
+            extends=call.extension,
         )
 
         def took(written: asyncio.Future[None]) -> None:

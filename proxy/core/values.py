@@ -230,6 +230,19 @@ class Turn:
     trainable: bool = True  # False for side calls a routing rule sent to a fixed model
     branch: int = 0  # calls that extend one conversation share a branch; compaction or a sub-agent opens another
     parent_id: str | None = None  # the turn whose conversation this one extends
+    extends: Extension | None = field(default=None, compare=False, repr=False)  # how its body extends an earlier's
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """A call whose body is an earlier call's of its episode with messages added (`proxy.http.prefix`): the first
+    `shared_bytes` of its body are that turn's, its first `messages` messages are that turn's (all of them, as
+    parsed: the same values), and nothing else in it differs. What was worked out for the earlier call (its
+    messages' prints, its body's pieces) then holds for that part of this one."""
+
+    turn_id: str
+    messages: int
+    shared_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,14 @@ class ChatDialect:
     keepalive = b": keep-alive\n\n"
 
     def parse(self, body: JsonObject) -> Call:
+        return self.parse_from(body, 0)
+
+    def parse_from(self, body: JsonObject, first: int) -> Call:
+        """`parse`, where the messages before `first` are known to pass its checks (`proxy.http.prefix`)."""
         check_model(body)
-        for index, message in enumerate(messages_of(body)):
+        messages = messages_of(body)
+        for index in range(first, len(messages)):
+            message = messages[index]
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"messages[{index}] must be an object with a string 'role'")
             _check_tool_ids(message, f"messages[{index}]")

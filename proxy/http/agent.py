@@ -29,8 +29,9 @@ from proxy.dialects.chat import ChatDialect
 from proxy.dialects.dialect import Call, Dialect
 from proxy.dialects.gemini import METHODS, GeminiDialect
 from proxy.dialects.responses import ResponsesDialect
+from proxy.http import prefix
 from proxy.http.counting import CountTokens
-from proxy.http.edge import JSON, agent_key, disconnected, error_headers, read_json, respond, status_of
+from proxy.http.edge import JSON, agent_key, disconnected, error_headers, parse_json, read_body, respond, status_of
 from proxy.settings import Settings
 
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
@@ -182,18 +183,29 @@ class AgentCall:
         headers: Mapping[bytes, bytes] = dict(scope["headers"])
         try:
             episode = await broker.authenticate(agent_key(key, headers))
-            raw, body = await read_json(scope, receive, settings.max_body_bytes)
-            parsed = dialect.parse(body)
-            if self._continued is not None:
-                parsed = await self._continued(episode, body, parsed)
+            raw = await read_body(scope, receive, settings.max_body_bytes)
+            live = broker.live(episode.id)
+            known = live.last_body if live is not None and self._continued is None else None
+            extended = prefix.extend(known, raw, dialect) if known is not None else None
+            if extended is not None:
+                parsed = extended.call
+            else:
+                body = parse_json(raw)
+                parsed = dialect.parse(body)
+                if self._continued is not None:
+                    parsed = await self._continued(episode, body, parsed)
             said = headers.get(b"x-stainless-retry-count")  # absent: the client does not say (None)
             retry = None if said is None else said not in (b"", b"0")
+            extension = extended.extension if extended is not None else None
             open_turn = await broker.park(
-                episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry
+                episode.id, dialect.name, parsed.request, raw, stream=parsed.stream, retry=retry, extension=extension
             )
         except TrajproxyError as e:
             await refuse(send, dialect, e)
             return
+        if live is not None and open_turn.turn.wire is raw and self._continued is None:  # a new turn of this call's
+            small = len(raw) < prefix.EXTEND_FROM  # (no call into prefix.py for these: its only rule is this one)
+            live.last_body = None if small else prefix.remember(open_turn.turn.id, dialect, raw, parsed, extended)
         await ParkedReply(broker, dialect, parsed, open_turn, episode, settings.keepalive_s)(scope, receive, send)
 
 

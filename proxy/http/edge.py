@@ -115,12 +115,12 @@ def may_nest_too_deep(raw: bytes) -> bool:
     return raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
 
 
-def nested_too_deep(value: Any) -> bool:
-    """Whether the parsed JSON `value` nests arrays and objects deeper than MAX_JSON_DEPTH levels."""
+def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the parsed JSON `value` nests arrays and objects deeper than `limit` levels."""
     level, depth = [value], 0
     while level:  # breadth first, one level at a time
         depth += 1
-        if depth > MAX_JSON_DEPTH:
+        if depth > limit:
             return True
         level = [
             child

@@ -21,7 +21,7 @@ from sqlalchemy import Executable
 from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.core.values import AgentError, JsonObject, Reply, Turn, TurnStatus, Usage
-from proxy.storage.pieces import cut, encode_parts, pack
+from proxy.storage.pieces import Cut, cut, encode_parts, extended, pack
 from proxy.storage.tables import Op, PieceRow, TurnRow
 from proxy.storage.token_ids import Ids, Lengths, whole_ids
 
@@ -191,6 +191,8 @@ class _Last:
     depth: int  # turns since its lists were last written whole
     wire: list[bytes]
     request: list[bytes]
+    ends: list[int]  # where each of its wire's pieces ends
+    messages: int  # how many messages its request holds
 
 
 class Contents:
@@ -246,7 +248,7 @@ class TurnWrite:
         self._turn = turn
         self._statement = statement
         self._shape = shape
-        self._cut: tuple[list[bytes], list[bytes], dict[bytes, bytes]] | None = None
+        self._cut: Cut | None = None
         self._written: tuple[list[bytes], _Last] | None = None
 
     def ops(self) -> tuple[list[Op], list[Op]]:
@@ -255,10 +257,10 @@ class TurnWrite:
         if len(turn.wire) < INLINE_BELOW:
             inline = {"base_id": None, "whole_seq": None, "wire_parts": turn.wire}
             return [], [(self._statement, [self._shape(turn_row(turn) | inline | {"request_parts": _json(turn)})])]
-        if self._cut is None:
-            self._cut = cut(turn.wire, turn.request)
-        wire, request, data = self._cut
         last = contents._last.get(turn.episode_id)
+        if self._cut is None:
+            self._cut = _cut(turn, last)
+        wire, request, data = self._cut.wire, self._cut.request, self._cut.data
         if last is not None and last.depth + 1 < CHAIN and last.seq < turn.seq:
             base_id, whole_seq, depth = last.id, last.whole_seq, last.depth + 1
             wire_parts, request_parts = encode_parts(wire, last.wire), encode_parts(request, last.request)
@@ -272,7 +274,9 @@ class TurnWrite:
             "wire_parts": wire_parts,
             "request_parts": request_parts,
         }
-        self._written = (new, _Last(turn.id, turn.episode_id, turn.seq, whole_seq, depth, wire, request))
+        messages = len(turn.request.get("messages") or ())
+        written = _Last(turn.id, turn.episode_id, turn.seq, whole_seq, depth, wire, request, self._cut.ends, messages)
+        self._written = (new, written)
         first: list[Op] = [(contents.insert, [{"hash": h, "data": pack(data[h])} for h in new])] if new else []
         return first, [(self._statement, [self._shape(row)])]
 
@@ -313,6 +317,16 @@ class TurnsSaved:
     def committed(self) -> None:
         if self._learnt:  # (a call without ids runs nothing of token_ids.py: tests/test_call_trace.py)
             self._lengths.learn(self._learnt)
+
+
+def _cut(turn: Turn, last: _Last | None) -> Cut:
+    """The turn's wire body and request cut into pieces: where it extends its episode's last turn written, only
+    what follows that turn's part of it (`pieces.extended`)."""
+    extension = turn.extends
+    if extension is None or last is None or last.id != extension.turn_id or last.messages != extension.messages:
+        return cut(turn.wire, turn.request)
+    before = Cut(last.wire, last.ends, last.request, {})
+    return extended(turn.wire, turn.request["messages"], before, extension.shared_bytes, extension.messages)
 
 
 def _json(turn: Turn) -> bytes:

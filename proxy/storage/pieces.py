@@ -22,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import re
 import zlib
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -41,11 +43,11 @@ def digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def wire_pieces(wire: bytes) -> list[bytes]:
-    """The body cut into pieces at the seams between objects of its arrays; their concatenation is `wire`."""
+def wire_pieces(wire: bytes, start: int = 0) -> list[bytes]:
+    """The body cut into pieces at the seams between objects of its arrays; their concatenation is `wire` (from
+    `start`, a cut of the whole body's: the pieces after it)."""
     pieces: list[bytes] = []
-    start = 0
-    for seam in _SEAM.finditer(wire):
+    for seam in _SEAM.finditer(wire, start):
         cut = seam.end()  # after the object's `}`: the `,` or `]` that follows starts the next piece
         if cut - start < MIN_PIECE:
             continue
@@ -57,7 +59,7 @@ def wire_pieces(wire: bytes) -> list[bytes]:
     while len(wire) - start > MAX_PIECE:
         pieces.append(wire[start : start + MAX_PIECE])
         start += MAX_PIECE
-    if start < len(wire) or not pieces:
+    if start < len(wire) or not (pieces or start):
         pieces.append(wire[start:])
     return pieces
 
@@ -152,13 +154,53 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
             return n, at
 
 
-def cut(wire: bytes, request: Any) -> tuple[list[bytes], list[bytes], dict[bytes, bytes]]:
-    """A wire body and request as lists of piece hashes, and each piece by its hash."""
-    data: dict[bytes, bytes] = {}
+class Cut:
+    """A wire body and request as lists of piece hashes, where the wire's pieces end, and the pieces cut anew by
+    their hash (all of them, but for `extended`'s)."""
 
-    def stored(piece: bytes) -> bytes:
+    __slots__ = ("data", "ends", "request", "wire")
+
+    def __init__(self, wire: list[bytes], ends: list[int], request: list[bytes], data: dict[bytes, bytes]) -> None:
+        self.wire, self.ends, self.request, self.data = wire, ends, request, data
+
+
+def cut(wire: bytes, request: Any) -> Cut:
+    """A wire body and request cut into pieces."""
+    data: dict[bytes, bytes] = {}
+    pieces = wire_pieces(wire)
+    return Cut(_hashed(pieces, data), _ends(pieces, 0), _hashed(request_pieces(request), data), data)
+
+
+def extended(wire: bytes, messages: Sequence[Any], before: Cut, shared_bytes: int, shared_messages: int) -> Cut:
+    """`cut(wire, request)` of a call whose wire body's first `shared_bytes` (to the end of its last message) and
+    first `shared_messages` messages are an earlier call's, cut as `before`, and whose request is otherwise that
+    call's (`proxy.core.values.Extension`): the earlier pieces are kept up to its last cut before the shared bytes
+    end, and only what follows is cut.
+
+    The same pieces as a cut of the whole: every cut before the shared bytes' last (a message's `}`) depends on
+    those bytes alone, since a seam's lookahead stops at that `}`, and a cut forced by `MAX_PIECE` holds in both
+    bodies once the next seam lies past it; so the whole cut of the new body passes the same cuts to there."""
+    kept = bisect_left(before.ends, shared_bytes)  # the earlier pieces ending before the shared bytes do
+    start = before.ends[kept - 1] if kept else 0
+    data: dict[bytes, bytes] = {}
+    pieces = wire_pieces(wire, start)
+    new = [orjson.dumps(message) for message in messages[shared_messages:]]
+    return Cut(
+        before.wire[:kept] + _hashed(pieces, data),
+        before.ends[:kept] + _ends(pieces, start),
+        before.request + _hashed(new, data),
+        data,
+    )
+
+
+def _hashed(pieces: list[bytes], data: dict[bytes, bytes]) -> list[bytes]:
+    hashes = []
+    for piece in pieces:
         h = digest(piece)
         data[h] = piece
-        return h
+        hashes.append(h)
+    return hashes
 
-    return [stored(p) for p in wire_pieces(wire)], [stored(p) for p in request_pieces(request)], data
+
+def _ends(pieces: list[bytes], start: int) -> list[int]:
+    return list(accumulate((len(piece) for piece in pieces), initial=start))[1:]

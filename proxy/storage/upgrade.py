@@ -90,7 +90,8 @@ def _batches(engine: Engine) -> Generator[int, None, None]:
             done: list[dict[str, Any]] = []
             for row in rows:
                 request = orjson.loads(row.request)
-                wire_list, request_list, data = cut(bytes(row.wire), request)
+                pieces = cut(bytes(row.wire), request)
+                wire_list, request_list, data = pieces.wire, pieces.request, pieces.data
                 new.update((h, piece) for h, piece in data.items() if h not in known)
                 if last is not None and last[0] == row.episode_id and last[3] + 1 < CHAIN:
                     base_id, whole_seq, depth = last[1], last[2], last[3] + 1
