@@ -254,7 +254,7 @@ async def host_agent(rollouts: Rollouts) -> Rollout:
 
 async def branches_check(args: dict[str, Any]) -> dict[str, Any]:
     folder = Path(args["folder"])
-    entries = {"trajproxy": {"max_episodes": 3}, "trajproxy_all": {"branches": "all"}}
+    entries: dict[str, dict[str, Any]] = {"trajproxy": {"max_episodes": 3}, "trajproxy_all": {"branches": "all"}}
     config = verl_config(args["model_dir"], loops_yaml(folder, entries), "trainer.use_v1=false")
     worker = AgentLoopWorker(config, LLMServerClient(config))
     try:  # the classic worker takes one output per run: a loop that would return several is refused when made
