@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,20 @@ def main(args: argparse.Namespace) -> int:
     if args.command == "sandbox":
         _report(console, asyncio.run(prune(labels)))
         return 0
-    return run_command(args, labels)
+    status = run_command(args, labels)
+    if args.ray:
+        _end_without_teardown(status)
+    return status
+
+
+def _end_without_teardown(status: int) -> None:
+    """Ends a `--ray` run's process with its status once the run has cleaned up and said so, skipping the
+    interpreter's teardown: Ray's native threads outlive `ray.shutdown()` and can crash it (a SIGTERM'd run that had
+    recorded its episodes cancelled and removed every sandbox exited -11, not 143)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(status)
 
 
 def _labels_from(given: list[str]) -> dict[str, str]:
