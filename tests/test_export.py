@@ -4,16 +4,20 @@ and streamed in flat memory."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
+import os
 import sqlite3
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+from unittest import mock
 
 import datasets
 import pytest
 
+from proxy.cli.main import main
 from proxy.client import TrainerClient
 from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, hash_key, new_id, new_key
 from proxy.storage.export import Filters, Shape, export, source
@@ -29,6 +33,22 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type"
 
 
 def run_export(url: str, out: Path | str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`trajproxy export` run in this process, as its command line runs it: its exit status and what it said. (A new
+    process's start-up, seconds of imports, proves nothing here: test_exported_files_load_with_datasets runs the
+    installed command.)"""
+    args = ["export", str(out), "--database-url", url, "--quiet", *flags]
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), mock.patch.dict(os.environ, COLUMNS="400"):  # messages on one line
+        try:
+            main(args)
+        except SystemExit as ended:
+            status = ended.code
+    assert isinstance(status, int), status
+    return subprocess.CompletedProcess(args, status, "", said.getvalue())
+
+
+def run_export_command(url: str, out: Path | str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`trajproxy export`, the installed command in a process of its own."""
     return subprocess.run(
         [trajproxy_script(), "export", str(out), "--database-url", url, "--quiet", *flags],
         capture_output=True,
@@ -134,7 +154,7 @@ def test_filters_pick_episodes(recorded: dict[str, Any], tmp_path: Path) -> None
 def test_exported_files_load_with_datasets(recorded: dict[str, Any], tmp_path: Path) -> None:
     for shape, rows in (("chat", 4), ("tokens", 2)):
         out = tmp_path / f"{shape}.jsonl"
-        assert run_export(recorded["url"], out, "--shape", shape).returncode == 0
+        assert run_export_command(recorded["url"], out, "--shape", shape).returncode == 0
         dataset = datasets.load_dataset("json", data_files=str(out), split="train")
         assert dataset.num_rows == rows
         if shape == "chat":
