@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -309,7 +310,11 @@ def main() -> None:
         args.repeats = 1
     pin_load()
     print(f"Each figure: the median of {args.repeats} run(s). trajproxy on core {SERVER_CORE}, load on {LOAD_CORE}.")
-    rows = [row for name in args.only.split(",") for row in BENCHMARKS[name](args)]
+    rows = []
+    for name in args.only.split(","):
+        began = time.monotonic()
+        rows += BENCHMARKS[name](args)
+        print(f"all.py: {name} took {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
     sys.exit(1 if any(row.get("errors") or row.get("failed") for row in rows) else 0)
 
 

@@ -43,7 +43,7 @@ POSTGRES_URL = os.environ.get("TRAJPROXY_TEST_POSTGRES_URL")
 # through clean_env): the default unless TRAJPROXY_TEST_SERVER names the other. CI runs the whole suite on the
 # default, then the files below again on the other server: what a server does beneath the app (disconnects, SSE
 # keep-alives, keep-alive connections, WebSocket, the Unix socket, Ctrl-C and SIGTERM while calls are parked, what
-# reaches the log), on SQLite only: about 100 tests.
+# reaches the log), on SQLite only: about 95 tests.
 TEST_SERVER: str = os.environ.get("TRAJPROXY_TEST_SERVER") or Settings.model_fields["server"].default
 OTHER_SERVER = {"granian": "uvicorn", "uvicorn": "granian"}[Settings.model_fields["server"].default]
 ON_BOTH_SERVERS = (
@@ -56,7 +56,13 @@ ON_BOTH_SERVERS = (
     "tests/test_sandbox.py::test_the_sandbox_socket_serves_agents_but_never_the_trainer_api",
     "tests/test_socket_door.py",
     "tests/test_stalls.py",
-    "tests/test_cli.py",
+    # `trajproxy serve`'s own: what it serves, its socket's backlog and sends, what it imports (the rest of
+    # test_cli.py is settings and messages, the same before either server starts)
+    "tests/test_cli.py::test_serve_answers_health_on_a_sqlite_file_in_wal_mode",
+    "tests/test_cli.py::test_the_listening_socket_queues_a_burst_of_connections",
+    "tests/test_cli.py::test_a_public_address_with_a_trainer_token_starts_and_guards_the_trainer_api",
+    "tests/test_cli.py::test_neither_litellm_nor_a_token_encoding_is_loaded_when_the_server_starts",
+    "tests/test_cli.py::test_connections_to_the_served_socket_send_without_delay",
     "tests/test_launch.py::test_a_stopping_signal_cancels_the_run_and_removes_every_container",
     "tests/test_shutdown.py",
     "tests/test_floods.py",

@@ -188,16 +188,23 @@ def solves(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image
     check_solved(proxied, run_one(proxied, sandboxes, agent, image, policy), agent, dialect)
 
 
-# Its own stage in .ci/run, a few at once (pytest -n): a preset's three tests on one worker, which builds its bundle.
+# Its own stage in .ci/run, a few at once (pytest -n): a preset's two tests on one worker, which builds its bundle.
 CONFORMANCE = [pytest.param(name, marks=[pytest.mark.conformance, pytest.mark.xdist_group(name)]) for name in PRESETS]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # (the first of a preset's tests builds its bundle: minutes, cold)
 @pytest.mark.parametrize("name", CONFORMANCE)
-def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_non_root_user(
+def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_non_root_user_on_a_read_only_root(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
 ) -> None:
-    solves(proxied, sandboxes, InjectedAgent(load(name), built(name)), bare_image)
+    """`--read-only`: the agent writes its HOME (under /tmp) and the task's repository, nothing else. Graded in
+    place, in the agent's own container once it stopped: the tests pass there, and its root refuses a write. (The
+    grader's own container, the default, grades the older Debian's run below.)"""
+    dialect, policy = PRESETS[name]
+    agent = InjectedAgent(load(name), built(name))
+    refused = "touch /trajproxy-probe 2>&1 | grep -q 'Read-only file system'"
+    task = Task(TASK, bare_image, "/repo", ExitCode(f"sh test.sh && {refused}"), grading="in-place")
+    check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy, task, read_only=True), agent, dialect)
 
 
 @pytest.mark.timeout(900)
@@ -206,20 +213,6 @@ def test_each_preset_solves_a_task_on_an_older_debian(
     proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], old_image: str, name: str
 ) -> None:
     solves(proxied, sandboxes, InjectedAgent(load(name), built(name)), old_image)
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", CONFORMANCE)
-def test_each_preset_solves_a_task_with_a_read_only_root_filesystem(
-    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
-) -> None:
-    """`--read-only`: the agent writes its HOME (under /tmp) and the task's repository, nothing else. Graded in
-    place, in the agent's own container once it stopped: the tests pass there, and its root refuses a write."""
-    dialect, policy = PRESETS[name]
-    agent = InjectedAgent(load(name), built(name))
-    refused = "touch /trajproxy-probe 2>&1 | grep -q 'Read-only file system'"
-    task = Task(TASK, bare_image, "/repo", ExitCode(f"sh test.sh && {refused}"), grading="in-place")
-    check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy, task, read_only=True), agent, dialect)
 
 
 @pytest.mark.timeout(300)
