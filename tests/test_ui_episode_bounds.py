@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from proxy.client import TrainerClient
 from proxy.http.ui.conversation import READ, SHOWN, TEXT
@@ -96,6 +97,9 @@ def test_only_the_first_and_last_turns_are_shown_and_the_rest_counted(
     assert f"step {SHOWN - 2}" in shown.text and f"step {SHOWN}" not in shown.text
 
 
+# The tree is laid out from the branches the store reads, the same on either database (their reads are proven on
+# both by the store's tests): the page's depth is the point here, on SQLite.
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_branches_nested_three_hundred_deep_lay_out(server: LiveServer, trainer: TrainerClient) -> None:
     depth = 300
     episode_id = episode_of(trainer, texts(depth, 8, seed=3))  # each call opens a branch under the one before
