@@ -19,12 +19,15 @@ from tests.conftest import SANDBOX_IMAGE as IMAGE
 from tests.test_storage_upgrade import ROOT
 
 BUILD_LABELS = {MANAGED: "1", "trajproxy.role": "bundle-build"}
-BUILD = f"from sandbox.backends.images import run_container; run_container({IMAGE!r}, ['sleep', '2'], {{}}, 120)"
+# A build that outlasts its caller: the test kills the caller, then ends the container itself.
+BUILD = f"from sandbox.backends.images import run_container; run_container({IMAGE!r}, ['sleep', '300'], {{}}, 600)"
 
 
 def build_containers(engine: Any, pid: int) -> list[Any]:
     labels = [f"{name}={value}" for name, value in {**BUILD_LABELS, PID: str(pid)}.items()]
-    return list(engine.containers.list(all=True, filters={"label": labels}))
+    # sparse: the engine's list as it is, with no inspect of each container after it (one removed in between,
+    # by its live caller, would fail the inspect)
+    return list(engine.containers.list(all=True, sparse=True, filters={"label": labels}))
 
 
 @pytest.mark.timeout(180)
@@ -39,7 +42,8 @@ def test_a_build_container_its_caller_left_is_removed_by_the_next_build(engine: 
         os.kill(caller.pid, signal.SIGKILL)  # before the container ends: its caller never removes it
         caller.wait(timeout=30)
         [left] = made
-        left.wait(timeout=60)  # it ran to its end and stays: exited, not removed
+        left.kill()  # it ends with nobody left to remove it, and stays: exited, not removed
+        left.wait(timeout=60)
         left.reload()
         assert left.status == "exited"
 
