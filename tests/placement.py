@@ -11,9 +11,9 @@ cannot be used for this: it renames the items (`_nodeid`), which pytest 9 no lon
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,12 @@ from xdist.scheduler import LoadScopeScheduling
 VLLM = "vllm"
 KEY = "trajproxy_groups"
 LISTING = pytest.StashKey[Path]()
+# Each test's seconds (setup, call and teardown) in a quiet run of .ci/run's stages, so that the groups go out longest
+# first and no worker is left with a long one at the end while the other waits: remade by running the stages with
+# TRAJPROXY_TEST_DURATIONS=tests/durations.json (each run's tests merged into what the file holds).
+DURATIONS = Path(__file__).with_name("durations.json")
+RECORD = "TRAJPROXY_TEST_DURATIONS"
+PER_TEST_S = 1.9  # a test the file does not hold: about the suite's mean
 
 
 def group_of(item: pytest.Item) -> str:
@@ -38,8 +44,8 @@ def group_of(item: pytest.Item) -> str:
 
 
 class ByGroup(LoadScopeScheduling):  # type: ignore[misc]  # pytest-xdist is untyped
-    """pytest-xdist's scheduling by scope, a scope being a test's group; the largest first (the workers ordered the
-    collection: vLLM's group, then the others by their number of tests)."""
+    """pytest-xdist's scheduling by scope, a scope being a test's group; the longest first (the workers ordered the
+    collection: vLLM's group, then the others by their expected seconds, `weights`)."""
 
     def __init__(self, config: pytest.Config, log: Any, listing: Path) -> None:
         super().__init__(config, log)
@@ -88,7 +94,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if listing is None:
         return
     groups = {item.nodeid: group_of(item) for item in items}
-    sizes = Counter(groups.values())
-    items.sort(key=lambda item: (groups[item.nodeid] != VLLM, -sizes[groups[item.nodeid]]))  # stable
+    weight = weights(groups, json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {})
+    items.sort(key=lambda item: (groups[item.nodeid] != VLLM, -weight[groups[item.nodeid]]))  # stable
     mine = Path(listing) / f"{given['workerid']}.json"
     mine.write_text(json.dumps({nodeid: group for nodeid, group in groups.items() if group != nodeid.split("::")[0]}))
+
+
+def weights(groups: dict[str, str], durations: dict[str, float]) -> dict[str, float]:
+    """Each group's expected seconds: its tests' recorded durations, a test with none counted at PER_TEST_S."""
+    weight: dict[str, float] = {}
+    for nodeid, group in groups.items():
+        weight[group] = weight.get(group, 0.0) + durations.get(nodeid, PER_TEST_S)
+    return weight
+
+
+# The durations, recorded where TRAJPROXY_TEST_DURATIONS names a file (by the controller, which hears every worker)
+
+_took: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get(RECORD):
+        _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get(RECORD)
+    if not path or hasattr(session.config, "workerinput") or not _took:
+        return
+    held = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    held.update({nodeid: round(seconds, 1) for nodeid, seconds in _took.items()})
+    Path(path).write_text(json.dumps(dict(sorted(held.items())), indent=0) + "\n")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from testkit.tasks import ROOT
+from tests.placement import DURATIONS, PER_TEST_S, RECORD, weights
 
 CONFTEST = """
 import json, os
@@ -53,7 +54,7 @@ def test_each_file_on_one_worker_and_every_vllm_test_on_one(tmp_path: Path, dist
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "--dist", dist, "-p", "no:cacheprovider", "-q", "suite"],
         cwd=tmp_path,
-        env={**os.environ, "WHERE": str(where), "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "WHERE": str(where), "PYTHONPATH": str(ROOT), RECORD: str(tmp_path / "took.json")},
         capture_output=True,
         text=True,
         timeout=120,
@@ -68,3 +69,21 @@ def test_each_file_on_one_worker_and_every_vllm_test_on_one(tmp_path: Path, dist
         workers = {worker for nodeid, worker in ran.items() if f"test_{name}_" in nodeid and "served" not in nodeid}
         assert len(workers) == 1, ran
     assert ran["suite/test_marked.py::test_marked_0"] == ran["suite/test_marked.py::test_marked_1"]
+    took = json.loads((tmp_path / "took.json").read_text())  # every test's seconds, from both workers
+    assert sorted(took) == sorted(ran) and all(seconds >= 0 for seconds in took.values())
+
+
+def test_a_groups_weight_is_its_tests_recorded_seconds_and_the_mean_for_a_test_not_recorded() -> None:
+    groups = {"a.py::one": "a.py", "a.py::two": "a.py", "b.py::one": "b.py", "c.py::x": "pair", "d.py::y": "pair"}
+    recorded = {"a.py::one": 0.5, "a.py::two": 0.25, "b.py::one": 40.0, "c.py::x": 3.0, "gone.py::z": 99.0}
+    weight = weights(groups, recorded)
+    assert weight == {"a.py": 0.75, "b.py": 40.0, "pair": 3.0 + PER_TEST_S}
+    assert sorted(weight, key=lambda group: -weight[group]) == ["b.py", "pair", "a.py"]  # the one long test first
+
+
+def test_the_recorded_durations_name_tests_that_exist() -> None:
+    """tests/durations.json is read by test id: ids of tests since renamed would silently weigh nothing."""
+    recorded = json.loads(DURATIONS.read_text())
+    files = {nodeid.split("::")[0] for nodeid in recorded}
+    assert all((ROOT / file).is_file() for file in files), sorted(file for file in files if not (ROOT / file).is_file())
+    assert len(recorded) > 1000 and all(seconds >= 0 for seconds in recorded.values())
