@@ -12,7 +12,6 @@ import fcntl
 import os
 from typing import Any
 
-import psycopg
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -89,6 +88,8 @@ class DatabaseLock:
             _sessions[url] = (session, holders + 1)
             self._locked = url
             return
+        import psycopg  # here, not at the top: a server on SQLite never loads it (a tenth of its start-up)
+
         where = make_url(url).render_as_string()
         try:
             session = psycopg.connect(driver_url(url), autocommit=True)
