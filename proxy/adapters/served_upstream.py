@@ -32,6 +32,7 @@ from proxy.adapters.ids_json import (
     pieces,
     with_choices,
 )
+from proxy.adapters.messages_json import MessagesJson
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
@@ -104,6 +105,7 @@ class ServedUpstream:
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop, at the first call
         self._timeout_s = timeout_s
         self._ids = IdsJson()
+        self._messages = MessagesJson()
         self._tokens = TokenPolicy(self._send, self._model_root, self._ids)
         self._roots: dict[str, str] = {}
 
@@ -121,7 +123,8 @@ class ServedUpstream:
         else:
             asked.pop("tool_choice", None)
         body = server.ask({**asked, **sampling, "model": answerer.model, "stream": False})
-        content = await self._send(url, orjson.dumps(body), timeout_s)
+        earlier = parent.request.get("messages") if parent is not None else None
+        content = await self._send(url, self._messages.body(body, earlier), timeout_s)
         if (echo := cut_echo(content, server.echo_at, self._parents(parent))) is None:
             return _reply(server, url, answer_of(content), sampling)
         reply = _reply(server, url, with_choices(echo.response), sampling, self._prompt(echo, parent))
