@@ -61,7 +61,7 @@ def joined(*arrays: Text) -> bytes:
     return b"".join(chained(*map(pieces, arrays)))
 
 
-def _size(array: Pieces) -> int:
+def held_bytes(array: Pieces) -> int:
     """The bytes an array's pieces hold in memory: all of what a view looks into."""
     return sum(len(piece.obj) if isinstance(piece, memoryview) else len(piece) for piece in array)  # type: ignore[misc,arg-type]
 
@@ -74,7 +74,7 @@ class _Kept:
 
     @property
     def size(self) -> int:
-        return _size(self.text) + 8 * (len(self.prompt) + len(self.sampled))
+        return held_bytes(self.text) + 8 * (len(self.prompt) + len(self.sampled))
 
 
 class IdsJson:

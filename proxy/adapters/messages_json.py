@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.ids_json import Pieces, chained, pieces
+from proxy.adapters.ids_json import Pieces, chained, held_bytes, pieces
 from proxy.core.values import JsonObject
 
 _KEPT_BYTES = 64 << 20  # the messages' text kept for calls' children, all episodes together
@@ -35,7 +35,7 @@ class _Kept:
 
     @property
     def size(self) -> int:
-        return sum(len(piece.obj) if isinstance(piece, memoryview) else len(piece) for piece in self.text)  # type: ignore[misc,arg-type]
+        return held_bytes(self.text)
 
 
 class MessagesJson:
