@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proxy.adapters.chat_templates import ChatTemplate, template_text
+from proxy.adapters.chat_templates import ChatTemplate, first_difference, template_text
 from proxy.adapters.chat_templates import renderer as renderer_of
 from proxy.adapters.parsers import parser
 from proxy.adapters.served_tokens import FIRST_CALL, _prompt, _reply_message
@@ -126,6 +126,29 @@ def test_the_family_is_found_from_its_tokenizer(name: str) -> None:
     made = tokenizer(name)
     options = named(name).template_kwargs
     assert detect(template_text(made, None), set(made.get_added_vocab()), options).name == name
+
+
+@pytest.mark.parametrize("name", JINJA)
+def test_the_template_encodes_text_as_its_tokenizer_does(name: str) -> None:
+    t, made = renderer(name), tokenizer(name)  # encoded through the Rust tokenizer's batch without offsets
+    specials = "".join(made.all_special_tokens)
+    for text in ("", " ", "ls -la\n\n  tests: 3 ok\r\n", f"{specials}caf\u00e9 \u2063x\u2063 {specials[::-1]}\n"):
+        assert t.encode(text) == made.encode(text, add_special_tokens=False)
+        ids = made.encode(text, add_special_tokens=False)
+        assert t.decode(tuple(ids)) == made.decode(ids, skip_special_tokens=False)  # the Rust decode, directly
+
+
+def test_where_two_texts_first_differ_is_found_a_block_at_a_time_as_a_character_at_a_time() -> None:
+    def naive(a: str, b: str) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+    base = "".join(chr(97 + (i * 7) % 26) for i in range(10_000))
+    cases = [("", ""), ("", "a"), ("a", ""), (base, base), (base, base[:-1]), (base[:4096], base), ("x" + base, base)]
+    for at in (0, 1, 4095, 4096, 4097, 8191, 8192, 9999):
+        changed = base[:at] + "\u00e9" + base[at + 1 :]
+        cases += [(base, changed), (changed, base), (changed[: at + 1], base)]
+    for a, b in cases:
+        assert first_difference(a, b) == naive(a, b), (len(a), len(b))
 
 
 @pytest.mark.parametrize("name", JINJA)

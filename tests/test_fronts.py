@@ -40,3 +40,27 @@ def test_a_front_closes_the_sockets_it_served_on_when_it_stops(server: str) -> N
     thread.join(timeout=15)
     assert not thread.is_alive(), f"{server} did not stop"
     assert listening.fileno() == -1
+
+
+def test_a_connections_writable_event_waits_while_writing_is_paused_and_holds_no_deque_until_then() -> None:
+    """uvicorn's flow control waits on its event only while a client reads too slowly: the event a connection holds
+    makes its waiters' deque at its first wait (a parked call's connection is some 380 bytes the smaller)."""
+    from proxy.servers.uvicorn_front import _WritableEvent
+
+    async def run() -> None:
+        event = _WritableEvent()
+        assert event.is_set() and await event.wait() is True and event._waiters == ()
+        event.set()
+        event.clear()  # paused
+        waiter = asyncio.ensure_future(event.wait())
+        await asyncio.sleep(0)
+        assert not waiter.done() and len(event._waiters) == 1
+        event.set()  # resumed
+        assert await waiter is True and not event._waiters
+        event.clear()
+        pending = asyncio.ensure_future(event.wait())
+        done, _ = await asyncio.wait({pending}, timeout=0.01)
+        assert not done
+        pending.cancel()
+
+    asyncio.run(run())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.adapters.ids_json import IdsJson, after, cut_echo, dumped, joined
+from proxy.adapters.ids_json import IdsJson, Pieces, chained, cut_echo, dumped, joined, new_ids, pieces
 
 
 def completion(echo: bytes, *, top: bytes = b"") -> bytes:
@@ -17,7 +17,7 @@ def completion(echo: bytes, *, top: bytes = b"") -> bytes:
 
 def test_the_one_echo_on_the_choice_is_cut_out_as_text() -> None:
     echo = cut_echo(completion(b"[1,22,333]"), "choice")
-    assert echo is not None and echo.text == b"[1,22,333]"
+    assert echo is not None and bytes(echo.text) == b"[1,22,333]" and echo.after is None
     assert echo.response["choices"][0] == {
         "index": 0,
         "text": 'say "prompt_token_ids": [1]',  # the key's text inside a string is no echo
@@ -46,13 +46,28 @@ def test_an_echo_not_as_servers_write_it_is_left_to_the_whole_parse(content: byt
 def test_ids_text_is_joined_and_kept_for_the_same_objects_only() -> None:
     assert joined(b"[1,2]", b"[]", b"[3]") == b"[1,2,3]" == dumped((1, 2, 3))
     assert joined(b"[]", b"[]") == b"[]"
+    assert b"".join(chained(pieces(b"[1,2]"), pieces(b"[]"), chained(pieces(b"[3]"), pieces(b"[4]")))) == b"[1,2,3,4]"
     ids = IdsJson(kept_bytes=64)
     prompt, sampled = (1, 2, 3), (4,)
-    ids.keep(prompt, sampled, b"[1,2,3,4,9]")  # (a text that is not theirs: the test tells where it came from)
-    assert ids.of(prompt, sampled) == b"[1,2,3,4,9]"
-    assert ids.of(tuple(orjson.loads(b"[1,2,3]")), sampled) == b"[1,2,3,4]"  # equal ids, other objects: dumped
-    ids.keep((5,) * 4, (6,), b"[5,5,5,5,6]")  # 11 + 40 bytes: over 64 with the first, which goes
-    assert ids.of(prompt, sampled) == b"[1,2,3,4]"
+    ids.keep(prompt, sampled, pieces(b"[1,2,3,4,9]"))  # (a text that is not theirs: the test tells where it came from)
+    assert b"".join(ids.of(prompt, sampled)) == b"[1,2,3,4,9]"
+    assert b"".join(ids.of(tuple(orjson.loads(b"[1,2,3]")), sampled)) == b"[1,2,3,4]"  # equal ids, other objects
+    ids.keep((5,) * 4, (6,), pieces(b"[5,5,5,5,6]"))  # 11 + 40 bytes: over 64 with the first, which goes
+    assert b"".join(ids.of(prompt, sampled)) == b"[1,2,3,4]"
+
+
+def test_kept_text_counts_all_of_what_its_views_hold() -> None:
+    ids = IdsJson(kept_bytes=920)
+    body = b"x" * 900 + b"[1]"
+    ids.keep((1,), (), pieces(memoryview(body)[900:]))  # 903 bytes held, the brackets and 8: 913, within it
+    assert b"".join(ids.of(*ids_of(ids))) == b"[1]"
+    ids.keep((2,), (), pieces(b"[2]"))  # 13 more: over, and the first goes
+    assert len(ids._kept) == 1
+
+
+def ids_of(ids: IdsJson) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    (kept,) = ids._kept.values()
+    return tuple(kept.prompt), tuple(kept.sampled)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +79,16 @@ def test_ids_text_is_joined_and_kept_for_the_same_objects_only() -> None:
         (b"[1]", b"[1,2]", None),
         (b"[9,2,3]", b"[1,2]", None),
         (b"[1,2,3]", b"[]", None),  # no parent's ids to extend
+        (b"[1,2,,3]", b"[1,2]", None),  # not JSON after them: parsed whole, which says so
     ],
 )
 def test_an_echo_extends_its_parents_ids_token_for_token(echo: bytes, before: bytes, new: list[int] | None) -> None:
-    assert after(echo, before) == new
+    known: Pieces = chained(*(pieces(dumped([i])) for i in orjson.loads(before)))  # a piece an id
+    cut = cut_echo(completion(echo), "choice", known)  # in pieces, as a parent's are kept
+    assert cut is not None and bytes(cut.text) == echo
+    assert new_ids(cut) == new
+
+
+@pytest.mark.parametrize("echo", [b"[1,2,x]", b"[1,2,-3]", b"[1, 2]", b"[1,2,3,4 ]"])
+def test_an_echo_after_its_parents_ids_is_checked_for_what_it_holds(echo: bytes) -> None:
+    assert cut_echo(completion(echo), "choice", pieces(b"[1,2]")) is None

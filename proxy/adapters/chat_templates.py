@@ -82,6 +82,13 @@ class ChatTemplate:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         plain = backend is not None and backend.truncation is None and backend.padding is None
         self._backend: Any = backend if plain else None
+        # its batch encode without offsets (tokenizers 0.19 on): the same ids, ~15-20% less CPU for a tool result's
+        # 3 KB, where the offsets, kept per token, are never read
+        self._fast: Any = getattr(backend, "encode_batch_fast", None) if plain else None
+        # its decode, where transformers' adds nothing to it (no clean-up of spaces): transformers' first walks the
+        # ids in Python, as long again as the Rust decode for a whole conversation's
+        clean = getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        self._decoder: Any = backend if backend is not None and clean is False else None
 
     def _end(self, after: str) -> tuple[int, str]:
         """The end-of-turn id, and the text the template writes after a reply's text up to and with it (none for a
@@ -147,11 +154,16 @@ class ChatTemplate:
         return ids if ended or self.family.ends_with_next_header else [self.end_of_turn, *ids]
 
     def encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            ids: list[int] = self._fast([text], add_special_tokens=False)[0].ids
+            return ids
         if self._backend is not None:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self._decoder is not None:
+            return str(self._decoder.decode(ids, skip_special_tokens=False))
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def difference(self, ids: Sequence[int], messages: Sequence[JsonObject], tools: Any) -> Difference | None:
@@ -163,10 +175,20 @@ class ChatTemplate:
         sent = self.decode(ids)
         if rendered == sent:
             return None
-        at = next(
-            (i for i, (a, b) in enumerate(zip(rendered, sent, strict=False)) if a != b), min(len(rendered), len(sent))
-        )
+        at = first_difference(rendered, sent)
         return Difference(at, rendered[at : at + 80], sent[at : at + 80])
+
+
+def first_difference(a: str, b: str) -> int:
+    """Where two texts first differ (the shorter's length where one begins with the other): compared a block at a
+    time in C, then a character at a time within the block that differs, not a character at a time throughout (a
+    whole conversation's rendering is some 100,000s of characters)."""
+    at, end, block = 0, min(len(a), len(b)), 4096
+    while at < end and a[at : at + block] == b[at : at + block]:
+        at += block
+    if at >= end:
+        return end
+    return next((i for i in range(at, min(at + block, end)) if a[i] != b[i]), end)
 
 
 class ChatTemplates:

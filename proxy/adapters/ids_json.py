@@ -7,6 +7,11 @@ the server echoes back (vLLM's `prompt_token_ids`, the whole conversation's on e
 (`cut_echo`) and compared as text with what was sent, or with the parent's ids where the server rendered the prompt
 itself; only the ids after the parent's are parsed. Where the text differs (another spacing, ids that drifted) the
 answer is parsed whole, as before.
+
+An array's text is held in pieces (`Pieces`: `[`, the ids' text, `]`), views into the bytes that hold it (the body
+sent, the server's answer), so that the conversation's ids are copied once a turn, into the body sent: the parent's
+text, the ids sampled and the new ids are joined there, and the echo is compared with them where it lies in the
+answer, without cutting it out or checking its characters (what was sent holds digits and commas only).
 """
 
 from __future__ import annotations
@@ -28,32 +33,48 @@ _ECHO = re.compile(re.escape(_NAME) + rb"\s*:\s*")
 _DIGITS = b"0123456789,"  # an echo as servers write it: compact, non-negative ids
 
 
+Text = bytes | memoryview
+Pieces = tuple[Text, ...]  # an array's JSON text: `[`, the ids' text in pieces (none where empty), `]`
+_EMPTY: Pieces = (b"[", b"]")
+
+
 def dumped(ids: Sequence[int]) -> bytes:
     return orjson.dumps(ids)
 
 
-def joined(*arrays: bytes) -> bytes:
-    """JSON arrays' text as one array's: `[1,2]`, `[]`, `[3]` -> `[1,2,3]` (one copy of their bytes)."""
-    parts: list[bytes | memoryview] = [b"["]
+def pieces(array: Text) -> Pieces:
+    """An array's JSON text (compact, as `dumped` writes it) in pieces: a view of its ids' text, not a copy."""
+    return (b"[", memoryview(array)[1:-1], b"]") if len(array) > 2 else _EMPTY
+
+
+def chained(*arrays: Pieces) -> Pieces:
+    """Arrays' text as one array's, in pieces: `[1,2]`, `[]`, `[3]` -> `[`, `1,2`, `,`, `3`, `]` (nothing copied)."""
+    inner: list[Text] = []
     for array in arrays:
         if len(array) > 2:
-            parts += (memoryview(array)[1:-1], b",")
-    if len(parts) > 1:
-        parts[-1] = b"]"  # the last comma
-    else:
-        parts.append(b"]")
-    return b"".join(parts)
+            inner += (*array[1:-1], b",")
+    return (b"[", *inner[:-1], b"]") if inner else _EMPTY
+
+
+def joined(*arrays: Text) -> bytes:
+    """JSON arrays' text as one array's: `[1,2]`, `[]`, `[3]` -> `[1,2,3]` (one copy of their bytes)."""
+    return b"".join(chained(*map(pieces, arrays)))
+
+
+def held_bytes(array: Pieces) -> int:
+    """The bytes an array's pieces hold in memory: all of what a view looks into."""
+    return sum(len(piece.obj) if isinstance(piece, memoryview) else len(piece) for piece in array)  # type: ignore[misc,arg-type]
 
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
     prompt: Sequence[int]
     sampled: Sequence[int]
-    text: bytes  # the JSON of prompt then sampled
+    text: Pieces  # the JSON of prompt then sampled
 
     @property
     def size(self) -> int:
-        return len(self.text) + 8 * (len(self.prompt) + len(self.sampled))
+        return held_bytes(self.text) + 8 * (len(self.prompt) + len(self.sampled))
 
 
 class IdsJson:
@@ -65,16 +86,16 @@ class IdsJson:
         self._bytes = 0
         self._limit = kept_bytes
 
-    def of(self, prompt: Sequence[int], sampled: Sequence[int]) -> bytes:
-        """The JSON of `prompt` then `sampled`."""
+    def of(self, prompt: Sequence[int], sampled: Sequence[int]) -> Pieces:
+        """The JSON of `prompt` then `sampled`, in pieces."""
         kept = self._kept.get(id(prompt))
         if kept is not None and kept.prompt is prompt and kept.sampled is sampled:
             self._kept.move_to_end(id(prompt))
             return kept.text
-        return joined(dumped(prompt), dumped(sampled))
+        return chained(pieces(dumped(prompt)), pieces(dumped(sampled)))
 
-    def keep(self, prompt: Sequence[int], sampled: Sequence[int], text: bytes) -> None:
-        """Keep the JSON (`text`) of a new turn's prompt then sampled ids, for its child."""
+    def keep(self, prompt: Sequence[int], sampled: Sequence[int], text: Pieces) -> None:
+        """Keep the JSON (`text`, in pieces) of a new turn's prompt then sampled ids, for its child."""
         if (before := self._kept.pop(id(prompt), None)) is not None:
             self._bytes -= before.size
         kept = self._kept[id(prompt)] = _Kept(prompt, sampled, text)
@@ -86,22 +107,27 @@ class IdsJson:
 
 @dataclass(frozen=True, slots=True)
 class Echo:
-    """A server's answer with its echo of the prompt ids cut out: the answer parsed (the echo's value null), and the
-    echo's text."""
+    """A server's answer with its echo of the prompt ids cut out: the answer parsed (the echo's value null), the echo's
+    text (a view into the answer), and where the ids `cut_echo` was told of were found at its start, the text after
+    them (`,4,5]`, or `]` where there are no more); else None."""
 
     response: JsonObject
-    text: bytes
+    text: memoryview
+    after: bytes | None
 
 
-def cut_echo(content: bytes, where: str) -> Echo | None:
+def cut_echo(content: bytes, where: str, known: Pieces = _EMPTY) -> Echo | None:
     """The answer, parsed with its one `prompt_token_ids` (at the top level, `where="top"`, or on the first choice,
-    `where="choice"`) left out as text; None where the answer holds no such echo, or one not as servers write it."""
+    `where="choice"`) left out as text; None where the answer holds no such echo, or one not as servers write it.
+    `known`: ids the echo is expected to begin with (those sent, or the parent's), compared where the echo lies (one
+    comparison of bytes a piece); only the text after them is checked for what it holds."""
     found = _echo_at(content)
     if found is None:
         return None
     start, end = found
-    text = content[start:end]
-    if text.translate(None, _DIGITS) != b"[]":  # one pass in C
+    head = _held(content, start, known)
+    rest = content[head:end]  # all of the echo where it does not begin with `known`
+    if rest.translate(None, _DIGITS) != (b"]" if head > start else b"[]"):  # one pass in C, over what is not known
         return None
     whole = memoryview(content)
     try:
@@ -114,7 +140,20 @@ def cut_echo(content: bytes, where: str) -> Echo | None:
         holder = choices[0] if isinstance(choices, list) and choices else None
     if not isinstance(holder, dict) or "prompt_token_ids" not in holder or holder["prompt_token_ids"] is not None:
         return None  # the one key cut was not where the ids are read from
-    return Echo(response, text)
+    return Echo(response, whole[start:end], rest if head > start else None)
+
+
+def _held(content: bytes, at: int, known: Pieces) -> int:
+    """Where the ids of `known` (not empty) end in `content`, where its text from `at` begins with them and then ends
+    or goes on with another id; `at` where not."""
+    if len(known) <= 2:
+        return at
+    end = at
+    for piece in known[:-1]:  # `[`, the ids' pieces: a handful, whatever the ids' number
+        if not content.startswith(piece, end):
+            return at
+        end += len(piece)
+    return end if content[end : end + 1] in (b",", b"]") else at
 
 
 def _echo_at(content: bytes) -> tuple[int, int] | None:
@@ -140,18 +179,16 @@ def _echo_at(content: bytes) -> tuple[int, int] | None:
     return found
 
 
-def after(echo: bytes, before: bytes) -> list[int] | None:
-    """The ids an echo's text (`cut_echo`) holds after those of `before` (another array's text), where it begins
-    with them all; None where it does not."""
-    head = memoryview(before)[:-1]
-    if len(head) < 2 or not echo.startswith(head):  # one comparison of bytes
+def new_ids(echo: Echo) -> list[int] | None:
+    """The ids an echo holds after those `cut_echo` was told of, where it begins with them all; None where not."""
+    if echo.after is None:
         return None
-    rest = echo[len(head) :]
-    if rest == b"]":
+    if echo.after == b"]":
         return []
-    if not rest.startswith(b","):
+    try:
+        return list(orjson.loads(b"[" + echo.after[1:]))
+    except orjson.JSONDecodeError:  # commas out of place: the whole echo's parse says so
         return None
-    return list(orjson.loads(b"[" + rest[1:]))
 
 
 def answer_of(content: bytes) -> JsonObject:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
-from proxy.adapters.ids_json import IdsJson, answer_of, cut_echo, dumped, joined
+from proxy.adapters.ids_json import IdsJson, Pieces, answer_of, chained, cut_echo, dumped, pieces
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
 from proxy.adapters.template_messages import TemplateMessages
@@ -157,12 +157,12 @@ class TokenPolicy:
         sampling = {k: v for k, v in options.items() if k not in TOKEN_OPTIONS and k not in ("api_base", "timeout_s")}
         sent = self._sent(ids, parent if continued else None)
         asked = endpoint.ask(answerer.model, _PLACE, sampling)
-        response = await self._asked(endpoint, asked, ids, sent, api_base, timeout_s)
+        response, sent = await self._asked(endpoint, asked, ids, sent, api_base, timeout_s)
         _, sampled_ids, logprobs, text, why = endpoint.sampled(response)
         if not isinstance(sampled_ids, list) or not all(isinstance(i, int) for i in sampled_ids):
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
         completion = tuple(sampled_ids)
-        self._ids.keep(ids, completion, joined(sent, dumped(completion)))
+        self._ids.keep(ids, completion, chained(sent, pieces(dumped(completion))))
         if logprobs is not None and (len(logprobs) != len(completion) or not all(_number(v) for v in logprobs)):
             logprobs = None  # not one per sampled token: not to be trusted for a loss
         family: Family = getattr(template, "family", GENERAL)
@@ -197,39 +197,43 @@ class TokenPolicy:
             extends_parent=True if continued else None,
         )
 
-    def _sent(self, ids: tuple[int, ...], continued: Turn | None) -> bytes:
-        """The JSON of a prompt's ids: of a continued turn, its parent's ids' text (kept) and the new ids'."""
+    def _sent(self, ids: tuple[int, ...], continued: Turn | None) -> Pieces:
+        """The JSON of a prompt's ids, in pieces: of a continued turn, its parent's ids' text (kept), the new ids'."""
         reply = continued.reply if continued is not None else None
         if reply is None or reply.prompt_token_ids is None or reply.completion_token_ids is None:
-            return dumped(ids)
+            return pieces(dumped(ids))
         prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
-        return joined(self._ids.of(prompt, sampled), dumped(ids[len(prompt) + len(sampled) :]))
+        return chained(self._ids.of(prompt, sampled), pieces(dumped(ids[len(prompt) + len(sampled) :])))
 
     async def _asked(
         self,
         endpoint: TokenEndpoint,
         asked: JsonObject,
         ids: tuple[int, ...],
-        sent: bytes,
+        sent: Pieces,
         api_base: str,
         timeout_s: float,
-    ) -> JsonObject:
+    ) -> tuple[JsonObject, Pieces]:
         """The server's answer to `asked`, its prompt the ids whose JSON is `sent` (in place of `_PLACE`): their
-        echo compared as text where the server writes it as it was sent, else parsed and compared as ids."""
+        echo compared as text where the server writes it as it was sent, else parsed and compared as ids. And the
+        ids' text as the body holds it, where they were joined (one copy of the conversation's ids a turn)."""
         body = orjson.dumps(asked)
-        if body.count(_PLACED) == 1:
-            body = body.replace(_PLACED, sent)
+        at = body.find(_PLACED)
+        if at >= 0 and body.find(_PLACED, at + 1) < 0:
+            whole = memoryview(body)
+            body = b"".join((whole[:at], *sent, whole[at + len(_PLACED) :]))
+            sent = pieces(memoryview(body)[at : at + sum(map(len, sent))])
         else:  # the placeholder's text in the sampling options too: not worth a cleverer place
             body = orjson.dumps({k: list(ids) if v is _PLACE else v for k, v in asked.items()})
         content = await self._send(endpoint.url(api_base), body, timeout_s)
-        echo = cut_echo(content, "choice")
-        if echo is not None and echo.text == sent:  # one comparison of bytes
-            return echo.response
+        echo = cut_echo(content, "choice", sent)
+        if echo is not None and echo.after == b"]":  # it begins with what was sent, and ends there
+            return echo.response, sent
         response = answer_of(content)
         read = endpoint.sampled(response)[0]
         if read is not None and tuple(read) != ids:
             raise UpstreamError("the policy's server read other prompt ids than it was sent")
-        return response
+        return response, sent
 
     async def _template(self, answerer: Answerer, api_base: str) -> ChatTemplate:
         options = answerer.options

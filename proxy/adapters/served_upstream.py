@@ -21,7 +21,18 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from proxy.adapters.ids_json import IdsJson, after, answer_of, cut_echo, dumped, joined, with_choices
+from proxy.adapters.ids_json import (
+    Echo,
+    IdsJson,
+    answer_of,
+    chained,
+    cut_echo,
+    dumped,
+    new_ids,
+    pieces,
+    with_choices,
+)
+from proxy.adapters.messages_json import MessagesJson
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
@@ -94,6 +105,7 @@ class ServedUpstream:
         self._session: aiohttp.ClientSession | None = None  # made on the serving loop, at the first call
         self._timeout_s = timeout_s
         self._ids = IdsJson()
+        self._messages = MessagesJson()
         self._tokens = TokenPolicy(self._send, self._model_root, self._ids)
         self._roots: dict[str, str] = {}
 
@@ -111,28 +123,36 @@ class ServedUpstream:
         else:
             asked.pop("tool_choice", None)
         body = server.ask({**asked, **sampling, "model": answerer.model, "stream": False})
-        content = await self._send(url, orjson.dumps(body), timeout_s)
-        if (echo := cut_echo(content, server.echo_at)) is None:
+        earlier = parent.request.get("messages") if parent is not None else None
+        content = await self._send(url, self._messages.body(body, earlier), timeout_s)
+        if (echo := cut_echo(content, server.echo_at, self._parents(parent))) is None:
             return _reply(server, url, answer_of(content), sampling)
-        reply = _reply(server, url, with_choices(echo.response), sampling, self._prompt(echo.text, parent))
+        reply = _reply(server, url, with_choices(echo.response), sampling, self._prompt(echo, parent))
         if reply.prompt_token_ids is not None and reply.completion_token_ids is not None:
             self._ids.keep(
                 reply.prompt_token_ids,
                 reply.completion_token_ids,
-                joined(echo.text, dumped(reply.completion_token_ids)),
+                chained(pieces(echo.text), pieces(dumped(reply.completion_token_ids))),
             )
         return reply
 
-    def _prompt(self, echo: bytes, parent: Turn | None) -> tuple[list[int] | tuple[int, ...], bool | None]:
-        """The prompt ids a server echoed (`echo`, their text), and True where they extend its parent's prompt and
-        sampled ids (then read from the parent's, and only the ids after them parsed)."""
+    def _parents(self, parent: Turn | None) -> tuple[bytes | memoryview, ...]:
+        """The text of a parent's prompt then sampled ids, in pieces, where it has them (else an empty array's)."""
+        reply = parent.reply if parent is not None else None
+        if reply is None or not reply.prompt_token_ids or reply.completion_token_ids is None:
+            return pieces(b"[]")
+        return self._ids.of(reply.prompt_token_ids, reply.completion_token_ids)
+
+    def _prompt(self, echo: Echo, parent: Turn | None) -> tuple[list[int] | tuple[int, ...], bool | None]:
+        """The prompt ids a server echoed, and True where they extend its parent's prompt and sampled ids (then read
+        from the parent's, and only the ids after them parsed)."""
         reply = parent.reply if parent is not None else None
         if reply is not None and reply.prompt_token_ids and reply.completion_token_ids is not None:
             prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
-            if (new := after(echo, self._ids.of(prompt, sampled))) is not None:
+            if (new := new_ids(echo)) is not None:
                 return prompt + (*sampled, *new), True  # noqa: RUF005 (one copy of the prompt: what `Answers` would find)
         try:
-            return orjson.loads(echo), None
+            return orjson.loads(echo.text), None
         except orjson.JSONDecodeError as e:
             raise UpstreamError("the policy's server answered with something other than JSON") from e
 

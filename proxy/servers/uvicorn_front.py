@@ -10,13 +10,14 @@ MAX_HEAD_BYTES and MAX_HEADERS (408 or 431, then the connection closes)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import http
 import logging
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httptools
 import uvicorn
@@ -118,6 +119,21 @@ class _HeadRefused(Exception):
         self.message = message
 
 
+class _WritableEvent(asyncio.Event):
+    """asyncio's Event, set from the start, its waiters' deque (about 380 bytes) made at its first wait: a
+    connection's flow control waits on it only while its client reads too slowly, and a parked call's connection
+    holds one for as long as it waits."""
+
+    def __init__(self) -> None:  # not asyncio's: its deque is what this saves
+        self._waiters: Any = ()
+        self._value = True
+
+    async def wait(self) -> Literal[True]:
+        if not self._value and isinstance(self._waiters, tuple):
+            self._waiters = collections.deque()
+        return await super().wait()
+
+
 class _BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, bounded: a connection beyond the sandboxes' cap is closed before it is read;
     a head must arrive whole within `header_timeout_s` of its connection opening or of its first byte (else 408),
@@ -146,6 +162,7 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._gauge.open += 1
             self._counted = True
         super().connection_made(transport)
+        self.flow._is_writable_event = _WritableEvent()
         self._time_head()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -1,0 +1,55 @@
+"""A chat-mode call's body written from its parent's messages' text: byte for byte what dumping it whole writes, for
+calls that extend their parent, rewrite, fork, shrink, or hold the placeholder's text; the parent's text reused
+only for the same message objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.adapters.messages_json import _PLACED, MessagesJson
+
+
+def message(i: int, content: Any = None) -> dict[str, Any]:
+    return {"role": "user" if i % 2 else "assistant", "content": content if content is not None else f"m{i} \u00e9"}
+
+
+def asked(messages: list[Any]) -> dict[str, Any]:
+    return {"messages": messages, "tools": [{"type": "function"}], "model": "m", "stream": False, "logprobs": True}
+
+
+def test_a_body_is_what_dumping_it_whole_writes_however_it_relates_to_its_parent() -> None:
+    written = MessagesJson()
+    first = [message(0), message(1)]
+    extended = [*first, message(2), message(3)]
+    copied = [dict(first[0]), *extended[1:], message(4)]  # an earlier message copied: the same value, another object
+    forked = [*first, message(9)]
+    shrunk = first[:1]
+    placed = [*extended, message(5, content=_PLACED.decode()), message(6, content=[{"type": "text", "text": "x"}])]
+    chain = [(first, None), (extended, first), (copied, extended), (forked, first), (shrunk, forked)]
+    chain += [(placed, extended), ([], first), (extended, []), (extended, extended)]
+    for messages, earlier in chain:
+        body = asked(messages)
+        assert written.body(body, earlier) == orjson.dumps(body)
+    in_tools = {**asked([*placed, message(7)]), "tools": [{"type": "function", "n": orjson.loads(_PLACED)}]}
+    assert written.body(in_tools, placed) == orjson.dumps(in_tools)  # the placeholder's text elsewhere: dumped whole
+    assert written.body({"messages": "not a list"}, first) == orjson.dumps({"messages": "not a list"})
+
+
+def test_the_parents_text_is_reused_for_the_same_message_objects_only() -> None:
+    written = MessagesJson()
+    first = [message(0), message(1)]
+    written.body(asked(first), None)
+    first[1]["content"] = "changed in place"  # against the rule, to show whose text is written
+    extended = [*first, message(2)]
+    assert b'"m1 \xc3\xa9"' in written.body(asked(extended), first)  # the parent's text, as sent
+    assert b"changed in place" in written.body(asked([first[0], dict(first[1]), message(2)]), first)  # a copy: dumped
+
+
+def test_the_kept_text_is_bounded_by_what_it_holds() -> None:
+    written = MessagesJson(kept_bytes=10_000)
+    lists = [[message(i, content="x" * 3000)] for i in range(8)]
+    for messages in lists:
+        written.body(asked(messages), None)
+    assert 0 < len(written._kept) < 8 and written._bytes <= 10_000
