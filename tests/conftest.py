@@ -61,7 +61,7 @@ ON_BOTH_SERVERS = (
     "tests/test_cli.py::test_serve_answers_health_on_a_sqlite_file_in_wal_mode",
     "tests/test_cli.py::test_the_listening_socket_queues_a_burst_of_connections",
     "tests/test_cli.py::test_a_public_address_with_a_trainer_token_starts_and_guards_the_trainer_api",
-    "tests/test_cli.py::test_no_litellm_token_encoding_or_psycopg_is_loaded_when_a_server_on_sqlite_starts",
+    "tests/test_cli.py::test_no_litellm_token_encoding_psycopg_or_aiohttp_is_loaded_when_a_server_on_sqlite_starts",
     "tests/test_cli.py::test_connections_to_the_served_socket_send_without_delay",
     "tests/test_launch.py::test_a_stopping_signal_cancels_the_run_and_removes_every_container",
     "tests/test_shutdown.py",

@@ -369,11 +369,11 @@ assert counter.count_completion({"role": "assistant", "content": "hello there"})
 assert counter.count_prompt({"model": "policy", "messages": []}) > 0 and counter.ready("policy")
 server.should_exit = True
 thread.join(10)
-print(sorted(name for name in sys.modules if name.split(".")[0] in ("litellm", "psycopg")))  # psycopg: Postgres's
-"""
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("litellm", "psycopg", "aiohttp")))  # (aiohttp:
+"""  # a served policy's)
 
 
-def test_no_litellm_token_encoding_or_psycopg_is_loaded_when_a_server_on_sqlite_starts(tmp_path: Path) -> None:
+def test_no_litellm_token_encoding_psycopg_or_aiohttp_is_loaded_when_a_server_on_sqlite_starts(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", LITELLM_PROBE, f"sqlite:///{tmp_path}/probe.db"],
         cwd=tmp_path,

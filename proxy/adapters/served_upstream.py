@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 import orjson
 
 from proxy.adapters.ids_json import (
@@ -36,6 +35,9 @@ from proxy.adapters.messages_json import MessagesJson
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
+
+if TYPE_CHECKING:  # aiohttp itself is loaded at a served policy's first call (below): a server whose policies are the
+    import aiohttp  # trainer or a hosted model never loads it, a tenth of its start-up
 
 # trajproxy's, not the server's (a chat endpoint renders the template itself: its template options are the server's)
 _OWN_OPTIONS = frozenset({"api_base", "timeout_s"}) | TOKEN_OPTIONS - {"chat_template", "chat_template_kwargs"}
@@ -165,6 +167,8 @@ class ServedUpstream:
         """The connections to the servers, kept alive between calls. aiohttp's, not httpx's: it sends a request's
         headers and body in one write (httpx: two, and on a busy machine the server's process takes the core between
         them) and parses the answer in C ("The served policy's added time, profiled" in benchmarks/RESULTS.md)."""
+        import aiohttp
+
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers)
         return self._session
@@ -174,6 +178,8 @@ class ServedUpstream:
         where `policy_options.tokenizer` does not say."""
         if (root := self._roots.get(api_base)) is not None:
             return root
+        import aiohttp
+
         try:
             async with self._client().get(api_base + "/models", timeout=aiohttp.ClientTimeout(total=30.0)) as answer:
                 content = await answer.read()
@@ -192,6 +198,8 @@ class ServedUpstream:
 
     async def _send(self, url: str, body: bytes, timeout_s: float) -> bytes:
         """A JSON body to the server; its answer's bytes, where it answered 200."""
+        import aiohttp
+
         try:
             async with self._client().post(
                 url, data=body, headers=_JSON, timeout=aiohttp.ClientTimeout(total=timeout_s)
