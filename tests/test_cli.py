@@ -369,8 +369,8 @@ assert counter.count_completion({"role": "assistant", "content": "hello there"})
 assert counter.count_prompt({"model": "policy", "messages": []}) > 0 and counter.ready("policy")
 server.should_exit = True
 thread.join(10)
-print(sorted(name for name in sys.modules if name.split(".")[0] in ("litellm", "psycopg", "aiohttp")))  # (aiohttp:
-"""  # a served policy's)
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("litellm", "psycopg", "aiohttp", "rich")))
+"""  # (psycopg: Postgres's; aiohttp: a served policy's; rich: an upgrade's progress)
 
 
 def test_no_litellm_token_encoding_psycopg_or_aiohttp_is_loaded_when_a_server_on_sqlite_starts(tmp_path: Path) -> None:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from sqlalchemy import Engine, bindparam, inspect, text, update
 
 from proxy.storage.content import CHAIN, insert_pieces, turns
 from proxy.storage.pieces import cut, encode_parts, pack
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 log = logging.getLogger("trajproxy.storage")
 
@@ -158,6 +160,10 @@ def _locked(engine: Engine) -> Iterator[None]:
 
 
 def _progress(console: Console | None) -> Progress:
+    # rich, here and not at the top: loaded only where a database needs upgrading (a server's start-up otherwise)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
