@@ -37,6 +37,7 @@ from proxy.http.trainer import TrainerApi
 from proxy.http.turns import TurnRoutes
 from proxy.http.ui import page_app
 from proxy.settings import Settings
+from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
 from proxy.trainer_token import settle
 
@@ -97,8 +98,6 @@ def create_app(settings: Settings) -> Trajproxy:
         observer=metrics,
     )
     if settings.shared:  # the one place that knows whether replicas share the database
-        from proxy.storage.postgres_queue import PostgresQueue  # (psycopg: loaded only where replicas share one)
-
         shared = SharedQueue(context=context, database=PostgresQueue(store, dead_after_s=settings.replica_dead_s))
         broker = Broker(context=context, queue=shared, others=shared)
     else:

@@ -167,7 +167,7 @@ class ServedUpstream:
         """The connections to the servers, kept alive between calls. aiohttp's, not httpx's: it sends a request's
         headers and body in one write (httpx: two, and on a busy machine the server's process takes the core between
         them) and parses the answer in C ("The served policy's added time, profiled" in benchmarks/RESULTS.md)."""
-        import aiohttp
+        import aiohttp  # lazy: loaded at a served policy's first call (see the top)
 
         if self._session is None:
             self._session = aiohttp.ClientSession(headers=self._headers)
@@ -178,7 +178,7 @@ class ServedUpstream:
         where `policy_options.tokenizer` does not say."""
         if (root := self._roots.get(api_base)) is not None:
             return root
-        import aiohttp
+        import aiohttp  # lazy: loaded at a served policy's first call (see the top)
 
         try:
             async with self._client().get(api_base + "/models", timeout=aiohttp.ClientTimeout(total=30.0)) as answer:
@@ -198,7 +198,7 @@ class ServedUpstream:
 
     async def _send(self, url: str, body: bytes, timeout_s: float) -> bytes:
         """A JSON body to the server; its answer's bytes, where it answered 200."""
-        import aiohttp
+        import aiohttp  # lazy: loaded at a served policy's first call (see the top)
 
         try:
             async with self._client().post(

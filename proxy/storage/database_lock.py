@@ -88,7 +88,7 @@ class DatabaseLock:
             _sessions[url] = (session, holders + 1)
             self._locked = url
             return
-        import psycopg  # here, not at the top: a server on SQLite never loads it (a tenth of its start-up)
+        import psycopg  # lazy: Postgres's driver; a server on SQLite never loads it
 
         where = make_url(url).render_as_string()
         try:

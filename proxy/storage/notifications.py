@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import psycopg
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("trajproxy.storage")
 
@@ -36,17 +38,23 @@ class Listener:
                 await self._task
             self._task = None
         if self._conn is not None:
+            import psycopg  # lazy: Postgres's driver, loaded by replicas sharing one (a server on SQLite never is)
+
             with contextlib.suppress(psycopg.Error):
                 await self._conn.close()
             self._conn = None
 
     async def _connect(self) -> None:
+        import psycopg  # lazy: as in `stop`
+
         conn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
         for channel in self._channels:
             await conn.execute(f"LISTEN {channel}")  # channel names are ours, never input
         self._conn = conn
 
     async def _run(self) -> None:
+        import psycopg  # lazy: as in `stop`
+
         while True:
             assert self._conn is not None
             try:

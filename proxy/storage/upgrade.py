@@ -160,7 +160,7 @@ def _locked(engine: Engine) -> Iterator[None]:
 
 
 def _progress(console: Console | None) -> Progress:
-    # rich, here and not at the top: loaded only where a database needs upgrading (a server's start-up otherwise)
+    # lazy: rich, loaded only where a database needs upgrading (not by every server's start-up)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
