@@ -96,15 +96,14 @@ def source(url: str) -> Engine:
         raise NotFound(f"no database at {parsed.database} (see --database-url)")
     engine = create_engine(parsed)
     try:
-        served: bool | SQLAlchemyError = inspect(engine).has_table("turn")
+        served = inspect(engine).has_table("turn")
     except SQLAlchemyError as e:
-        served = e
-    if served is True:
-        return engine
-    engine.dispose()  # its connection closed now, not left to the garbage collector
-    if isinstance(served, SQLAlchemyError):
-        raise StorageError(f"the database failed: {one_line(getattr(served, 'orig', None) or served)}") from served
-    raise NotFound(f"{parsed.render_as_string()} holds no trajproxy tables")
+        engine.dispose()  # its connection closed now, not left to the garbage collector
+        raise StorageError(f"the database failed: {one_line(getattr(e, 'orig', None) or e)}") from e
+    if not served:
+        engine.dispose()
+        raise NotFound(f"{parsed.render_as_string()} holds no trajproxy tables")
+    return engine
 
 
 def export(
