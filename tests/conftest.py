@@ -86,6 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("TRAJPROXY_TRAINER_TOKEN", None)
     os.environ["TRAJPROXY_SERVER"] = TEST_SERVER  # for `trajproxy run`'s embedded proxy too, in or out of process
     kept_token(token_file)
+    config.pluginmanager.import_plugin("tests.tls_context")  # one TLS context for the tests' thousands of clients
     config.pluginmanager.import_plugin("tests.skips")  # under CI, a skip nobody expected fails the run
     config.pluginmanager.import_plugin("tests.placement")  # under xdist: a file per worker, and vLLM's tests on one
     config.pluginmanager.import_plugin("tests.built_envs")  # the `venvs` mark: tests on what .ci/run builds

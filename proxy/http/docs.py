@@ -73,6 +73,18 @@ def declared(route: Route) -> Callable[..., Any]:
     return operation
 
 
+def _read(route: Route) -> tuple[Any, ...]:
+    """All the document reads of a route (`framework_router`, `declared`): its methods, path, status and models, and
+    its handler's code (a FastAPI endpoint's, else the plain handler's), which gives the signature and docstring."""
+    handler = route.endpoint if route.endpoint is not None else route.serve
+    function = getattr(handler, "__func__", handler)  # a bound method: its function, the same for every app
+    code = getattr(function, "__code__", None) or type(function)  # an ASGI app object: its class's __call__ and doc
+    return route.methods, route.path, route.status, route.model, route.query, route.body, route.endpoint is None, code
+
+
+_documents: dict[tuple[Any, ...], dict[str, Any]] = {}  # by what the document reads of the table (`_read`)
+
+
 class ApiDocs:
     """The document, its page, and the page's assets."""
 
@@ -84,7 +96,13 @@ class ApiDocs:
 
     @cached_property
     def document(self) -> dict[str, Any]:
-        return get_openapi(title="trajproxy", version=__version__, routes=framework_router(self._table(), True).routes)
+        """The document (read it, never change it: the process's apps of the same table share it)."""
+        table = [route for route in self._table() if route.endpoint is not None or route.documented]
+        read = tuple(_read(route) for route in table)
+        if read not in _documents:  # about 0.2 s of CPU: once a process, not once an app (the tests make hundreds)
+            routes = framework_router(table, True).routes
+            _documents[read] = get_openapi(title="trajproxy", version=__version__, routes=routes)
+        return _documents[read]
 
     @cached_property
     def _document_bytes(self) -> bytes:
