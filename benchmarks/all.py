@@ -213,7 +213,7 @@ def run_sandbox(args: argparse.Namespace) -> list[Result]:
         print(f"\n### Sandbox start\n\nnot run: no Docker engine answers ({e})")
         return []
     bench = sandbox_start
-    sequential, at_once = (3, 4) if args.quick else (20, 32)
+    sequential, at_once = (2, 2) if args.quick else (20, 32)
 
     def run(agent: str) -> Result:
         return {"agent": agent, **bench.summary(bench.bench(sequential, at_once, args.port, agent=agent))}

@@ -295,13 +295,13 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=256)
     parser.add_argument("--every-s", type=float, default=30.0, help="seconds between two kills")
     parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between an agent's calls")
-    parser.add_argument("--quick", action="store_true", help="a smoke: 64 agents for 30 s, a kill every 10 s")
+    parser.add_argument("--quick", action="store_true", help="a smoke: 64 agents for 16 s, a kill every 5 s")
     parser.add_argument("--port", type=int, default=0, help="the balancer's, replicas' the next (default: free ones)")
     args = parser.parse_args()
     unpin()  # replicas, HAProxy and the load share the machine (see the docstring)
     exit_on_sigterm()
-    seconds = 30.0 if args.quick else args.minutes * 60
-    agents, every_s = (64, 10.0) if args.quick else (args.agents, args.every_s)
+    seconds = 16.0 if args.quick else args.minutes * 60
+    agents, every_s = (64, 5.0) if args.quick else (args.agents, args.every_s)
     raise_open_files(8 * agents + 1024)
     try:
         sys.exit(run(args.database_url, args.port, agents, seconds, args.think_s, every_s))
