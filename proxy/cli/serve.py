@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -38,26 +37,6 @@ def settle_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-# glibc's malloc gives an allocation over its threshold (128 KiB at first) pages mapped for it alone, and raises the
-# threshold only to the size of the largest such block freed. A long episode's bodies, ids and prompts grow every
-# turn, each a little larger than the last one freed, so each turn's were mapped afresh and every page of them
-# faulted in: about 500 page faults a turn at 100k tokens, 1 ms of the kernel's time (RESULTS.md, section 40).
-# Below 32 MiB (glibc's own ceiling for that threshold) they come from the heap, whose freed blocks are used again;
-# up to 64 MiB free at the heap's top is kept for the next turn rather than handed back at once.
-MMAP_THRESHOLD_BYTES = 32 << 20
-TRIM_THRESHOLD_BYTES = 64 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-
-
-def settle_memory() -> None:
-    """Large allocations from the heap, where the C library is glibc (others keep their own rules). For the `trajproxy
-    serve` process only, as `settle_collector`."""
-    libc = ctypes.CDLL(None)  # the process's own symbols, the C library's among them
-    if hasattr(libc, "gnu_get_libc_version"):
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -109,7 +88,6 @@ def serve(settings: Settings) -> None:
             leaving.enter_context(announced(settings.database_url, Serving(os.getpid(), local, settings.socket_path)))
         _announce_token(kept)
         settle_collector()
-        settle_memory()
         _leave_on_sigterm(leaving)
         front(settings.server, app, sockets, settings.log_level, limits=Limits.of(settings)).run()
 
