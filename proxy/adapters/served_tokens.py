@@ -33,7 +33,6 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
-from proxy.adapters.id_tuples import untracked
 from proxy.adapters.ids_json import IdsJson, Pieces, answer_of, chained, cut_echo, dumped, pieces
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
@@ -293,7 +292,7 @@ def _prompt(
             ) from e
         return tuple(template.prompt(messages.all(), tools)), None, why
     # one copy of the prompt's references, in C (unpacking all three walks the prompt as an iterable)
-    return untracked(prompt + (*sampled, *delta)), parent.id, None  # noqa: RUF005
+    return prompt + (*sampled, *delta), parent.id, None  # noqa: RUF005
 
 
 def _delta(

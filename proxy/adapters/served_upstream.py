@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.adapters.id_tuples import untracked
 from proxy.adapters.ids_json import (
     Echo,
     IdsJson,
@@ -261,7 +260,7 @@ def _reply(
         message=message,
         finish_reason=finish,
         usage=usage,
-        prompt_token_ids=untracked(tuple(prompt)),
+        prompt_token_ids=tuple(prompt),
         completion_token_ids=tuple(completion),
         logprobs=tuple(logprobs) if logprobs is not None else None,
         served={"server": server.name, "mode": "chat", "sampling": sampling, "response": kept(response)},
