@@ -56,6 +56,19 @@ def test_ids_text_is_joined_and_kept_for_the_same_objects_only() -> None:
     assert b"".join(ids.of(prompt, sampled)) == b"[1,2,3,4]"
 
 
+def test_a_childs_ids_kept_let_its_parents_go() -> None:
+    ids = IdsJson()
+    parent, sampled = (1, 2), (3,)
+    ids.keep(parent, sampled, pieces(b"[1,2,3,9]"))
+    other = (7,)
+    ids.keep(other, (), pieces(b"[7]"))  # another chain's: kept
+    child = (1, 2, 3, 4)
+    ids.keep(child, (5,), pieces(b"[1,2,3,4,5]"), parent)
+    assert b"".join(ids.of(child, (5,))) == b"[1,2,3,4,5]" and b"".join(ids.of(other, ())) == b"[7]"
+    assert b"".join(ids.of(parent, sampled)) == b"[1,2,3]"  # dumped again: its text was let go
+    assert len(ids._kept) == 2 and ids._bytes == sum(kept.size for kept in ids._kept.values())
+
+
 def test_kept_text_counts_all_of_what_its_views_hold() -> None:
     ids = IdsJson(kept_bytes=920)
     body = b"x" * 900 + b"[1]"

@@ -47,6 +47,17 @@ def test_the_parents_text_is_reused_for_the_same_message_objects_only() -> None:
     assert b"changed in place" in written.body(asked([first[0], dict(first[1]), message(2)]), first)  # a copy: dumped
 
 
+def test_a_childs_text_kept_lets_its_parents_go() -> None:
+    written = MessagesJson()
+    first, other = [message(0)], [message(9)]
+    written.body(asked(first), None)
+    written.body(asked(other), None)
+    extended = [*first, message(1)]
+    written.body(asked(extended), first)
+    assert set(written._kept) == {id(other), id(extended)}
+    assert written._bytes == sum(kept.size for kept in written._kept.values())
+
+
 def test_the_kept_text_is_bounded_by_what_it_holds() -> None:
     written = MessagesJson(kept_bytes=10_000)
     lists = [[message(i, content="x" * 3000)] for i in range(8)]

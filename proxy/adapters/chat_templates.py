@@ -34,6 +34,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from proxy.adapters.token_bytes import text_bytes, token_bytes
 from proxy.core.errors import UpstreamError
 from proxy.core.values import JsonObject
 from proxy.families import GENERAL, Family, detect, named
@@ -89,6 +90,9 @@ class ChatTemplate:
         # ids in Python, as long again as the Rust decode for a whole conversation's
         clean = getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._decoder: Any = backend if backend is not None and clean is False else None
+        # and where that decode is a byte-level one's, each id's bytes: a whole conversation's text compared as
+        # bytes joined in C, 3 ms at 90k ids where the Rust decode takes 10
+        self._bytes = token_bytes(backend) if self._decoder is not None else None
 
     def _end(self, after: str) -> tuple[int, str]:
         """The end-of-turn id, and the text the template writes after a reply's text up to and with it (none for a
@@ -172,11 +176,20 @@ class ChatTemplate:
             rendered = self.render(messages, tools, generation_prompt=True)
         except TemplateError as e:  # the chat endpoint would refuse the conversation: it differs from its start
             return Difference(0, f"(the chat template refused the conversation: {e})", self.decode(ids[:80])[:80])
+        if self._bytes is not None and (joined := text_bytes(self._bytes, ids)) is not None and _same(joined, rendered):
+            return None  # the decode of bytes that are the rendering's UTF-8 is the rendering
         sent = self.decode(ids)
         if rendered == sent:
             return None
         at = first_difference(rendered, sent)
         return Difference(at, rendered[at : at + 80], sent[at : at + 80])
+
+
+def _same(joined: bytes, text: str) -> bool:
+    try:
+        return joined == text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no decode gives it
+        return False
 
 
 def first_difference(a: str, b: str) -> int:

@@ -2,7 +2,10 @@
 the server's echo of them read, as bytes (one copy, one comparison), never as a Python int per id.
 
 A turn's prompt ids are its parent's prompt and sampled ids and a few more: the JSON text of the parent's ids is kept
-(`IdsJson`, bounded by its bytes) so the child's is the parent's text and its own few ids joined, and the prompt ids
+(`IdsJson`, bounded by its bytes, and let go once a child's is kept: a chain holds its latest turn's alone, so that a
+long episode's earlier bodies are freed turn by turn and their memory used again, not 64 MiB of them held and every
+turn's new body faulted in afresh, RESULTS.md section 40) so the child's is the parent's text and its own few ids
+joined, and the prompt ids
 the server echoes back (vLLM's `prompt_token_ids`, the whole conversation's on every turn) are cut out of its answer
 (`cut_echo`) and compared as text with what was sent, or with the parent's ids where the server rendered the prompt
 itself; only the ids after the parent's are parsed. Where the text differs (another spacing, ids that drifted) the
@@ -94,10 +97,14 @@ class IdsJson:
             return kept.text
         return chained(pieces(dumped(prompt)), pieces(dumped(sampled)))
 
-    def keep(self, prompt: Sequence[int], sampled: Sequence[int], text: Pieces) -> None:
-        """Keep the JSON (`text`, in pieces) of a new turn's prompt then sampled ids, for its child."""
-        if (before := self._kept.pop(id(prompt), None)) is not None:
-            self._bytes -= before.size
+    def keep(
+        self, prompt: Sequence[int], sampled: Sequence[int], text: Pieces, parent: Sequence[int] | None = None
+    ) -> None:
+        """Keep the JSON (`text`, in pieces) of a new turn's prompt then sampled ids, for its child; its parent's
+        (`parent`, its prompt) is let go."""
+        for key in (id(prompt), id(parent)):
+            if (before := self._kept.pop(key, None)) is not None:
+                self._bytes -= before.size
         kept = self._kept[id(prompt)] = _Kept(prompt, sampled, text)
         self._bytes += kept.size
         while self._bytes > self._limit and self._kept:

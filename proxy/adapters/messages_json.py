@@ -6,7 +6,8 @@ its episode's latest, `proxy/http/prefix.py`, keeps them) and more after them is
 messages as its parent's body holds it, the new messages dumped and joined after it, in one copy of the bytes. A
 message object is never changed once a call has been sent with it (an argument restored is restored on a copy:
 `proxy/core/branches.py`), so its text is its value's. Any other call's messages are dumped whole, as before; either
-way the bytes are those `orjson.dumps` writes for the whole body.
+way the bytes are those `orjson.dumps` writes for the whole body. A call's text is kept for its children, and its
+parent's let go once it is (a chain holds its latest call's alone: `proxy/adapters/ids_json.py` says why).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class MessagesJson:
         text = self._text(messages, earlier)
         whole = memoryview(dumped)
         written = b"".join((whole[:at], *text, whole[at + len(_PLACED) :]))
-        self._keep(messages, pieces(memoryview(written)[at : at + sum(map(len, text))]))
+        self._keep(messages, pieces(memoryview(written)[at : at + sum(map(len, text))]), earlier)
         return written
 
     def _text(self, messages: list[Any], earlier: Sequence[Any] | None) -> Pieces:
@@ -73,9 +74,10 @@ class MessagesJson:
         self._kept.move_to_end(id(earlier))
         return chained(kept.text, pieces(orjson.dumps(messages[n:])))
 
-    def _keep(self, messages: list[Any], text: Pieces) -> None:
-        if (before := self._kept.pop(id(messages), None)) is not None:
-            self._bytes -= before.size
+    def _keep(self, messages: list[Any], text: Pieces, earlier: Sequence[Any] | None) -> None:
+        for key in (id(messages), id(earlier)):
+            if (before := self._kept.pop(key, None)) is not None:
+                self._bytes -= before.size
         kept = self._kept[id(messages)] = _Kept(messages, tuple(messages), text)
         self._bytes += kept.size
         while self._bytes > self._limit and self._kept:

@@ -162,7 +162,8 @@ class TokenPolicy:
         if not isinstance(sampled_ids, list) or not all(isinstance(i, int) for i in sampled_ids):
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
         completion = tuple(sampled_ids)
-        self._ids.keep(ids, completion, chained(sent, pieces(dumped(completion))))
+        parent_ids = parent.reply.prompt_token_ids if continued and parent is not None and parent.reply else None
+        self._ids.keep(ids, completion, chained(sent, pieces(dumped(completion))), parent_ids)
         if logprobs is not None and (len(logprobs) != len(completion) or not all(_number(v) for v in logprobs)):
             logprobs = None  # not one per sampled token: not to be trusted for a loss
         family: Family = getattr(template, "family", GENERAL)

@@ -135,6 +135,7 @@ class ServedUpstream:
                 reply.prompt_token_ids,
                 reply.completion_token_ids,
                 chained(pieces(echo.text), pieces(dumped(reply.completion_token_ids))),
+                parent.reply.prompt_token_ids if parent is not None and parent.reply is not None else None,
             )
         return reply
 
