@@ -35,7 +35,7 @@ from proxy.http.routes import ANY, WEBSOCKET, Door, NoRoute, Route, Router, moun
 from proxy.http.stream import TurnStream
 from proxy.http.trainer import TrainerApi
 from proxy.http.turns import TurnRoutes
-from proxy.http.ui import page_app
+from proxy.http.ui import Page
 from proxy.settings import Settings
 from proxy.storage.postgres_queue import PostgresQueue
 from proxy.storage.sql import SqlStore
@@ -131,7 +131,7 @@ def create_app(settings: Settings) -> Trajproxy:
         docs=docs,
         health=Health(broker, replica),
         metrics=Metrics(metrics, broker, store),
-        page=page_app(broker, store, token),
+        page=Page(broker, store, token),
         no_route=NoRoute(table),
     )
     api.include_router(framework_router(table, documented=False))

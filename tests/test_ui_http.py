@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from proxy.client import TrainerClient
+from proxy.http.ui import Page
 from proxy.storage.export import Filters, export, source
 from tests.test_ui import TOOLS
 
@@ -244,3 +245,14 @@ def test_live_counts_are_the_brokers(page: httpx.Client, server: Any, trainer: T
     trainer.finish(episode.id, "cancelled", "the test is over")  # its agent hears so now, not at its 30 s timeout
     with pytest.raises(openai.APIStatusError):
         waiting.result(timeout=10)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_page_is_built_at_its_first_request_not_when_the_server_starts(server: Any) -> None:
+    """Most servers never serve the page (a trainer's, a run's): its routes are built when it is first asked for."""
+    (mounted,) = {route.serve for route in server.app.table if route.path == "/ui"}
+    assert isinstance(mounted, Page) and mounted.app is None
+    assert httpx.get(f"{server.url}/api/episodes", headers={"authorization": f"Bearer {server.token}"}).is_success
+    assert mounted.app is None
+    assert httpx.get(f"{server.url}/ui/login").status_code == 200
+    assert mounted.app is not None
