@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from starlette.routing import Router as Lifespan  # a table of no routes: the server's lifespan alone
 from starlette.types import ASGIApp
 
-from proxy import __version__, schema
+from proxy import schema
 from proxy.adapters.litellm_upstream import LitellmUpstream
 from proxy.adapters.prometheus_metrics import PrometheusMetrics
 from proxy.adapters.served_upstream import ServedUpstream
@@ -26,14 +26,14 @@ from proxy.core.shared_queue import SharedQueue
 from proxy.core.upstreams import Upstreams
 from proxy.core.values import new_id
 from proxy.http.agent import AgentCalls, AgentHandler
-from proxy.http.docs import OPENAPI, ApiDocs, framework_router
-from proxy.http.edge import Shutdown, framework_errors, sandbox_health, sandbox_refusal
+from proxy.http.docs import OPENAPI, ApiDocs, framework_app
+from proxy.http.edge import Shutdown, sandbox_health, sandbox_refusal
 from proxy.http.health import Health, root
 from proxy.http.metrics import Metrics
 from proxy.http.origins import LocalCallers
 from proxy.http.routes import ANY, WEBSOCKET, Door, NoRoute, Route, Router, mount
 from proxy.http.stream import TurnStream
-from proxy.http.trainer import TrainerApi
+from proxy.http.trainer import Framework, TrainerApi, for_every_app
 from proxy.http.turns import TurnRoutes
 from proxy.http.ui import Page
 from proxy.settings import Settings
@@ -104,7 +104,7 @@ def create_app(settings: Settings) -> Trajproxy:
         broker = Broker(context=context, queue=LocalQueue(context=context))
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
         await store.open()
         try:
             await broker.start()  # the open turns a previous run left, for their agents' retries
@@ -115,9 +115,6 @@ def create_app(settings: Settings) -> Trajproxy:
             await served.aclose()
             await store.close()
 
-    # The trainer API's handlers but the batch pull and reply: FastAPI serves them, and the server's lifespan
-    api = FastAPI(title="trajproxy", version=__version__, lifespan=lifespan, openapi_url=None, docs_url=None)
-    framework_errors(api)
     shutdown = Shutdown()
     token = settings.trainer_token.get_secret_value() if settings.trainer_token else None
     table: list[Route] = []
@@ -125,8 +122,8 @@ def create_app(settings: Settings) -> Trajproxy:
     table += route_table(
         agents=AgentCalls(broker, settings),
         turns=TurnRoutes(broker, settings.max_body_bytes, shutdown),
-        trainer=TrainerApi(broker, settings, shutdown),
-        api=api,
+        # The trainer API's handlers but the batch pull and reply: the process's FastAPI app serves them
+        api=Framework(TrainerApi(broker, settings, shutdown), lambda: framework_app(table)),
         stream=TurnStream(broker, shutdown),
         docs=docs,
         health=Health(broker, replica),
@@ -134,14 +131,12 @@ def create_app(settings: Settings) -> Trajproxy:
         page=Page(broker, store, token),
         no_route=NoRoute(table),
     )
-    api.include_router(framework_router(table, documented=False))
-    return Trajproxy(broker, settings, metrics, table, api, lambda: docs.document, shutdown)
+    return Trajproxy(broker, settings, metrics, table, Lifespan(lifespan=lifespan), lambda: docs.document, shutdown)
 
 
 def route_table(
     agents: AgentCalls,
     turns: TurnRoutes,
-    trainer: TrainerApi,
     api: ASGIApp,
     stream: TurnStream,
     docs: ApiDocs,
@@ -155,8 +150,8 @@ def route_table(
     def agent(methods: str, path: str, handler: AgentHandler) -> Route:
         return Route(methods, path, Door.AGENT, handler, keyed=True, dialect=handler.dialect)
 
-    def trainer_api(methods: str, path: str, endpoint: Callable[..., Any], model: type, status: int = 200) -> Route:
-        return Route(methods, path, Door.TRAINER, api, endpoint, status, model)
+    def trainer_api(methods: str, path: str, method: Callable[..., Any], model: type, status: int = 200) -> Route:
+        return Route(methods, path, Door.TRAINER, api, for_every_app(method), status, model)
 
     return [
         # Agents (OpenAI, Anthropic, Gemini), each also under /e/<key>
@@ -169,22 +164,22 @@ def route_table(
         agent("POST", "/v1/models/{model:path}:{method:path}", agents.gemini),
         # The trainer API, in its document's order: FastAPI serves it, but for the batch pull and reply (the
         # trainer's share of every turn), whose plain handlers validate their query and body models themselves
-        trainer_api("POST", "/api/episodes", trainer.create_episode, schema.EpisodeCreated, 201),
-        trainer_api("POST", "/api/episodes/{episode_id}/fork", trainer.fork, schema.Forks, 201),
-        trainer_api("GET", "/api/episodes", trainer.list_episodes, schema.EpisodeList),
-        trainer_api("GET", "/api/episodes/{episode_id}", trainer.get_episode, schema.Episode),
-        trainer_api("POST", "/api/episodes/{episode_id}/finish", trainer.finish_episode, schema.Episode),
-        trainer_api("POST", "/api/episodes/{episode_id}/rewards", trainer.add_reward, schema.Reward, 201),
-        trainer_api("GET", "/api/episodes/{episode_id}/trajectory", trainer.trajectory, schema.Trajectory),
-        trainer_api("POST", "/api/episodes/{episode_id}/reset", trainer.reset, schema.TimeStep),
-        trainer_api("POST", "/api/episodes/{episode_id}/step", trainer.step, schema.TimeStep),
+        trainer_api("POST", "/api/episodes", TrainerApi.create_episode, schema.EpisodeCreated, 201),
+        trainer_api("POST", "/api/episodes/{episode_id}/fork", TrainerApi.fork, schema.Forks, 201),
+        trainer_api("GET", "/api/episodes", TrainerApi.list_episodes, schema.EpisodeList),
+        trainer_api("GET", "/api/episodes/{episode_id}", TrainerApi.get_episode, schema.Episode),
+        trainer_api("POST", "/api/episodes/{episode_id}/finish", TrainerApi.finish_episode, schema.Episode),
+        trainer_api("POST", "/api/episodes/{episode_id}/rewards", TrainerApi.add_reward, schema.Reward, 201),
+        trainer_api("GET", "/api/episodes/{episode_id}/trajectory", TrainerApi.trajectory, schema.Trajectory),
+        trainer_api("POST", "/api/episodes/{episode_id}/reset", TrainerApi.reset, schema.TimeStep),
+        trainer_api("POST", "/api/episodes/{episode_id}/step", TrainerApi.step, schema.TimeStep),
         Route(
             "GET", "/api/turns/next", Door.TRAINER, turns.next_turns, model=schema.TurnBatch, query=schema.TurnsQuery
         ),
-        trainer_api("GET", "/api/turns/{turn_id}", trainer.get_turn, schema.Turn),
-        trainer_api("POST", "/api/turns/{turn_id}/reply", trainer.reply, schema.Turn),
-        trainer_api("POST", "/api/pause", trainer.pause, schema.PauseState),
-        trainer_api("POST", "/api/resume", trainer.resume, schema.PauseState),
+        trainer_api("GET", "/api/turns/{turn_id}", TrainerApi.get_turn, schema.Turn),
+        trainer_api("POST", "/api/turns/{turn_id}/reply", TrainerApi.reply, schema.Turn),
+        trainer_api("POST", "/api/pause", TrainerApi.pause, schema.PauseState),
+        trainer_api("POST", "/api/resume", TrainerApi.resume, schema.PauseState),
         Route(
             "POST",
             "/api/turns/replies",
@@ -194,7 +189,7 @@ def route_table(
             query=schema.RepliesQuery,
             body=schema.ReplyBatch,
         ),
-        trainer_api("POST", "/api/turns/{turn_id}/forward", trainer.forward, schema.Turn),
+        trainer_api("POST", "/api/turns/{turn_id}/forward", TrainerApi.forward, schema.Turn),
         Route(WEBSOCKET, "/api/turns/stream", Door.TRAINER, stream),  # leased turns pushed, replies sent back
         # The document and its page: no data, no token
         Route("GET", OPENAPI, Door.OPEN, docs.openapi),

@@ -17,9 +17,12 @@ import httpx
 import openai
 import pytest
 import tiktoken
+from fastapi import FastAPI
 
 from proxy.client import TrainerClient, TrajproxyAPIError
-from tests.conftest import error_body
+from proxy.http.docs import framework_app
+from proxy.settings import Settings
+from tests.conftest import error_body, new_token, start_server
 from tests.lanes import Lane
 
 MODEL = "gpt-4o"
@@ -1042,3 +1045,30 @@ def test_an_error_reply_reaches_the_sdk_as_its_own_exception(
     answer = background(ask_as, episode)
     trainer.reply(pull_one(trainer, episode.id).id, "better now")
     assert answer.result(timeout=10).choices[0].message.content == "better now"
+
+
+def test_two_servers_in_one_process_share_one_framework_app_and_each_answers_from_its_own_database(
+    make_server: Callable[..., Any], tmp_path: Any
+) -> None:
+    """The process's FastAPI app serves every server's trainer API (`proxy.http.trainer.for_every_app`): each request
+    is answered by the handlers of the server it reached, over that server's database, never another's."""
+    first = make_server()
+    running = start_server(
+        Settings(_env_file=None, database_url=f"sqlite:///{tmp_path}/2.db", trainer_token=new_token())
+    )
+    second = running.live
+    try:
+        with TrainerClient(first.url, token=first.token) as one, TrainerClient(second.url, token=second.token) as two:
+            made = one.create_episode(task="the first's")
+            assert [e.id for e in one.episodes().episodes] == [made.id]
+            assert two.episodes().episodes == []
+            with pytest.raises(TrajproxyAPIError) as unknown:
+                two.episode(made.id)
+            assert unknown.value.status == 404
+            other = two.create_episode(task="the second's")
+            assert [e.id for e in two.episodes().episodes] == [other.id]
+            assert one.episode(made.id).task == "the first's"
+    finally:
+        running.stop()
+    (served,) = {framework_app(server.app.table) for server in (first, second)}
+    assert isinstance(served, FastAPI)

@@ -16,7 +16,7 @@ from importlib.resources import files
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, FastAPI, Query
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from starlette.applications import Starlette
@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__, schema
-from proxy.http.edge import http_error, respond
+from proxy.http.edge import framework_errors, http_error, respond
 from proxy.http.routes import Route
 
 ASSETS = "/docs-assets"  # outside /api: static files, no data, no token needed
@@ -77,12 +77,27 @@ def _read(route: Route) -> tuple[Any, ...]:
     """All the document reads of a route (`framework_router`, `declared`): its methods, path, status and models, and
     its handler's code (a FastAPI endpoint's, else the plain handler's), which gives the signature and docstring."""
     handler = route.endpoint if route.endpoint is not None else route.serve
-    function = getattr(handler, "__func__", handler)  # a bound method: its function, the same for every app
+    # a bound method: its function, the same for every app; a wrapper (`for_every_app`): the function it serves
+    function = inspect.unwrap(getattr(handler, "__func__", handler))
     code = getattr(function, "__code__", None) or type(function)  # an ASGI app object: its class's __call__ and doc
     return route.methods, route.path, route.status, route.model, route.query, route.body, route.endpoint is None, code
 
 
 _documents: dict[tuple[Any, ...], dict[str, Any]] = {}  # by what the document reads of the table (`_read`)
+_frameworks: dict[tuple[Any, ...], FastAPI] = {}  # the same, for the app serving the table's FastAPI routes
+
+
+def framework_app(table: Sequence[Route]) -> FastAPI:
+    """The FastAPI app serving the table's routes that name a FastAPI `endpoint`, with the domain's errors answered as
+    the plain handlers answer them: built once a process for a table (its endpoints serve every app's requests)."""
+    served = [route for route in table if route.endpoint is not None]
+    read = tuple(_read(route) for route in served)
+    if read not in _frameworks:
+        app = FastAPI(title="trajproxy", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
+        framework_errors(app)
+        app.include_router(framework_router(served, documented=False))
+        _frameworks[read] = app
+    return _frameworks[read]
 
 
 class ApiDocs:
