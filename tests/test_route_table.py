@@ -19,6 +19,8 @@ from starlette.testclient import TestClient
 
 from proxy.app import Trajproxy, create_app
 from proxy.http.routes import ANY, Door, Route
+from proxy.http.trainer import Framework
+from proxy.http.ui import Page
 from proxy.settings import Settings
 
 TCP = ("127.0.0.1", 8000)
@@ -65,26 +67,29 @@ def served_by(api: FastAPI) -> list[tuple[str, str]]:
     return served
 
 
-def frameworks(app: Trajproxy) -> list[FastAPI]:
-    return list({id(route.serve): route.serve for route in app.table if isinstance(route.serve, FastAPI)}.values())
+def frameworks(app: Trajproxy) -> dict[Any, FastAPI]:
+    """The FastAPI apps the table sends requests to, by the handler that does (the trainer API's `Framework`, the
+    page's `Page`): each handler's app, built as its first request would build it."""
+    handlers = (route.serve for route in app.table if isinstance(route.serve, Framework | Page))
+    return {handler: handler.framework for handler in handlers}
 
 
 def test_every_route_the_frameworks_serve_is_in_the_table_behind_its_door(app: Trajproxy) -> None:
     apps = frameworks(app)
     assert len(apps) == 2  # the trainer API's and the page's
-    paths = {path for api in apps for _, path in served_by(api)}
+    paths = {path for api in apps.values() for _, path in served_by(api)}
     assert {"/api/episodes", "/ui/login", "/ui/static/x"} <= paths
     assert not {"/metrics", "/health", "/api/docs", "/api/openapi.json"} & paths  # plain handlers, in the table
-    for api in apps:
+    for handler, api in apps.items():
         for method, path in served_by(api):
             route = request(app, method, path)
-            assert route.serve is api, f"{method} {path} is served by a framework the table does not send it to"
+            assert route.serve is handler, f"{method} {path} is served by a framework the table does not send it to"
             assert route.door is (Door.TRAINER if path.startswith("/api/") else Door.OPEN), (method, path, route)
             # On the sandbox socket none of it is served: the socket's door answers
             on_socket = request(app, method, path, server=None)
             assert on_socket.door is Door.SOCKET and on_socket.path == ANY, (method, path)
     # Every route the table has FastAPI serve is registered there, at its path and methods
-    registered = {pair for api in apps for pair in served_by(api)}
+    registered = {pair for api in apps.values() for pair in served_by(api)}
     for route in app.table:
         if route.endpoint is not None:
             assert {(method, concrete(route.path)) for method in route.allowed} <= registered, route
@@ -109,7 +114,7 @@ def test_the_routes_every_turn_crosses_are_plain_handlers_and_only_theirs(app: T
     found = app.match({"type": "http", "method": "POST", "path": "/e/tpk-abc/v1beta/models/a/b:c", "server": TCP})
     assert found is not None and found[1] == {"model": "a/b", "method": "c", "key": "tpk-abc"}
 
-    registered = {pair for api in apps for pair in served_by(api)}
+    registered = {pair for api in apps.values() for pair in served_by(api)}
     for method, path in HOT:
         route = request(app, method, path)
         assert route.door is Door.TRAINER and route.serve not in apps and route.endpoint is None

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Query, Request
+from fastapi import FastAPI, Query, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from proxy import schema
 from proxy.core.broker import Broker
@@ -62,13 +62,17 @@ class Framework:
     """An app's way into the process's FastAPI app for the trainer API (`served`: built for the route table at the
     first request, once a process): the request's scope given the app's handlers."""
 
-    def __init__(self, handlers: TrainerApi, served: Callable[[], ASGIApp]) -> None:
+    def __init__(self, handlers: TrainerApi, served: Callable[[], FastAPI]) -> None:
         self._handlers = handlers
         self._served = served
 
+    @property
+    def framework(self) -> FastAPI:
+        return self._served()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[HANDLERS] = self._handlers
-        await self._served()(scope, receive, send)
+        await self.framework(scope, receive, send)
 
 
 class TrainerApi:

@@ -31,12 +31,16 @@ class Page:
 
     def __init__(self, broker: Broker, store: SqlStore, token: str | None) -> None:
         self._made = (broker, store, token)
-        self.app: FastAPI | None = None
+        self.app: FastAPI | None = None  # until its first request
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @property
+    def framework(self) -> FastAPI:
         if self.app is None:
             self.app = page_app(*self._made)
-        await self.app(scope, receive, send)
+        return self.app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.framework(scope, receive, send)
 
 
 def page_app(broker: Broker, store: SqlStore, token: str | None) -> FastAPI:
