@@ -30,16 +30,23 @@ def build_containers(engine: Any, pid: int) -> list[Any]:
     return list(engine.containers.list(all=True, sparse=True, filters={"label": labels}))
 
 
+def running(containers: list[Any]) -> list[Any]:
+    """Those started (listed once created, a container is not running until its caller starts it)."""
+    for container in containers:
+        container.reload()
+    return [container for container in containers if container.status == "running"]
+
+
 @pytest.mark.timeout(180)
 def test_a_build_container_its_caller_left_is_removed_by_the_next_build(engine: Any) -> None:
     caller = subprocess.Popen([sys.executable, "-c", BUILD], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         deadline = time.monotonic() + 90
-        while not (made := build_containers(engine, caller.pid)) and time.monotonic() < deadline:
-            assert caller.poll() is None, "the build ended before its container was seen"
+        while not (made := running(build_containers(engine, caller.pid))) and time.monotonic() < deadline:
+            assert caller.poll() is None, "the build ended before its container was seen running"
             time.sleep(0.1)
-        assert made, "no build container carries its caller's pid"
-        os.kill(caller.pid, signal.SIGKILL)  # before the container ends: its caller never removes it
+        assert made, "no running build container carries its caller's pid"
+        os.kill(caller.pid, signal.SIGKILL)  # while the container runs: its caller never removes it
         caller.wait(timeout=30)
         [left] = made
         left.kill()  # it ends with nobody left to remove it, and stays: exited, not removed
