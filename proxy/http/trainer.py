@@ -65,10 +65,13 @@ class Framework:
     def __init__(self, handlers: TrainerApi, served: Callable[[], FastAPI]) -> None:
         self._handlers = handlers
         self._served = served
+        self._app: FastAPI | None = None  # found at the first request, not looked up (the table read) at each
 
     @property
     def framework(self) -> FastAPI:
-        return self._served()
+        if self._app is None:
+            self._app = self._served()
+        return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[HANDLERS] = self._handlers
