@@ -2,8 +2,9 @@
 client's anew (OpenSSL 3 reads the CA bundle: about 30 ms of CPU), and the tests make thousands, every SDK client and
 every `httpx.get`, all to reach servers on the loopback over plain HTTP: a third of a trainer API test's CPU went to
 it. A client that asks for the default verification (`verify=True`, no client certificate) gets its library's one
-context, made on first use; any other is made as before. Nothing of trajproxy's is changed: its servers and commands
-run in processes of their own, or make their clients once."""
+context, made on first use; any other is made as before. trajproxy's code is unchanged: a server the tests run in
+their own process shares the context with them (its clients too reach fakes on the loopback), and a server or
+command run as a process of its own makes its own, as a user's would."""
 
 from __future__ import annotations
 
