@@ -10,6 +10,7 @@ cannot be used for this: it renames the items (`_nodeid`), which pytest 9 no lon
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -122,6 +123,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get(RECORD)
     if not path or hasattr(session.config, "workerinput") or not _took:
         return
-    held = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    held.update({nodeid: round(seconds, 1) for nodeid, seconds in _took.items()})
-    Path(path).write_text(json.dumps(dict(sorted(held.items())), indent=0) + "\n")
+    with open(f"{path}.lock", "w") as lock:  # .ci/run's last stages run side by side, each merging its own
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+        held.update({nodeid: round(seconds, 1) for nodeid, seconds in _took.items()})
+        Path(path).write_text(json.dumps(dict(sorted(held.items())), indent=0) + "\n")

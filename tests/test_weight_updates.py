@@ -6,13 +6,17 @@ nothing is lost or answered twice."""
 from __future__ import annotations
 
 import re
+import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
+from integrations.train.vllm import vllm_server
 from proxy.client import TrainerClient
 from testkit.served_checks import ask
 from testkit.vllm_server import copy_model, reload_weights
@@ -97,3 +101,23 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
         finally:
             copy_model(before, vllm.model_dir)
             reload_weights(vllm)
+
+
+def test_the_engines_sockets_are_in_a_directory_of_the_servers_own(vllm: Any) -> None:
+    """vLLM names its engine's ZeroMQ sockets in $VLLM_RPC_BASE_PATH and leaves them behind when it is killed (the
+    temporary directory filled with them, a few every start): each server is given a directory of its own."""
+    pairs = Path(f"/proc/{vllm.pid}/environ").read_text().split("\0")
+    environ = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    sockets = Path(environ["VLLM_RPC_BASE_PATH"])
+    assert sockets.name.startswith("vllm-rpc-") and sockets.parent == Path(tempfile.gettempdir())
+    assert [path for path in sockets.iterdir() if path.is_socket()], f"vLLM put no socket in {sockets}"
+
+
+def test_a_server_that_never_started_leaves_its_log_and_no_socket_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # This python has no vLLM: it exits at once.
+    with pytest.raises(RuntimeError, match="exited with 1 before answering"), vllm_server(tmp_path, sys.executable):
+        pass
+    assert [path.name.startswith("vllm-") and path.suffix == ".log" for path in tmp_path.iterdir()] == [True]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -93,9 +94,12 @@ def vllm_server(
 ) -> Iterator[VllmServer]:
     """Starts `python -m vllm.entrypoints.openai.api_server` on a free port, waits until /v1/models answers,
     yields a VllmServer, then stops it (SIGTERM, then SIGKILL to its process group). The server's output goes
-    to a temporary log file (kept when start-up fails, when the body raises, or with keep_log)."""
+    to a temporary log file (kept when start-up fails, when the body raises, or with keep_log). vLLM's engine talks
+    to its API server over ZeroMQ sockets it names in $VLLM_RPC_BASE_PATH (the temporary directory by default) and
+    leaves there when it is killed: each server gets a directory of its own, removed once it has stopped."""
     model = Path(model_dir)
     port = free_port()
+    sockets = tempfile.mkdtemp(prefix="vllm-rpc-")
     fd, log_name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
     log_path = Path(log_name)
     command = [
@@ -110,7 +114,7 @@ def vllm_server(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **SERVER_ENV, **(env or {})},
+            env={**os.environ, **SERVER_ENV, "VLLM_RPC_BASE_PATH": sockets, **(env or {})},
             start_new_session=True,  # its own process group: the engine core is a child process
         )
     server = VllmServer(
@@ -128,6 +132,7 @@ def vllm_server(
         failed = False
     finally:
         _stop(proc)
+        shutil.rmtree(sockets, ignore_errors=True)
         if not failed and not keep_log:
             log_path.unlink(missing_ok=True)
 
