@@ -21,13 +21,14 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import groupby
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, Table, bindparam, insert, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, Table, bindparam, insert, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.expression import Executable
 
 from proxy.core.errors import Stale, StorageError
 from proxy.core.values import Episode, EpisodeStatus, Reward, Turn, TurnStatus
 from proxy.storage.content import TURN_SETTLED, TURN_STATE, Contents
+from proxy.storage.prepared import Prepared
 from proxy.storage.tables import EpisodeRow, Op, RewardRow, TurnRow, episode_row, reward_row
 
 log = logging.getLogger("trajproxy.storage")
@@ -51,6 +52,8 @@ class Writer:
     def __init__(self, engine: Engine, on_commit: Callable[[int, float], None] | None = None) -> None:
         self._engine = engine
         self._on_commit = on_commit  # told each transaction's writes and seconds (from the writer thread)
+        self._prepared = Prepared(engine.dialect)
+        self._conn: Connection | None = None  # the writer thread's own, held from batch to batch
         self._loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[tuple[Write, asyncio.Future[None]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trajproxy-writer", daemon=True)
@@ -68,6 +71,12 @@ class Writer:
         await asyncio.to_thread(self._thread.join)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._let_go()
+
+    def _serve(self) -> None:
         stopping = False
         while not stopping:
             item = self._queue.get()
@@ -97,16 +106,21 @@ class Writer:
         """Commit the batch as one transaction; if it fails, retry each write alone to isolate the bad one."""
         try:
             built = [_built(op) for op in ops]
-            with self._engine.begin() as conn:
+
+            def statements(conn: Connection) -> None:
                 for statement, rows in _runs([first for firsts, _ in built for first in firsts]):
-                    conn.execute(statement, rows)
+                    self._prepared.execute(conn, statement, rows)
                 for statement, rows in _runs([op for _, main in built for op in main]):
-                    conn.execute(statement, rows)
+                    self._prepared.execute(conn, statement, rows)
+
+            self._transaction(statements)
             for op in ops:
                 if not isinstance(op, tuple):
                     op.committed()
             return [None] * len(ops)
         except Exception as e:  # the driver's own errors (e.g. encoding) are not all SQLAlchemy's
+            if not isinstance(e, IntegrityError):  # (a key taken first leaves the connection as it was)
+                self._let_go(invalidate=True)
             if len(ops) == 1 and isinstance(e, IntegrityError):  # a key another replica took first: theirs stands
                 return [Stale(f"the database already holds this record: {type(e.orig).__name__}")]
             if len(ops) == 1:
@@ -126,21 +140,64 @@ class Writer:
         write queued behind them (all this replica's new turns) would wait on those commits."""
         outcomes: list[BaseException | None] = []
         built = [_built(op) for op in ops]
-        with self._engine.begin() as conn:
+
+        def statements(conn: Connection) -> None:
+            outcomes.clear()
             for statement, rows in _runs([first for firsts, _ in built for first in firsts]):
-                conn.execute(statement, rows)
+                self._prepared.execute(conn, statement, rows)
             for _, main in built:
                 try:
                     with conn.begin_nested():
                         for statement, rows in main:
-                            conn.execute(statement, rows)
+                            self._prepared.execute(conn, statement, rows)
                     outcomes.append(None)
                 except IntegrityError as e:  # any other error fails the batch: each write is then tried alone
                     outcomes.append(Stale(f"the database already holds this record: {type(e.orig).__name__}"))
+
+        self._transaction(statements)
         for op, outcome in zip(ops, outcomes, strict=True):
             if outcome is None and not isinstance(op, tuple):
                 op.committed()
         return outcomes
+
+    def _transaction(self, statements: Callable[[Connection], None]) -> None:
+        """Run the statements in one transaction on the held connection. One found dead before the commit (the
+        database restarted, or dropped it, since the last batch: the pool's pre-ping used to find that at each
+        checkout) is dropped, and the transaction runs once more on a fresh one: nothing of it was committed."""
+        for last in (False, True):
+            conn = self._connection()
+            ran = False
+            try:
+                with conn.begin():
+                    statements(conn)
+                    ran = True
+            except DBAPIError as e:
+                if ran or last or not e.connection_invalidated:
+                    raise
+                log.warning("the database dropped the writer's connection; writing again on a new one")
+                self._let_go(invalidate=True)
+            else:
+                return
+
+    def _connection(self) -> Connection:
+        """The writer thread's connection, checked out of the pool once and held: checking one out and in again
+        for every batch cost as much as the statements."""
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        return self._conn
+
+    def _let_go(self, invalidate: bool = False) -> None:
+        """Give the held connection back (at the end), or drop it (after a failure: the next batch checks out
+        another, which the pool tests first where it is told to)."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if invalidate:
+                conn.invalidate()
+            conn.close()
+        except Exception:  # a dead connection's close can fail too; it is gone either way
+            log.debug("the writer's connection could not be closed", exc_info=True)
 
 
 def _built(op: Write) -> tuple[list[Op], list[Op]]:
