@@ -134,6 +134,33 @@ def test_a_key_taken_first_is_sqlalchemy_s_integrity_error_and_the_turn_stale(da
     run(body())
 
 
+def test_a_key_taken_first_in_a_batch_fails_that_write_alone(database_url: str) -> None:
+    """Writes queued together are one transaction; one of them finding its key taken (on Postgres, inside its own
+    savepoint) fails alone, and the others are recorded."""
+
+    async def body() -> None:
+        store = SqlStore(database_url)
+        await store.open()
+        try:
+            episode = episode_value()
+            await store.add_episode(episode)
+            taken = turn_value(episode.id, 0)
+            await store.add_turn(taken)
+            outcomes = await asyncio.gather(
+                store.add_turn(turn_value(episode.id, 1)),
+                store.add_turn(replace(taken, seq=2)),
+                store.add_turn(turn_value(episode.id, 3)),
+                return_exceptions=True,
+            )
+            assert outcomes[0] is None and outcomes[2] is None, outcomes
+            assert "already holds" in str(outcomes[1]), outcomes
+            assert [turn.seq for turn in await store.turns(episode.id)] == [0, 1, 3]
+        finally:
+            await store.close()
+
+    run(body())
+
+
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)  # a SQLite file has no connection to drop
 def test_a_connection_the_database_dropped_between_writes_fails_no_write(database_url: str) -> None:
 
@@ -148,7 +175,7 @@ def test_a_connection_the_database_dropped_between_writes_fails_no_write(databas
             assert held is not None, "the writer holds its connection from batch to batch"
             backend = held.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
             with store._engine.connect() as conn:  # the database drops the writer's connection (a restart would)
-                conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(backend)})")
+                conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(backend)}, 5000)")  # (waits for it)
             await store.add_turn(turn_value(episode.id, 0))
             assert [turn.seq for turn in await store.turns(episode.id)] == [0]
         finally:

@@ -4,9 +4,11 @@ SQLite's booleans), then `execute` or `executemany` on the DBAPI cursor of the w
 
 `Connection.execute` costs about twice what the database does for a turn's small writes (its execution context,
 result object and cache look-up a statement); this is the part of it that a plain INSERT or UPDATE needs. A
-statement that needs more (a Python-side default, RETURNING, an expanding IN, a schema map, rows with different
-columns, or one of a few hundred statements already compiled) runs through `Connection.execute` as before. A
-driver's error is raised as SQLAlchemy raises it (`DBAPIError.instance`: `IntegrityError` for a key taken first).
+statement that needs more (a Python-side default, RETURNING, an expanding IN, rows with different columns, several
+rows where the dialect sends them as one multi-VALUES statement, a connection with a schema map, or one past the few
+hundred statements already compiled) runs through `Connection.execute` as before. Engine events
+(`before_cursor_execute`, echo) do not see the statements run here. A driver's error is raised as SQLAlchemy raises
+it (`DBAPIError.instance`: `IntegrityError` for a key taken first).
 """
 
 from __future__ import annotations
@@ -43,14 +45,20 @@ class Prepared:
     def execute(self, conn: Connection, statement: Executable, rows: list[dict[str, Any]]) -> None:
         keys = tuple(rows[0]) if rows else ()
         compiled = self._for(statement, keys) if rows else None
-        if compiled is None or any(len(row) != len(keys) or row.keys() != rows[0].keys() for row in rows[1:]):
+        if (
+            compiled is None
+            or any(len(row) != len(keys) or row.keys() != rows[0].keys() for row in rows[1:])
+            or (len(rows) > 1 and self._dialect.use_insertmanyvalues_wo_returning)  # one multi-VALUES statement
+            or "schema_translate_map" in conn.get_execution_options()
+        ):
             conn.execute(statement, rows)
             return
         bound = [self._bound(compiled, row) for row in rows]
         dbapi_connection = conn.connection.dbapi_connection
         assert dbapi_connection is not None
-        cursor = dbapi_connection.cursor()
+        cursor = None
         try:
+            cursor = dbapi_connection.cursor()
             if len(bound) == 1:
                 cursor.execute(compiled.string, bound[0])
             else:
@@ -70,7 +78,8 @@ class Prepared:
                 ismulti=len(bound) > 1,
             ) from e
         finally:
-            cursor.close()
+            if cursor is not None:
+                cursor.close()
 
     def _for(self, statement: Executable, keys: tuple[str, ...]) -> _Compiled | None:
         key = (id(statement), keys)

@@ -119,8 +119,8 @@ class Writer:
                     op.committed()
             return [None] * len(ops)
         except Exception as e:  # the driver's own errors (e.g. encoding) are not all SQLAlchemy's
-            if not isinstance(e, IntegrityError):  # (a key taken first leaves the connection as it was)
-                self._let_go(invalidate=True)
+            if (isinstance(e, DBAPIError) and e.connection_invalidated) or (self._conn and self._conn.invalidated):
+                self._let_go(invalidate=True)  # (any other failure rolled its transaction back: the connection is fine)
             if len(ops) == 1 and isinstance(e, IntegrityError):  # a key another replica took first: theirs stands
                 return [Stale(f"the database already holds this record: {type(e.orig).__name__}")]
             if len(ops) == 1:
