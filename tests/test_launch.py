@@ -64,7 +64,7 @@ def test_run_grades_the_good_lines_and_records_the_bad_ones(
     assert done.returncode == 1, done.stderr
     assert "needs metadata.eval_cmd" in done.stderr
     assert "not valid JSON" in done.stderr
-    assert "2 task(s) run, 2 rejected, mean reward 1.000" in done.stderr
+    assert "2 task(s) run, 2 rejected, mean reward 1.000" in done.stderr, done.stderr[-4000:]
     recorded = episodes_in(database)
     assert [status for status, _ in recorded] == ["failed", "failed", "finished", "finished"]
     with sqlite3.connect(database) as db:
