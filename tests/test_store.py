@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -42,6 +42,7 @@ METADATA = {
 }
 
 MakeStore = Callable[[], Store]
+S = TypeVar("S", bound=Store)
 
 
 def episode_value(**changes: Any) -> Episode:
@@ -98,7 +99,7 @@ async def settled(write: Awaitable[None]) -> None:
 
 
 @asynccontextmanager
-async def opened(make_store: MakeStore) -> AsyncIterator[Store]:
+async def opened(make_store: Callable[[], S]) -> AsyncIterator[S]:
     store = make_store()
     await store.open()
     try:

@@ -18,7 +18,7 @@ from proxy.storage import writer
 from proxy.storage.content import INLINE_BELOW, insert_pieces
 from proxy.storage.prepared import Prepared
 from proxy.storage.sql import SqlStore
-from tests.test_store import METADATA, T0, episode_value, full_reply, turn_value
+from tests.test_store import METADATA, T0, episode_value, full_reply, opened, turn_value
 
 WAIT_S = 10
 TABLES = ("episode", "turn", "piece", "reward")
@@ -65,9 +65,7 @@ def rows(engine: sqlalchemy.Engine) -> dict[str, list[tuple[Any, ...]]]:
 
 async def written(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
     """What `some_writes` leaves in the database, which it then empties."""
-    store = SqlStore(database_url)
-    await store.open()
-    try:
+    async with opened(lambda: SqlStore(database_url)) as store:
         await some_writes(store)
         assert store._engine is not None
         held = rows(store._engine)
@@ -75,8 +73,6 @@ async def written(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
             for table in reversed(TABLES):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
         return held
-    finally:
-        await store.close()
 
 
 def test_the_database_holds_what_connection_execute_would_have_written(
@@ -93,9 +89,7 @@ def test_the_database_holds_what_connection_execute_would_have_written(
 
 def test_the_store_s_writes_are_compiled_once_not_run_through_connection_execute(database_url: str) -> None:
     async def body() -> None:
-        store = SqlStore(database_url)
-        await store.open()
-        try:
+        async with opened(lambda: SqlStore(database_url)) as store:
             assert store._engine is not None
             prepared = Prepared(store._engine.dialect)
             turn_row = {column.name: None for column in writer.turns.columns}
@@ -106,17 +100,13 @@ def test_the_store_s_writes_are_compiled_once_not_run_through_connection_execute
                 (writer._ADD_REWARD, {"id": "r", "value": 1.0}),
             ]:
                 assert prepared._for(statement, tuple(row)) is not None, statement
-        finally:
-            await store.close()
 
     run(body())
 
 
 def test_a_key_taken_first_is_sqlalchemy_s_integrity_error_and_the_turn_stale(database_url: str) -> None:
     async def body() -> None:
-        store = SqlStore(database_url)
-        await store.open()
-        try:
+        async with opened(lambda: SqlStore(database_url)) as store:
             episode = episode_value()
             await store.add_episode(episode)
             assert store._engine is not None
@@ -128,8 +118,6 @@ def test_a_key_taken_first_is_sqlalchemy_s_integrity_error_and_the_turn_stale(da
             with pytest.raises(Exception, match="already holds"):
                 await store.add_turn(replace(turn, seq=1))
             await store.add_turn(turn_value(episode.id, 1))  # the writer goes on
-        finally:
-            await store.close()
 
     run(body())
 
@@ -139,9 +127,7 @@ def test_a_key_taken_first_in_a_batch_fails_that_write_alone(database_url: str) 
     savepoint) fails alone, and the others are recorded."""
 
     async def body() -> None:
-        store = SqlStore(database_url)
-        await store.open()
-        try:
+        async with opened(lambda: SqlStore(database_url)) as store:
             episode = episode_value()
             await store.add_episode(episode)
             taken = turn_value(episode.id, 0)
@@ -155,8 +141,6 @@ def test_a_key_taken_first_in_a_batch_fails_that_write_alone(database_url: str) 
             assert outcomes[0] is None and outcomes[2] is None, outcomes
             assert "already holds" in str(outcomes[1]), outcomes
             assert [turn.seq for turn in await store.turns(episode.id)] == [0, 1, 3]
-        finally:
-            await store.close()
 
     run(body())
 
@@ -165,9 +149,7 @@ def test_a_key_taken_first_in_a_batch_fails_that_write_alone(database_url: str) 
 def test_a_connection_the_database_dropped_between_writes_fails_no_write(database_url: str) -> None:
 
     async def body() -> None:
-        store = SqlStore(database_url)
-        await store.open()
-        try:
+        async with opened(lambda: SqlStore(database_url)) as store:
             episode = episode_value()
             await store.add_episode(episode)
             assert store._engine is not None
@@ -178,7 +160,5 @@ def test_a_connection_the_database_dropped_between_writes_fails_no_write(databas
                 conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(backend)}, 5000)")  # (waits for it)
             await store.add_turn(turn_value(episode.id, 0))
             assert [turn.seq for turn in await store.turns(episode.id)] == [0]
-        finally:
-            await store.close()
 
     run(body())

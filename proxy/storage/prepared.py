@@ -47,7 +47,7 @@ class Prepared:
         compiled = self._for(statement, keys) if rows else None
         if (
             compiled is None
-            or any(len(row) != len(keys) or row.keys() != rows[0].keys() for row in rows[1:])
+            or any(row.keys() != rows[0].keys() for row in rows[1:])
             or (len(rows) > 1 and self._dialect.use_insertmanyvalues_wo_returning)  # one multi-VALUES statement
             or "schema_translate_map" in conn.get_execution_options()
         ):
