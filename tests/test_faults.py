@@ -60,8 +60,21 @@ def ask(client: openai.OpenAI, text: str) -> str:
     return reply.choices[0].message.content or ""
 
 
-def sdk_agent(episode: Any, retries: int = 0) -> openai.OpenAI:
-    return openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=retries, timeout=60)
+@pytest.fixture
+def sdk_agent() -> Iterator[Callable[..., openai.OpenAI]]:
+    """An agent's SDK client for an episode, closed when the test ends (left to the garbage collector, its socket's
+    ResourceWarning would fail whichever test happens to be running then)."""
+    made: list[openai.OpenAI] = []
+
+    def agent(episode: Any, retries: int = 0) -> openai.OpenAI:
+        made.append(
+            openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=retries, timeout=60)
+        )
+        return made[-1]
+
+    yield agent
+    for client in made:
+        client.close()
 
 
 def asked(turn: Any) -> str:
@@ -224,7 +237,7 @@ def kill_server(served: Any) -> None:
 
 
 def test_a_proxy_killed_mid_turn_comes_back_with_every_turn(
-    database_url: str, tmp_path: Path, background: Any, actors: Actors
+    database_url: str, tmp_path: Path, background: Any, actors: Actors, sdk_agent: Callable[..., openai.OpenAI]
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -396,7 +409,7 @@ def test_a_turn_taken_back_waits_the_restart_grace_for_its_agent_not_the_retry_g
 
 
 def test_an_episode_carries_on_each_of_its_conversations_after_a_restart(
-    database_url: str, tmp_path: Path, background: Any
+    database_url: str, tmp_path: Path, background: Any, sdk_agent: Callable[..., openai.OpenAI]
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -473,7 +486,7 @@ def slow_model() -> Iterator[SlowModel]:
 
 @sqlite_only
 def test_a_call_a_model_was_answering_at_the_crash_goes_to_the_model_again(
-    database_url: str, tmp_path: Path, background: Any, slow_model: SlowModel
+    database_url: str, tmp_path: Path, background: Any, slow_model: SlowModel, sdk_agent: Callable[..., openai.OpenAI]
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -542,7 +555,7 @@ def being_recorded(server: LiveServer, episode_id: str) -> bool:
 @sqlite_only
 @pytest.mark.settings(lease_s=30)
 def test_a_crashed_trainers_turns_are_redelivered_and_its_leases_refused(
-    server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors
+    server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors, sdk_agent: Callable[..., openai.OpenAI]
 ) -> None:
     episodes = [trainer.create_episode() for _ in range(3)]
     calls = [background(ask, sdk_agent(e), f"question {i}") for i, e in enumerate(episodes)]
@@ -577,7 +590,7 @@ def test_a_crashed_trainers_turns_are_redelivered_and_its_leases_refused(
 @sqlite_only
 @pytest.mark.settings(lease_s=30)
 def test_a_frozen_trainers_late_replies_are_refused_and_the_live_trainers_stand(
-    server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors
+    server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors, sdk_agent: Callable[..., openai.OpenAI]
 ) -> None:
     episodes = [trainer.create_episode() for _ in range(4)]
     calls = [background(ask, sdk_agent(e), f"question {i}") for i, e in enumerate(episodes)]
@@ -636,7 +649,7 @@ def test_an_agent_killed_mid_stream_abandons_its_turn(
 
 @sqlite_only
 def test_trainers_killed_mid_long_poll_take_no_turn_with_them(
-    server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors
+    server: LiveServer, trainer: TrainerClient, background: Any, actors: Actors, sdk_agent: Callable[..., openai.OpenAI]
 ) -> None:
     pollers = [actors.start("poller", server.url, token=server.token) for _ in range(3)]
     for poller in pollers:

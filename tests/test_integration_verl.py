@@ -38,6 +38,8 @@ def verl_python() -> str:
 def check(mode: str, **args: Any) -> Any:
     """What a check in verl's environment printed last: verl_check.py's `mode`, or verl_v1_check.py's ("v1")."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # no cluster is there: Ray would join it (or the last one any test started here) unless told to start its own
+    env["RAY_ADDRESS"] = "127.0.0.1:9"
     argv = [str(V1_CHECK)] if mode == "v1" else [str(CHECK), mode]
     done = subprocess.run(
         [verl_python(), *argv, json.dumps(args)], capture_output=True, text=True, timeout=800, env=env

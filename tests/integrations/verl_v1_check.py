@@ -138,7 +138,8 @@ def v1_check(args: dict[str, Any]) -> dict[str, Any]:
     config = config_of(args, folder, dataset(folder, args["tasks"], args["agent"]))
     runtime_env = get_ppo_ray_runtime_env(config)
     runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"  # as verl's run_ppo adds it
-    ray.init(num_cpus=8, include_dashboard=False, runtime_env=runtime_env)
+    # a cluster of its own: with no address Ray joins the last one started on this machine (another test's)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, runtime_env=runtime_env)
     try:
         tq.init(config.transfer_queue)
         server = ray.remote(VllmServer).remote(args["base_url"], args["model"])  # a Ray actor, as a replica's server
