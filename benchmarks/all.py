@@ -303,15 +303,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each figure; the median is shown")
     parser.add_argument("--database-url", help="a Postgres to run turns and storage on as well")
     parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated, of {', '.join(BENCHMARKS)}")
+    parser.add_argument("--skip", default="", help="comma-separated: all but these (a benchmark added runs here)")
     parser.add_argument("--port", type=int, default=18900)
     parser.add_argument("--quick", action="store_true", help="a short smoke of each, run once")
     args = parser.parse_args()
+    only, skipped = (set(filter(None, names.split(","))) for names in (args.only, args.skip))
+    if unknown := (only | skipped) - BENCHMARKS.keys():
+        parser.error(f"no benchmark named {', '.join(sorted(unknown))}: the names are {', '.join(BENCHMARKS)}")
     if args.quick:
         args.repeats = 1
     pin_load()
     print(f"Each figure: the median of {args.repeats} run(s). trajproxy on core {SERVER_CORE}, load on {LOAD_CORE}.")
     rows = []
-    for name in args.only.split(","):
+    for name in [name for name in BENCHMARKS if name in only - skipped]:
         began = time.monotonic()
         rows += BENCHMARKS[name](args)
         print(f"all.py: {name} took {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
