@@ -34,6 +34,7 @@ from tests.conftest import LiveServer, serve_app
 from tests.test_cli import EXIT_S, clean_env, free_port, serving
 
 WAIT_S = 20.0  # bound on any one thing a test waits for
+LITELLM_LOAD_S = 120.0  # a server's first call to a model loads litellm: seconds, over a minute on a busy machine
 # An SDK's default 2 retries span about 1.5 s; a restart of the proxy on a busy machine can take longer, so the
 # agents here retry 5 times (their last attempt about 15 s after the crash), as a deployment that restarts would.
 RESTART_RETRIES = 5
@@ -497,13 +498,14 @@ def test_a_call_a_model_was_answering_at_the_crash_goes_to_the_model_again(
         options = {"api_base": f"{slow_model.url}/v1"}
         episode = trainer.create_episode(policy="model:openai/gpt-4o-mini", policy_options=options)
         call = background(ask, sdk_agent(episode, retries=RESTART_RETRIES), "hello")
-        wait_until(lambda: slow_model.calls == 1)  # the model is at work on it
+        # the model is at work on it, once the server has loaded litellm
+        wait_until(lambda: slow_model.calls == 1, LITELLM_LOAD_S)
         kill_server(first)
 
     slow_model.answering.set()
     with serving(args, tmp_path, env) as second, TrainerClient(url) as trainer:
         second.wait_healthy(port)
-        assert call.result(timeout=WAIT_S * 2) == "upstream saw 1 messages"
+        assert call.result(timeout=LITELLM_LOAD_S) == "upstream saw 1 messages"  # the new server loads it again
         assert trainer.next_turns(max=8, wait_s=0.5) == []  # no trainer ever sees it
         [turn] = trainer.trajectory(episode.id).turns
         assert turn.status == "answered"

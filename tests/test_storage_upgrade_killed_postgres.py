@@ -5,6 +5,7 @@ the killed work."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ async def main(url):
     await store.open()
     with store.engine.connect() as conn:  # a connection of the store's, as the upgrade's
         conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(upgrade._LOCK)
-        conn.exec_driver_sql("SELECT pg_sleep({STATEMENT_S})")  # the batch it is killed in
+        conn.exec_driver_sql(f"SELECT pg_sleep({STATEMENT_S}) -- {{sys.argv[2]}}")  # the batch it is killed in
 
 asyncio.run(main(sys.argv[1]))
 """
@@ -46,18 +47,18 @@ def test_the_upgrade_lock_of_a_process_killed_mid_statement_is_free_long_before_
 
 def held_and_killed(schema_url: str) -> None:
     engine = sqlalchemy.create_engine(engine_url(schema_url))
+    marker = secrets.token_hex(8)  # its statement's, told from another test's sleep on the same server
     held = subprocess.Popen(
-        [sys.executable, "-c", HOLD, schema_url], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        [sys.executable, "-c", HOLD, schema_url, marker], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
     try:
         with engine.connect() as conn:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             deadline = time.monotonic() + 120
-            while not conn.execute(
-                sqlalchemy.text(
-                    "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'SELECT pg_sleep(%'"
-                )
-            ).first():
+            sleeping = sqlalchemy.text(
+                "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND query = :query"
+            ).bindparams(query=f"SELECT pg_sleep({STATEMENT_S}) -- {marker}")
+            while not conn.execute(sleeping).first():
                 assert held.poll() is None and time.monotonic() < deadline, "the lock was never held"
                 time.sleep(0.1)
             try_lock = upgrade._LOCK.replace("pg_advisory_lock", "pg_try_advisory_lock")
