@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +199,13 @@ async def ray_sandboxes(
 
 
 def _ray() -> Any:
-    """The ray module, once Ray is installed; SandboxError, saying how to install it, where it is not."""
+    """The ray module, once Ray is installed; SandboxError, saying how to install it, where it is not.
+
+    Ray's driver would install its native failure-signal handler (Abseil's) for SIGTERM as well, ahead of the run's
+    own: on a SIGTERM it dumps a stack trace from inside the signal handler, on whichever thread the signal found,
+    and a run stopped that way could then abort (-6 in one run of three here, an OpenSSL assertion while cleaning up)
+    instead of exiting 143 with its episodes recorded. Ray reads this once, at its import."""
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         # lazy: Ray is an optional extra (trajproxy[ray]) that takes seconds to import, and only --ray needs it
         import ray
