@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 BARE = "trajproxy-test/bare-task"  # python:3.11-slim with Python and Node removed, a non-root user
-OLD = "trajproxy-test/old-task"  # debian:bullseye-slim
+OLD = "trajproxy-test/old-task"  # debian:bullseye-slim (no Python, no Node), a non-root user
 OLD_BASE = "debian:bullseye-slim"
 TASK = "Create a file hello.txt in /repo containing hi (the tests are `sh test.sh`)."
 # The task's own modules, on its PYTHONPATH and in the working directory, named like the Python agents' packages:
@@ -28,7 +28,9 @@ BARE_DOCKERFILE = f"""FROM python:3.11-slim
 RUN rm -rf /usr/bin/python3* /usr/lib/python3* /usr/local/lib/python3* /usr/local/bin/python* /usr/bin/node \\
  && ! command -v python3 && ! command -v node
 {REPO_SETUP.format(user="1234:1234")}"""
-OLD_DOCKERFILE = f"FROM {OLD_BASE}\n{REPO_SETUP.format(user='root')}"
+OLD_DOCKERFILE = f"""FROM {OLD_BASE}
+RUN ! command -v python3 && ! command -v node
+{REPO_SETUP.format(user="1234:1234")}"""
 
 
 def bash_tool(

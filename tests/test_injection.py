@@ -1,5 +1,5 @@
 """Real agents injected into task images that were never built for them: each preset's bundle, mounted read-only
-into a task image with no Python and no Node (run as a non-root user) and into an older Debian (glibc 2.31), solves
+into an older Debian (glibc 2.31) with no Python and no Node, run as a non-root user on a read-only root, solves
 a task whose tests are a shell script, answered by a scripted policy in the agent's own dialect, reward 1.0.
 
 Bundles are built once per machine (~/.cache/trajproxy/bundles, or $TRAJPROXY_BUNDLES) and once per session here."""
@@ -182,37 +182,24 @@ def check_solved(proxied: Any, outcome: Outcome, agent: InjectedAgent, dialect: 
         assert turn.request == via_api.request
 
 
-def solves(proxied: Any, sandboxes: DockerSandboxes, agent: InjectedAgent, image: str) -> None:
-    """The preset solves the example task in `image`, answered as its dialect is, and its episode says so."""
-    dialect, policy = PRESETS[agent.manifest.name]
-    check_solved(proxied, run_one(proxied, sandboxes, agent, image, policy), agent, dialect)
-
-
-# Its own stage in .ci/run, a few at once (pytest -n): a preset's two tests on one worker, which builds its bundle.
+# Its own stage in .ci/run, a few at once (pytest -n): a preset on one worker, which builds its bundle.
 CONFORMANCE = [pytest.param(name, marks=[pytest.mark.conformance, pytest.mark.xdist_group(name)]) for name in PRESETS]
 
 
-@pytest.mark.timeout(900)  # (the first of a preset's tests builds its bundle: minutes, cold)
+@pytest.mark.timeout(900)  # (a preset's bundle is built here: minutes, cold)
 @pytest.mark.parametrize("name", CONFORMANCE)
-def test_each_preset_solves_a_task_in_an_image_with_no_python_and_no_node_as_a_non_root_user_on_a_read_only_root(
-    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], bare_image: str, name: str
+def test_each_preset_solves_a_task_on_an_older_debian_with_no_python_and_no_node_as_a_non_root_user_on_a_read_only_root(
+    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], old_image: str, name: str
 ) -> None:
-    """`--read-only`: the agent writes its HOME (under /tmp) and the task's repository, nothing else. Graded in
+    """All of what a task image may lack at once: Debian 11 (glibc 2.31), no Python and no Node, a non-root user,
+    and `--read-only`: the agent writes its HOME (under /tmp) and the task's repository, nothing else. Graded in
     place, in the agent's own container once it stopped: the tests pass there, and its root refuses a write. (The
-    grader's own container, the default, grades the older Debian's run below.)"""
+    grader's own container, the default, grades the other tests' runs.)"""
     dialect, policy = PRESETS[name]
     agent = InjectedAgent(load(name), built(name))
     refused = "touch /trajproxy-probe 2>&1 | grep -q 'Read-only file system'"
-    task = Task(TASK, bare_image, "/repo", ExitCode(f"sh test.sh && {refused}"), grading="in-place")
-    check_solved(proxied, run_one(proxied, sandboxes, agent, bare_image, policy, task, read_only=True), agent, dialect)
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", CONFORMANCE)
-def test_each_preset_solves_a_task_on_an_older_debian(
-    proxied: Any, sandboxes: DockerSandboxes, built: Callable[[str], Bundle], old_image: str, name: str
-) -> None:
-    solves(proxied, sandboxes, InjectedAgent(load(name), built(name)), old_image)
+    task = Task(TASK, old_image, "/repo", ExitCode(f"sh test.sh && {refused}"), grading="in-place")
+    check_solved(proxied, run_one(proxied, sandboxes, agent, old_image, policy, task, read_only=True), agent, dialect)
 
 
 @pytest.mark.timeout(300)
