@@ -33,7 +33,7 @@ from testkit.tasks import ROOT
 from tests.conftest import LiveServer, serve_app
 from tests.test_cli import EXIT_S, clean_env, free_port, serving
 
-WAIT_S = 20.0  # bound on any one thing a test waits for
+WAIT_S = 60.0  # bound on any one thing a test waits for (CI runs three test files at once on two cores)
 LITELLM_LOAD_S = 120.0  # a server's first call to a model loads litellm: seconds, over a minute on a busy machine
 # An SDK's default 2 retries span about 1.5 s; a restart of the proxy on a busy machine can take longer, so the
 # agents here retry 5 times (their last attempt about 15 s after the crash), as a deployment that restarts would.

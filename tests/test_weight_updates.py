@@ -66,7 +66,9 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
             # client gone). Only once none is, is the one call running the long one.
             wait_for(lambda: running_at(vllm) == 0)
             in_flight = background(long_agent.chat.completions.create, model="p", messages=first)
-            wait_for(lambda: running_at(vllm) == 1)  # the long call is at the server, sampling on the old weights
+            # the long call is at the server, sampling on the old weights (on a busy machine its way there is slow)
+            wait_for(lambda: in_flight.done() or running_at(vllm) == 1, 180)
+            assert not in_flight.done(), "the long call ended before it was seen sampling: nothing was in flight"
             paused = trainer.pause("keep")
             assert (paused.paused, paused.in_flight) == ("keep", 1)  # not waited for
             second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
