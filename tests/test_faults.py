@@ -4,6 +4,7 @@ trainers hanging up mid-call. Every wait is bounded; what is checked is the reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -65,17 +66,15 @@ def ask(client: openai.OpenAI, text: str) -> str:
 def sdk_agent() -> Iterator[Callable[..., openai.OpenAI]]:
     """An agent's SDK client for an episode, closed when the test ends (left to the garbage collector, its socket's
     ResourceWarning would fail whichever test happens to be running then)."""
-    made: list[openai.OpenAI] = []
+    with contextlib.ExitStack() as clients:
 
-    def agent(episode: Any, retries: int = 0) -> openai.OpenAI:
-        made.append(
-            openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=retries, timeout=60)
-        )
-        return made[-1]
+        def agent(episode: Any, retries: int = 0) -> openai.OpenAI:
+            made = openai.OpenAI(
+                base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=retries, timeout=60
+            )
+            return clients.enter_context(made)
 
-    yield agent
-    for client in made:
-        client.close()
+        yield agent
 
 
 def asked(turn: Any) -> str:
