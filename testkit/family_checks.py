@@ -87,7 +87,7 @@ def tokenizer(family: str) -> Any:
     base.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     base.decoder = decoders.ByteLevel()
     specials = SPECIALS[TEMPLATE_OF.get(family, family)]
-    made = PreTrainedTokenizerFast(tokenizer_object=base, eos_token=specials[0])  # type: ignore[no-untyped-call]
+    made = PreTrainedTokenizerFast(tokenizer_object=base, eos_token=specials[0])
     made.add_special_tokens({"additional_special_tokens": list(specials[1:])})
     made.chat_template = template(family)
     return made

@@ -172,7 +172,7 @@ def _train(
                 return
             began = time.monotonic()
 
-            class Sync(TrainerCallback):
+            class Sync(TrainerCallback):  # type: ignore[misc]  # (transformers is not followed: pyproject.toml)
                 def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                     nonlocal version, began
                     done = rollouts.rollouts[-options.group_size * options.tasks_per_step :]

@@ -153,7 +153,7 @@ def v1_check(args: dict[str, Any]) -> dict[str, Any]:
         trainer._add_batch_to_generate()
         batch, _ = trainer.replay_buffer.sample(STEP, "train", 2)
         rows = fetched(list(batch.keys))
-        requests = ray.get(server.calls.remote())  # type: ignore[attr-defined]
+        requests = ray.get(server.calls.remote())
     finally:
         tq.close()
         ray.shutdown()
