@@ -43,11 +43,14 @@ SCRIPT = '#!/bin/sh\nexec {runtime} {target} "$@"\n'
 
 
 def run(command: list[str], failing: str) -> None:
-    """Run a build step; on failure print the lines of its output that say why (pip's ERROR lines) and stop."""
+    """Run a build step; on failure print, as one line, its error and the line that gives the cause (uv's `error:`
+    and `cause:`), else the end of its output, and stop."""
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        said = [line for line in (done.stderr + done.stdout).splitlines() if line.startswith("ERROR")]
-        print("\n".join(said or [failing + ": " + (done.stderr + done.stdout).strip()[-800:]]), file=sys.stderr)
+        lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        error = next((at for at, line in enumerate(lines) if line.lower().startswith("error")), None)
+        said = " ".join(lines[error : error + 2]) if error is not None else f"{failing}: {' '.join(lines)[-800:]}"
+        print(said, file=sys.stderr)
         sys.exit(3)
 
 
@@ -117,8 +120,9 @@ def confined_loader(source: Path, target: Path, lib: str) -> None:
     target.chmod(0o755)
 
 
-def carry_python(bundle: Path, version: str, packages: list[str]) -> None:
-    """The interpreter as bin/pythonX.Y (and bin/python3), its standard library, its packages in site-packages."""
+def carry_python(bundle: Path, version: str, packages: list[str], uv: str) -> None:
+    """The interpreter as bin/pythonX.Y (and bin/python3), its standard library, its packages in site-packages
+    (installed by `uv`, for this interpreter, with the image's own certificate store)."""
     binary = Path(shutil.which(f"python{version}") or sys.exit(f"the build image has no python{version}"))
     stdlib = binary.resolve().parent.parent / "lib" / f"python{version}"
     (bundle / "bin").mkdir(parents=True, exist_ok=True)
@@ -137,8 +141,8 @@ def carry_python(bundle: Path, version: str, packages: list[str]) -> None:
         (bundle / "bin" / f"{name}._pth").write_text("\n".join([*paths, "import site", ""]))
     (home / "sitecustomize.py").write_text(SITECUSTOMIZE.format(packages=str(site_packages)))
     if packages:
-        pip = [str(binary), "-m", "pip", "install", "-q", "--no-input", "--disable-pip-version-check", "--no-compile"]
-        run([*pip, "--break-system-packages", "--target", str(site_packages), *packages], "pip install")
+        install = [uv, "pip", "install", "--quiet", "--system-certs", "--python", str(binary)]
+        run([*install, "--target", str(site_packages), *packages], "uv pip install")
         scripts = site_packages / "bin"  # the packages' commands become the bundle's, on its own Python
         for script in sorted(scripts.iterdir()) if scripts.is_dir() else []:
             lines = script.read_bytes().split(b"\n", 1)
@@ -157,7 +161,7 @@ def main(spec: dict[str, Any]) -> None:
     if len(str(loader)) > len(f"/lib64/{LOADER}"):
         sys.exit(f"the bundle's mount point {bundle} is too long for its loader's path")
     if spec["python"]:
-        carry_python(bundle, spec["python"], spec["pypi"])
+        carry_python(bundle, spec["python"], spec["pypi"], spec["uv"])
     if spec["node"]:
         (bundle / "bin").mkdir(parents=True, exist_ok=True)
         (bundle / "bin" / "node").symlink_to(os.path.relpath(bundle / spec["node"], bundle / "bin"))

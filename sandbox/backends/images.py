@@ -127,8 +127,11 @@ def prune_gone(client: Any, selector: Mapping[str, str], here: RunIdentity) -> P
     return Pruned(tuple(removed), kept)
 
 
-def run_container(image: str, command: list[str], binds: Mapping[str, str], timeout_s: float) -> ExecResult:
-    """Run a one-off container to its end (a bundle build): `binds` maps host folders to its paths, read-write;
+def run_container(
+    image: str, command: list[str], binds: Mapping[str, str], timeout_s: float, read_only: Mapping[str, str] = {}
+) -> ExecResult:
+    """Run a one-off container to its end (a bundle build): `binds` maps host folders to its paths, read-write,
+    `read_only` host paths to its paths, read-only;
     it reaches the network the engine gives it (a package registry). It is removed, whatever happens; one whose
     caller died before removing it (killed while it ran, or between its end and its removal) carries that caller's
     identity, so the next build here, `trajproxy run` and `trajproxy sandbox prune` remove it."""
@@ -141,7 +144,10 @@ def run_container(image: str, command: list[str], binds: Mapping[str, str], time
             image,
             command,
             detach=True,
-            volumes={host: {"bind": path, "mode": "rw"} for host, path in binds.items()},
+            volumes={
+                **{host: {"bind": path, "mode": "rw"} for host, path in binds.items()},
+                **{host: {"bind": path, "mode": "ro"} for host, path in read_only.items()},
+            },
             labels={**BUNDLE_BUILD, **here.labels()},
         )
     except docker.errors.DockerException as e:
