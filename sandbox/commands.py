@@ -78,7 +78,7 @@ def _agents(console: Any, args: argparse.Namespace) -> int:
                     console.print(f"{manifest.name} {manifest.version}: built already ({found.digest[:12]})")
                     continue
                 with console.status(f"building {manifest.name}") as status:
-                    bundle = bundles.build(manifest, on_step=status.update)
+                    bundle = bundles.build(manifest, on_step=status.update, replace=args.force)
                 console.print(f"{bundle.name} {bundle.version}: built {bundle.digest[:12]} in {bundle.built_s:g} s")
             except (ManifestError, BundleError, SandboxError) as e:
                 console.print(f"trajproxy agents build: {e}", style="red", markup=False, soft_wrap=True)

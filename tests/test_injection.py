@@ -274,6 +274,22 @@ def test_a_node_agent_relaunches_itself_and_starts_node_children_from_its_bundle
     check_solved(proxied, outcome, agent, "chat")
 
 
+def test_a_second_build_of_a_manifest_keeps_the_first_ones_bundle_unless_told_to_replace_it(tmp_path: Path) -> None:
+    """Two runs that find no bundle both build it: the one finishing last keeps the first's, which agents may be
+    running from (it used to delete it and put its own in its place)."""
+    (tmp_path / "files.toml").write_text('name = "files"\nversion = "1"\ncommand = "x"\n')
+    manifest = load(str(tmp_path / "files.toml"))
+    bundles = Bundles(tmp_path / "bundles")
+    first = bundles.build(manifest)
+    in_use = first.path / "in-use"  # what a running agent's view of the first bundle would lose with it
+    in_use.write_text("mounted")
+    second = bundles.build(manifest)
+    assert second == first and in_use.read_text() == "mounted"
+    assert [path.name for path in (tmp_path / "bundles").iterdir()] == [first.digest]  # its own build removed
+    replaced = bundles.build(manifest, replace=True)
+    assert replaced.path == first.path and not in_use.exists()
+
+
 def test_a_failed_build_gives_the_registrys_message_and_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "broken.toml").write_text(
         'name = "broken"\nversion = "0"\ncommand = "x"\n[install]\nnpm = ["@openai/codex@0.0.0-no-such-version"]\n'

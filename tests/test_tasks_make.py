@@ -117,9 +117,9 @@ def test_the_minimal_agent_solves_a_made_task_and_its_named_rewards_are_recorded
     idle = tmp_path / "idle.jsonl"
     idle.write_text(json.dumps({"content": "Nothing to do.\n```bash\necho TASK_COMPLETE\n```"}) + "\n")
     solved, left = (_run(proxied, sandboxes, task, ScriptedPolicy(path), agent) for path in (script, idle))
-    assert (solved.status, solved.reward) == ("finished", 1.0), solved
+    assert (solved.status, solved.reward) == ("finished", 1.0), solved.reason
     assert _rewards(proxied, solved) == {"reward": 1.0, "tests": 1.0, "regressions": 0.0, "style": 1.0}
-    assert (left.status, left.reward) == ("finished", 0.0), left
+    assert (left.status, left.reward) == ("finished", 0.0), left.reason
     assert _rewards(proxied, left) == {"reward": 0.0, "tests": 0.0, "regressions": 0.0, "style": 0.0}
 
 

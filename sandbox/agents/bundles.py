@@ -107,8 +107,12 @@ class Bundles:
         found = (self._read(path) for path in sorted(self.root.glob("*")) if not path.name.startswith("."))
         return sorted((b for b in found if b is not None), key=lambda b: (b.name, b.version))
 
-    def build(self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None) -> Bundle:
-        """Build the manifest's bundle (again, if it exists); BundleError with the registry's message if it fails."""
+    def build(
+        self, manifest: Manifest, on_step: Callable[[str], None] = lambda _: None, replace: bool = False
+    ) -> Bundle:
+        """Build the manifest's bundle; BundleError with the registry's message if it fails. Where another build of
+        the same manifest finished first, its bundle is kept (agents may be running from it) and returned, unless
+        `replace` (`trajproxy agents build --force`)."""
         started = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
         building = Path(tempfile.mkdtemp(prefix=f".building-{manifest.name}-", dir=self.root))
@@ -155,7 +159,9 @@ class Bundles:
             record = {k: v for k, v in asdict(bundle).items() if k != "path"}
             (building / "bundle.json").write_text(json.dumps(record, indent=2) + "\n")
             building.chmod(0o755)
-            shutil.rmtree(bundle.path, ignore_errors=True)
+            if not replace and (theirs := self._read(bundle.path)) is not None:
+                return theirs
+            shutil.rmtree(bundle.path, ignore_errors=True)  # the one replaced, or a folder that holds no bundle
             try:
                 building.rename(bundle.path)
             except OSError:  # another build of the same manifest finished first: its bundle is this one
