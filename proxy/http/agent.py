@@ -154,16 +154,28 @@ def _either(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> asyncio.Future[No
     several times more and runs once per turn. A plain function, not a coroutine: a parked call holds no frame of it
     for as long as it waits; the first to finish takes the waits off both."""
     woken = asyncio.get_running_loop().create_future()
-
-    def wake(_: object) -> None:
-        a.remove_done_callback(wake)
-        b.remove_done_callback(wake)
-        if not woken.done():
-            woken.set_result(None)
-
+    wake = _Wake(a, b, woken)
     a.add_done_callback(wake)
     b.add_done_callback(wake)
     return woken
+
+
+class _Wake:
+    """`_either`'s callback. An object, not a closure: a closure that takes itself off the futures names itself, a
+    cycle (the function, its cell, the function) that holds both futures, and so the turn answered and its call, until
+    the collector's next full pass (minutes apart while serving: `proxy.cli.serve.GC_THRESHOLDS`). Once it has run,
+    nothing refers back to it, and all of it is freed as the call ends."""
+
+    __slots__ = ("a", "b", "woken")
+
+    def __init__(self, a: asyncio.Future[Any], b: asyncio.Future[Any], woken: asyncio.Future[None]) -> None:
+        self.a, self.b, self.woken = a, b, woken
+
+    def __call__(self, _: object) -> None:
+        self.a.remove_done_callback(self)
+        self.b.remove_done_callback(self)
+        if not self.woken.done():
+            self.woken.set_result(None)
 
 
 class AgentCall:
