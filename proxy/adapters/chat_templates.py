@@ -36,6 +36,7 @@ from jinja2 import TemplateError
 
 from proxy.adapters.token_bytes import text_bytes, token_bytes
 from proxy.core.errors import UpstreamError
+from proxy.core.ids import plain
 from proxy.core.values import JsonObject
 from proxy.families import GENERAL, Family, detect, named
 
@@ -167,7 +168,7 @@ class ChatTemplate:
 
     def decode(self, ids: Sequence[int]) -> str:
         if self._decoder is not None:
-            return str(self._decoder.decode(ids, skip_special_tokens=False))
+            return str(self._decoder.decode(plain(ids), skip_special_tokens=False))
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def difference(self, ids: Sequence[int], messages: Sequence[JsonObject], tools: Any) -> Difference | None:

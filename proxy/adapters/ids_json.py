@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.core.errors import UpstreamError
+from proxy.core.ids import plain
 from proxy.core.values import JsonObject
 
 _KEPT_BYTES = 64 << 20  # the ids kept for turns' children, all episodes together: their text, and 8 bytes an id
@@ -42,7 +43,7 @@ _EMPTY: Pieces = (b"[", b"]")
 
 
 def dumped(ids: Sequence[int]) -> bytes:
-    return orjson.dumps(ids)
+    return orjson.dumps(plain(ids))
 
 
 def pieces(array: Text) -> Pieces:

@@ -40,6 +40,7 @@ from proxy.adapters.template_messages import TemplateMessages
 from proxy.adapters.token_endpoints import ENDPOINTS, TokenEndpoint
 from proxy.core.branches import same_message
 from proxy.core.errors import UpstreamError
+from proxy.core.ids import TokenIds
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id
 from proxy.families import GENERAL, Family
 
@@ -125,7 +126,7 @@ class TokenPolicy:
             extends_parent=True if continued else None,
         )
 
-    def _sent(self, ids: tuple[int, ...], continued: Turn | None) -> Pieces:
+    def _sent(self, ids: TokenIds, continued: Turn | None) -> Pieces:
         """The JSON of a prompt's ids, in pieces: of a continued turn, its parent's ids' text (kept), the new ids'."""
         reply = continued.reply if continued is not None else None
         if reply is None or reply.prompt_token_ids is None or reply.completion_token_ids is None:
@@ -137,7 +138,7 @@ class TokenPolicy:
         self,
         endpoint: TokenEndpoint,
         asked: JsonObject,
-        ids: tuple[int, ...],
+        ids: TokenIds,
         sent: Pieces,
         api_base: str,
         timeout_s: float,
@@ -152,14 +153,14 @@ class TokenPolicy:
             body = b"".join((whole[:at], *sent, whole[at + len(_PLACED) :]))
             sent = pieces(memoryview(body)[at : at + sum(map(len, sent))])
         else:  # the placeholder's text in the sampling options too: not worth a cleverer place
-            body = orjson.dumps({k: list(ids) if v is _PLACE else v for k, v in asked.items()})
+            body = orjson.dumps({k: ids.tolist() if v is _PLACE else v for k, v in asked.items()})
         content = await self._send(endpoint.url(api_base), body, timeout_s)
         echo = cut_echo(content, "choice", sent)
         if echo is not None and echo.after == b"]":  # it begins with what was sent, and ends there
             return echo.response, sent
         response = answer_of(content)
         read = endpoint.sampled(response)[0]
-        if read is not None and tuple(read) != ids:
+        if read is not None and ids != read:
             raise UpstreamError("the policy's server read other prompt ids than it was sent")
         return response, sent
 
@@ -193,20 +194,20 @@ def _prompt(
     tools: list[JsonObject],
     parent: Turn | None,
     on_discontinuity: str = ON_DISCONTINUITY[0],
-) -> tuple[tuple[int, ...], str | None, str | None]:
+) -> tuple[TokenIds, str | None, str | None]:
     """The call's prompt ids, the id of the turn they continue (None: rendered in full), and why not where not. A
     continued call's messages are read from its parent's reply on (`given`: shaped for templates, or shaped as read)."""
     messages = given if isinstance(given, TemplateMessages) else TemplateMessages(given, shaped=True)
     reply = parent.reply if parent is not None else None
     if parent is None or reply is None or reply.message is None:
-        return tuple(template.prompt(messages.all(), tools)), None, FIRST_CALL
+        return TokenIds(template.prompt(messages.all(), tools)), None, FIRST_CALL
     prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
     n = len(parent.request.get("messages") or ())
     if not prompt or sampled is None:
-        return tuple(template.prompt(messages.all(), tools)), None, "its parent's reply has no token ids"
+        return TokenIds(template.prompt(messages.all(), tools)), None, "its parent's reply has no token ids"
     if n >= len(messages) or not same_message(reply.message, messages[n]):
         return (
-            tuple(template.prompt(messages.all(), tools)),
+            TokenIds(template.prompt(messages.all(), tools)),
             None,
             "its history does not hold its parent's reply as it was given",
         )
@@ -218,9 +219,8 @@ def _prompt(
             raise UpstreamError(
                 f"token in, token out cannot attribute this call's ids ({why}); policy_options.on_discontinuity is fail"
             ) from e
-        return tuple(template.prompt(messages.all(), tools)), None, why
-    # one copy of the prompt's references, in C (unpacking all three walks the prompt as an iterable)
-    return prompt + (*sampled, *delta), parent.id, None  # noqa: RUF005
+        return TokenIds(template.prompt(messages.all(), tools)), None, why
+    return TokenIds.joined(prompt, sampled, delta), parent.id, None  # one copy of the prompt's bytes
 
 
 def _delta(

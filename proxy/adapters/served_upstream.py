@@ -34,6 +34,7 @@ from proxy.adapters.ids_json import (
 from proxy.adapters.messages_json import MessagesJson
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
+from proxy.core.ids import TokenIds
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage
 
 if TYPE_CHECKING:  # aiohttp itself is loaded at a served policy's first call (below): a server whose policies are the
@@ -146,14 +147,14 @@ class ServedUpstream:
             return pieces(b"[]")
         return self._ids.of(reply.prompt_token_ids, reply.completion_token_ids)
 
-    def _prompt(self, echo: Echo, parent: Turn | None) -> tuple[list[int] | tuple[int, ...], bool | None]:
+    def _prompt(self, echo: Echo, parent: Turn | None) -> tuple[Sequence[int], bool | None]:
         """The prompt ids a server echoed, and True where they extend its parent's prompt and sampled ids (then read
         from the parent's, and only the ids after them parsed)."""
         reply = parent.reply if parent is not None else None
         if reply is not None and reply.prompt_token_ids and reply.completion_token_ids is not None:
             prompt, sampled = reply.prompt_token_ids, reply.completion_token_ids
             if (new := new_ids(echo)) is not None:
-                return prompt + (*sampled, *new), True  # noqa: RUF005 (one copy of the prompt: what `Answers` would find)
+                return TokenIds.joined(prompt, sampled, new), True  # one copy of the prompt's bytes
         try:
             return orjson.loads(echo.text), None
         except orjson.JSONDecodeError as e:
@@ -235,7 +236,7 @@ def _reply(
     url: str,
     response: JsonObject,
     sampling: JsonObject,
-    echoed: tuple[list[int] | tuple[int, ...], bool | None] | None = None,  # the prompt ids, cut out of the answer
+    echoed: tuple[Sequence[int], bool | None] | None = None,  # the prompt ids, cut out of the answer
 ) -> Reply:
     prompt: Sequence[int] | None
     prompt, completion, logprobs = server.ids(response)
@@ -261,7 +262,7 @@ def _reply(
         message=message,
         finish_reason=finish,
         usage=usage,
-        prompt_token_ids=tuple(prompt),
+        prompt_token_ids=TokenIds(prompt),
         completion_token_ids=tuple(completion),
         logprobs=tuple(logprobs) if logprobs is not None else None,
         served={"server": server.name, "mode": "chat", "sampling": sampling, "response": kept(response)},

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.core.ids import TokenIds
 
-def extension_of(prompt: tuple[int, ...], sampled: tuple[int, ...], later: tuple[int, ...]) -> int | None:
+
+def extension_of(prompt: Sequence[int], sampled: Sequence[int], later: Sequence[int]) -> int | None:
     """Where `later` stops extending `prompt` then `sampled` (None: it extends them all), compared at C speed."""
     n, m = len(prompt), len(sampled)
     if len(later) >= n + m and later[:n] == prompt and later[n : n + m] == sampled:
         return None
-    return first_difference(prompt + sampled, later)
+    return first_difference(TokenIds.joined(prompt, sampled), later)
 
 
 def first_difference(earlier: Sequence[int], prompt: Sequence[int]) -> int | None:

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from proxy.core.ids import TokenIds
+
 JsonObject = dict[str, Any]
 
 
@@ -191,7 +193,7 @@ class Reply:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: AgentError | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | TokenIds | None = None  # TokenIds: a served policy's (proxy/core/ids.py)
     completion_token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
     policy_version: str | None = None
