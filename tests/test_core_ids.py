@@ -52,3 +52,22 @@ def test_ids_that_do_not_fit_in_64_bits_or_are_not_integers_are_refused() -> Non
         TokenIds([1 << 64])
     with pytest.raises(TypeError):
         TokenIds([1.5])  # type: ignore[list-item]
+
+
+def test_a_chain_of_continued_prompts_reads_as_its_ids_at_every_link() -> None:
+    rng = random.Random(11)
+    expected: list[int] = list(range(50))
+    prompts, prompt = [], TokenIds(expected)
+    for _ in range(150):  # past the depth at which a chain is joined into one block
+        more = [rng.randrange(1_000) for _ in range(rng.randrange(0, 9))]
+        prompt = TokenIds.joined(prompt, more[:2], more[2:])
+        expected += more
+        prompts.append((prompt, tuple(expected)))
+    for held, ids in prompts:
+        assert held == ids and len(held) == len(ids) and held.tolist() == list(ids)
+        for at in (0, 1, len(ids) // 3, len(ids) - 1, -1, -len(ids)):
+            assert held[at] == ids[at]
+        for start, stop in ((0, 5), (len(ids) - 4, len(ids)), (len(ids) // 2, None), (-3, None), (7, 3)):
+            assert held[start:stop] == ids[start:stop]
+    with pytest.raises(IndexError):
+        prompts[-1][0][len(prompts[-1][1])]
