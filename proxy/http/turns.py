@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import schema
 from proxy.core.broker import Broker
 from proxy.core.errors import TrajproxyError
-from proxy.core.ids import plain
+from proxy.core.ids import TokenIds
 from proxy.core.values import AgentError, JsonObject, Reply, Turn, Usage
 from proxy.http.edge import NOT_UTF8, Shutdown, disconnected, error_body, invalid, read_body, respond, status_of
 from proxy.schema import replies
@@ -286,7 +286,7 @@ def _reply_view(reply: Reply) -> JsonObject:
         if usage
         else None,
         "error": {"status": error.status, "message": error.message, "type": error.kind} if error else None,
-        "prompt_token_ids": plain(reply.prompt_token_ids),
+        "prompt_token_ids": prompt.tolist() if isinstance(prompt := reply.prompt_token_ids, TokenIds) else prompt,
         "completion_token_ids": reply.completion_token_ids,
         "logprobs": reply.logprobs,
         "policy_version": reply.policy_version,
