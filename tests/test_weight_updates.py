@@ -5,6 +5,7 @@ nothing is lost or answered twice."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import tempfile
@@ -48,27 +49,37 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
 ) -> None:
     options = {"api_base": vllm.base_url, "temperature": 1.0, "seed": 3}
     trainer.resume(policy_version="step-0")
-    # The long call samples to its limit, a thousand tokens: at the server while the pause begins.
-    long_options = {**options, "max_tokens": 1000, "ignore_eos": True}
+    # The long call samples to its limit, 1,800 tokens (within the tiny model's 2,048 positions): at the server
+    # while the pause begins.
+    long_options = {**options, "max_tokens": 1800, "ignore_eos": True}
     served: dict[str, Any] = {"policy": f"vllm:{vllm.served_name}", "turn_timeout_s": 300}  # a first call is slow
-    long = trainer.create_episode(**served, policy_options=long_options)
     short = trainer.create_episode(**served, policy_options={**options, "max_tokens": 8})
-    with (
-        openai.OpenAI(base_url=long.env["OPENAI_BASE_URL"], api_key=long.key, max_retries=0) as long_agent,
-        openai.OpenAI(base_url=short.env["OPENAI_BASE_URL"], api_key=short.key, max_retries=0) as short_agent,
-    ):
+    with contextlib.ExitStack() as clients:
+        short_agent = clients.enter_context(
+            openai.OpenAI(base_url=short.env["OPENAI_BASE_URL"], api_key=short.key, max_retries=0)
+        )
         first = [{"role": "user", "content": "hello"}]
         short_agent.chat.completions.create(model="p", messages=first)  # type: ignore[arg-type]
         before = copy_model(vllm.model_dir, tmp_path / "before")
         try:
             ask(vllm.python, vllm.model_dir, perturb=2)  # the new weights, on disk: the server reads them at reload
-            # The server is shared by the tests on this worker: an earlier test's call may still be sampling (its
-            # client gone). Only once none is, is the one call running the long one.
-            wait_for(lambda: running_at(vllm) == 0)
-            in_flight = background(long_agent.chat.completions.create, model="p", messages=first)
-            # the long call is at the server, sampling on the old weights (on a busy machine its way there is slow)
-            wait_for(lambda: in_flight.done() or running_at(vllm) == 1, 180)
-            assert not in_flight.done(), "the long call ended before it was seen sampling: nothing was in flight"
+            # The long call must be seen sampling before the pause: where the poll of the server's gauge missed
+            # its whole run (a busy machine's poll is slow, a quiet machine's sampling fast: ci27 missed 1,000
+            # tokens), it is made again in an episode of its own, so that each episode holds one turn either way.
+            for _ in range(3):
+                long = trainer.create_episode(**served, policy_options=long_options)
+                long_agent = clients.enter_context(
+                    openai.OpenAI(base_url=long.env["OPENAI_BASE_URL"], api_key=long.key, max_retries=0)
+                )
+                # The server is shared by the tests on this worker: an earlier test's call may still be sampling
+                # (its client gone). Only once none is, is the one call running the long one.
+                wait_for(lambda: running_at(vllm) == 0)
+                in_flight = background(long_agent.chat.completions.create, model="p", messages=first)
+                # at the server, sampling on the old weights (on a busy machine its way there is slow)
+                wait_for(lambda call=in_flight: call.done() or running_at(vllm) == 1, 180)
+                if not in_flight.done():
+                    break
+            assert not in_flight.done(), "the long call ended before it was seen sampling, three times"
             paused = trainer.pause("keep")
             assert (paused.paused, paused.in_flight) == ("keep", 1)  # not waited for
             second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
