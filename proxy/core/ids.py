@@ -1,9 +1,9 @@
-"""A served turn's prompt ids as machine integers: 8 bytes an id in one block, no object and no reference per id.
+"""A served turn's prompt ids as machine integers: 8 bytes an id, no object and no reference per id.
 
 A continued turn's prompt is its parent's prompt ids, the ids its parent sampled, and the new messages' ids: near 120k
 tokens, 120k ids, of which a few hundred are new. As a tuple, each turn's prompt cost a reference per id to make (an
 increment of each id's count) and as much again to free when its turn left memory (a decrement each), 15% of a late
-turn's CPU in chat mode (RESULTS.md section 42); here the parent's block is copied as bytes and freed as one.
+turn's CPU in chat mode (RESULTS.md section 42); here it holds its parent's TokenIds and its own ids alone.
 
 `TokenIds` is an immutable sequence of ints, equal to a tuple or list of the same ids; where the ids leave the process
 (JSON, a tokenizer), `plain` gives a list.
