@@ -63,10 +63,12 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
         before = copy_model(vllm.model_dir, tmp_path / "before")
         try:
             ask(vllm.python, vllm.model_dir, perturb=2)  # the new weights, on disk: the server reads them at reload
-            # The long call must be seen sampling before the pause: where the poll of the server's gauge missed
-            # its whole run (a busy machine's poll is slow, a quiet machine's sampling fast: ci27 missed 1,000
-            # tokens), it is made again in an episode of its own, so that each episode holds one turn either way.
-            for _ in range(3):
+            # The long call must be in flight when the pause begins: where it ended first (the poll of the server's
+            # gauge missed its whole run, ci27, or it ended between that poll and the pause, ci29: a quiet machine
+            # samples fast), the pause is lifted and the call made again in an episode of its own, so that each
+            # episode holds one turn either way.
+            paused = None
+            for _ in range(5):
                 long = trainer.create_episode(**served, policy_options=long_options)
                 long_agent = clients.enter_context(
                     openai.OpenAI(base_url=long.env["OPENAI_BASE_URL"], api_key=long.key, max_retries=0)
@@ -78,10 +80,11 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
                 # at the server, sampling on the old weights (on a busy machine its way there is slow)
                 wait_for(lambda call=in_flight: call.done() or running_at(vllm) == 1, 180)
                 if not in_flight.done():
-                    break
-            assert not in_flight.done(), "the long call ended before it was seen sampling, three times"
-            paused = trainer.pause("keep")
-            assert (paused.paused, paused.in_flight) == ("keep", 1)  # not waited for
+                    paused = trainer.pause("keep")
+                    if paused.in_flight == 1:
+                        break
+                    trainer.resume(policy_version="step-0")
+            assert paused is not None and (paused.paused, paused.in_flight) == ("keep", 1), "ended first 5 times"
             second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
             held = background(short_agent.chat.completions.create, model="p", messages=second)
             wait_for(lambda: len(trainer.trajectory(short.id).turns) == 2)  # parked, held by the pause
