@@ -110,7 +110,7 @@ def create_app(settings: Settings) -> Trajproxy:
             await broker.start()  # the open turns a previous run left, for their agents' retries
             yield
         finally:
-            await broker.drain()
+            await broker.wind_down()
             await broker.stop()
             await served.aclose()
             await store.close()

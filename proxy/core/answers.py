@@ -133,7 +133,7 @@ class Answers:
         answers it."""
         context = self._context
         context.open_turns.reserve(open_turn, context.clock() if since is None else since)
-        context.endings.submit(self._from_model(open_turn, answerer))
+        context.endings.answering(self._from_model(open_turn, answerer))
 
     async def _from_model(self, open_turn: OpenTurn, answerer: Answerer) -> None:
         """Answer a reserved turn from a model; if the model fails, the turn fails and its agent hears why."""

@@ -99,8 +99,13 @@ class Broker:
         return self._open_turns.turns(limit)
 
     async def drain(self) -> None:
-        """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
+        """Wait for the background writes submitted so far (state changes nobody awaited) to be committed; not for
+        the models answering turns."""
         await self._endings.drain()
+
+    async def wind_down(self) -> None:
+        """Wait for the models answering turns, and every write (at shutdown)."""
+        await self._endings.wind_down()
 
     async def start(self) -> int:
         """Take back the open turns a stopped process left (see `TurnQueue.start`); call once, before serving."""

@@ -50,7 +50,8 @@ class Endings:
         self._unwritten: dict[str, Turn] = {}  # settled turns whose write is on its way: their latest state
         self._recent: OrderedDict[str, Turn] = OrderedDict()
         self._recent_bytes = 0
-        self._background: set[asyncio.Future[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()  # writes nobody awaits (`drain` waits for them)
+        self._answering: set[asyncio.Future[Any]] = set()  # models answering turns (`wind_down` waits for them too)
 
     def settle(
         self, endings: Iterable[Ending], told: TrajproxyError | None = None, *, recorded: bool = False
@@ -119,13 +120,28 @@ class Endings:
         """Let a write (or a task) proceed in the background; a failure is logged, and `drain` waits for it."""
         future = asyncio.ensure_future(write)
         self._background.add(future)
-        future.add_done_callback(self._written)
+        future.add_done_callback(partial(self._done, self._background, "a background write"))
+        return future
+
+    def answering(self, answer: Awaitable[None]) -> asyncio.Future[None]:
+        """Let a model answer a turn in the background (a failure is logged). Not a write: `drain` does not wait for
+        it (a model may sample for minutes, and a read of the records must not wait on it), `wind_down` does; its
+        reply's write, once made, is the turn's own."""
+        future = asyncio.ensure_future(answer)
+        self._answering.add(future)
+        future.add_done_callback(partial(self._done, self._answering, "a model's answer"))
         return future
 
     async def drain(self) -> None:
         """Wait for the background writes submitted so far (state changes nobody awaited) to be committed."""
         if pending := list(self._background):
             await asyncio.wait(pending)
+
+    async def wind_down(self) -> None:
+        """Wait for the models answering turns, then for every write (at shutdown)."""
+        if answering := list(self._answering):
+            await asyncio.wait(answering)
+        await self.drain()
 
     def _record(self, turns: list[Turn]) -> asyncio.Future[None]:
         """Write settled turns, each kept at hand until the write is done (`drain` waits for it)."""
@@ -170,10 +186,11 @@ class Endings:
         if refused:
             self._record(refused)
 
-    def _written(self, future: asyncio.Future[Any]) -> None:
-        self._background.discard(future)
+    @staticmethod
+    def _done(among: set[asyncio.Future[Any]], what: str, future: asyncio.Future[Any]) -> None:
+        among.discard(future)
         if not future.cancelled() and future.exception() is not None:
-            log.error("a background write failed", exc_info=future.exception())
+            log.error("%s failed", what, exc_info=future.exception())
 
 
 def held_bytes(turn: Turn) -> int:
