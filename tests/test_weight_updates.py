@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from integrations.train.vllm import vllm_server
+from integrations.train.vllm import post, vllm_server
 from proxy.client import TrainerClient
 from testkit.served_checks import ask
 from testkit.vllm_server import copy_model, reload_weights
@@ -63,11 +63,10 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
         before = copy_model(vllm.model_dir, tmp_path / "before")
         try:
             ask(vllm.python, vllm.model_dir, perturb=2)  # the new weights, on disk: the server reads them at reload
-            # The long call must be in flight when the pause begins: where it ended first (the poll of the server's
-            # gauge missed its whole run, ci27, or it ended between that poll and the pause, ci29: a quiet machine
-            # samples fast), the pause is lifted and the call made again in an episode of its own, so that each
-            # episode holds one turn either way.
-            paused = None
+            # The long call must be in flight when the pause begins, whatever the machine's speed: once it is
+            # sampling, vLLM's own pause ("keep") freezes it where it is, until the reload below. Where it ended
+            # before that (its 1,800 tokens sampled between two polls of the server's gauge), it is made again in an
+            # episode of its own, so that each episode holds one turn either way.
             for _ in range(5):
                 long = trainer.create_episode(**served, policy_options=long_options)
                 long_agent = clients.enter_context(
@@ -79,16 +78,18 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
                 in_flight = background(long_agent.chat.completions.create, model="p", messages=first)
                 # at the server, sampling on the old weights (on a busy machine its way there is slow)
                 wait_for(lambda call=in_flight: call.done() or running_at(vllm) == 1, 180)
-                if not in_flight.done():
-                    paused = trainer.pause("keep")
-                    if paused.in_flight == 1:
-                        break
-                    trainer.resume(policy_version="step-0")
-            assert paused is not None and (paused.paused, paused.in_flight) == ("keep", 1), "ended first 5 times"
+                post(vllm, "/pause?mode=keep&clear_cache=false")
+                paused = trainer.pause("keep")
+                if paused.in_flight == 1:
+                    break
+                trainer.resume(policy_version="step-0")
+                post(vllm, "/resume")
+            assert (paused.paused, paused.in_flight) == ("keep", 1), "the long call ended before vLLM held it, 5 times"
             second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
             held = background(short_agent.chat.completions.create, model="p", messages=second)
             wait_for(lambda: len(trainer.trajectory(short.id).turns) == 2)  # parked, held by the pause
-            # vLLM's own pause lets the call it runs finish on the weights it started with, then reloads
+            # vLLM's own pause ("wait") lets the call it runs finish on the weights it started with, then reloads
+            post(vllm, "/resume")
             reload_weights(vllm, version="step-1")
             assert in_flight.result(timeout=120).choices[0].finish_reason == "length"
             resumed = trainer.resume(policy_version="step-1")
@@ -115,6 +116,7 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
             every = [*trainer.trajectory(long.id).turns, *trainer.trajectory(short.id).turns]
             assert [turn.status for turn in every] == ["answered"] * 3  # nothing lost, nothing answered twice
         finally:
+            post(vllm, "/resume")  # where the test stopped while vLLM held the long call
             copy_model(before, vllm.model_dir)
             reload_weights(vllm)
 
