@@ -13,8 +13,9 @@ recording the turn with its ids and logprobs, rendering the reply.
 Two shapes of work: `one call` makes the same call again and again in one episode (as section 18 of RESULTS.md
 did); `conversation` makes conversations of `--turns` calls, a fresh episode each, that grow by the reply and a tool
 result per call (the model is made to sample a tool call), so that in tokens mode each call continues its parent's
-ids: the path agents take. The direct calls replay a reference conversation made first through trajproxy; same
-seed, same prompt, same tokens, which the run checks for every call, along with every turn being recorded.
+ids: the path agents take. The direct calls replay a reference conversation made first through a trajproxy of its own
+(not measured); same seed, same prompt, same tokens, which the run checks for every call, along with every turn
+being recorded.
 
     python benchmarks/served_overhead.py [--mode chat,tokens] [--calls 200] [--conversations 30 --turns 4]
         [--before ../before ...] [--profile served.txt] [--database-url URL] [--quick]
@@ -126,6 +127,9 @@ def bench(
         vllm_server(copy_model(build_tiny_model(python), Path(scratch) / "model"), python) as vllm,
         contextlib.ExitStack() as servers,
     ):
+        # The reference conversations are made through a trajproxy of their own (this checkout's), not measured: the
+        # measured ones all begin alike, with nothing but their own calls.
+        referee = servers.enter_context(trajproxy(database_url, None, None))
         proxies = {"trajproxy": servers.enter_context(trajproxy(database_url, None, profile))}
         for tree in before:
             proxies[tree.name] = servers.enter_context(trajproxy(database_url, tree, None))
@@ -133,7 +137,7 @@ def bench(
         with httpx.Client(timeout=120) as client:
             for shape in shapes:
                 calls, warmup = rounds[shape.name]
-                rows += measure(client, vllm.base_url, vllm.served_name, proxies, modes, shape, calls, warmup)
+                rows += measure(client, vllm.base_url, vllm.served_name, referee, proxies, modes, shape, calls, warmup)
         return rows
 
 
@@ -141,13 +145,14 @@ def measure(
     client: httpx.Client,
     vllm_url: str,
     name: str,
+    referee: Server,
     proxies: dict[str, Server],
     modes: list[str],
     shape: Shape,
     rounds: int,
     warmup: int,
 ) -> list[dict[str, Any]]:
-    references = {mode: reference(client, proxies["trajproxy"].url, vllm_url, name, mode, shape) for mode in modes}
+    references = {mode: reference(client, referee.url, vllm_url, name, mode, shape) for mode in modes}
     kinds = [
         Kind(mode, proxy, kind_name) for mode in modes for kind_name, proxy in [("direct", None), *proxies.items()]
     ]
