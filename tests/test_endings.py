@@ -13,6 +13,7 @@ from pathlib import Path
 
 from proxy.core.endings import Endings, held_bytes
 from proxy.core.errors import NotFound
+from proxy.core.ids import TokenIds
 from proxy.core.open_turns import OpenTurns
 from proxy.core.values import Reply, TurnStatus
 from proxy.storage.sql import SqlStore
@@ -62,6 +63,22 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
                 endings.remember(turn)
             assert await kept(endings, [turn.id for turn in small]) == [False] * 4 + [True] * 4096
             assert not any(await kept(endings, [turn.id for turn in huge]))
+
+            # A served episode's prompts: each its parent's ids and 1,000 more (TokenIds), a million ids to begin
+            # with. Counted at 36 bytes an id as tuples, 36 MiB a turn, three of them filled the bound; what they hold
+            # together is the million ids once, 1,000 more a turn, and a block joined every 64 turns.
+            prompts = [TokenIds(range(MiB))]
+            for _ in range(149):
+                prompts.append(TokenIds.joined(prompts[-1], range(1000)))
+            served = [
+                turn_value("ep_served", seq, status=TurnStatus.ANSWERED, reply=Reply(prompt_token_ids=ids))
+                for seq, ids in enumerate(prompts)
+            ]
+            at_hand = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
+            for turn in served:
+                at_hand.remember(turn)
+            assert await kept(at_hand, [turn.id for turn in served]) == [True] * 150
+            assert held_bytes(served[1]) == held_bytes(replace(served[1], reply=None)) + 8 * 1000
 
             fresh = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
             half_mib = b"x" * (MiB // 2)

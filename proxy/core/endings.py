@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from proxy.core.errors import NotFound, TrajproxyError, TurnClosed, TurnTimeout
+from proxy.core.ids import TokenIds
 from proxy.core.observer import Observer, Unobserved
 from proxy.core.open_turns import OpenTurn, OpenTurns
 from proxy.core.ports import Store
@@ -199,7 +200,11 @@ def held_bytes(turn: Turn) -> int:
     size = 2 * len(turn.wire)
     if (reply := turn.reply) is not None:
         for values in (reply.prompt_token_ids, reply.completion_token_ids, reply.logprobs):
-            if values is not None:
+            if isinstance(
+                values, TokenIds
+            ):  # a served prompt: its own ids, at 8 bytes each (its parent's are its parent's)
+                size += values.own_bytes
+            elif values is not None:
                 size += _BYTES_PER_ID * len(values)
     return size
 

@@ -127,6 +127,11 @@ class TokenIds(Sequence[int]):
     def tolist(self) -> list[int]:
         return self._block().tolist()
 
+    @property
+    def own_bytes(self) -> int:
+        """The memory its own ids take: its tail's (its head is its parent's prompt, held by its parent's turn)."""
+        return self._tail.itemsize * len(self._tail)
+
 
 def plain(ids: Sequence[int] | None) -> Sequence[int] | None:
     """Ids as JSON and tokenizers take them: a list for TokenIds, else as they are (a tuple or list already)."""
