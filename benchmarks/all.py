@@ -294,6 +294,7 @@ BENCHMARKS = {
     "flood": script("flood.py", "Floods on the sandbox socket"),
     "served": script("served_overhead.py", "The served policy's overhead over calling vLLM directly"),
     "long-episode": script("long_episode.py", "A long episode: each turn's cost against its context"),
+    "many-long": script("many_long.py", "Many long episodes at once"),
     "replicas": run_replicas,
 }
 
