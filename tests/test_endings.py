@@ -15,7 +15,7 @@ from proxy.core.endings import Endings, held_bytes
 from proxy.core.errors import NotFound
 from proxy.core.ids import TokenIds
 from proxy.core.open_turns import OpenTurns
-from proxy.core.values import Reply, TurnStatus
+from proxy.core.values import Extension, Reply, TurnStatus
 from proxy.storage.sql import SqlStore
 from tests.test_store import episode_value, turn_value
 
@@ -79,6 +79,24 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
                 at_hand.remember(turn)
             assert await kept(at_hand, [turn.id for turn in served]) == [True] * 150
             assert held_bytes(served[1]) == held_bytes(replace(served[1], reply=None)) + 8 * 1000
+
+            # A long episode's calls, each the one before with a KiB of messages added (read against it, its parsed
+            # messages the same values): each holds its body and what it adds, so that 100 fit, not 64
+            long = [
+                turn_value(
+                    "ep_long",
+                    seq,
+                    wire=one_mib,
+                    status=TurnStatus.ANSWERED,
+                    extends=Extension("tu_earlier", seq, MiB - 1024) if seq else None,
+                )
+                for seq in range(100)
+            ]
+            at_hand = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
+            for turn in long:
+                at_hand.remember(turn)
+            assert held_bytes(long[1]) == MiB + 1024
+            assert await kept(at_hand, [turn.id for turn in long]) == [True] * 100
 
             fresh = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
             half_mib = b"x" * (MiB // 2)

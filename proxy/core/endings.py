@@ -195,9 +195,11 @@ class Endings:
 
 
 def held_bytes(turn: Turn) -> int:
-    """About what a settled turn holds in memory: its call as received and as parsed (as much again), and the token
-    ids and logprobs of its reply."""
-    size = 2 * len(turn.wire)
+    """About what a settled turn holds in memory: its call as received and as parsed (as much again, or, where its
+    body extends an earlier call's, what it adds: the messages before are that call's values, `proxy.http.prefix`),
+    and the token ids and logprobs of its reply."""
+    shared = turn.extends.shared_bytes if turn.extends is not None else 0
+    size = 2 * len(turn.wire) - shared
     if (reply := turn.reply) is not None:
         for values in (reply.prompt_token_ids, reply.completion_token_ids, reply.logprobs):
             if isinstance(
