@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from proxy.adapters.ids_json import IdsJson, Pieces, chained, cut_echo, dumped, joined, new_ids, pieces
+from proxy.core.ids import TokenIds
 
 
 def completion(echo: bytes, *, top: bytes = b"") -> bytes:
@@ -76,6 +77,19 @@ def test_kept_text_counts_all_of_what_its_views_hold() -> None:
     assert b"".join(ids.of(*ids_of(ids))) == b"[1]"
     ids.keep((2,), (), pieces(b"[2]"))  # 13 more: over, and the first goes
     assert len(ids._kept) == 1
+
+
+def test_a_served_prompt_kept_counts_its_own_ids_not_its_parents() -> None:
+    """Twenty episodes continuing a conversation of a million ids by 1,000 each (TokenIds: the million are their
+    head's, held once): their text kept in 4 MiB, where 8 bytes for every id made each 8 MB and kept none."""
+    conversation = TokenIds(range(2**20))
+    ids = IdsJson(kept_bytes=4 << 20)
+    kept = []
+    for i in range(20):
+        prompt, sampled, text = TokenIds.joined(conversation, range(i, i + 1000)), (7,), pieces(b"[7]")
+        ids.keep(prompt, sampled, text)
+        kept.append((prompt, sampled, text))
+    assert all(ids.of(prompt, sampled) is text for prompt, sampled, text in kept)
 
 
 def ids_of(ids: IdsJson) -> tuple[tuple[int, ...], tuple[int, ...]]:

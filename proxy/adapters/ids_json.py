@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.core.errors import UpstreamError
-from proxy.core.ids import plain
+from proxy.core.ids import TokenIds, plain
 from proxy.core.values import JsonObject
 
 _KEPT_BYTES = 64 << 20  # the ids kept for turns' children, all episodes together: their text, and 8 bytes an id
@@ -78,7 +78,10 @@ class _Kept:
 
     @property
     def size(self) -> int:
-        return held_bytes(self.text) + 8 * (len(self.prompt) + len(self.sampled))
+        """Its text's, and its ids' at 8 bytes each: of a served prompt (TokenIds), its own ids only, its head being
+        its parent's prompt (`proxy/core/ids.py`)."""
+        prompt = self.prompt.own_bytes if isinstance(self.prompt, TokenIds) else 8 * len(self.prompt)
+        return held_bytes(self.text) + prompt + 8 * len(self.sampled)
 
 
 class IdsJson:
