@@ -8,7 +8,7 @@ policy in tokens mode answered by `vllm_standin.py`), advanced a turn each in tu
 round of each in turn. A continued turn reads its parent turn: at hand where trajproxy kept it, else from the
 store, its prompt's ids rebuilt from the episode's chain (tens of milliseconds at 100k tokens). Printed, per
 trajproxy: CPU per turn (every thread's, from /proc) over rounds 2-11 (the first loads the tokenizer) and over the
-last ten, with the contexts they reached.
+last ten, with the contexts they reached, and its resident memory at the end.
 """
 
 from __future__ import annotations
@@ -52,7 +52,14 @@ def run(model_dir: Path, episodes: int, turns: int, seed: int, before: list[Path
             for _, ways in trees[round_ % len(trees) :] + trees[: round_ % len(trees)]:
                 for i, way in enumerate(ways):
                     turn(client, way, results[i][round_], way.context[-1] if way.context else 0)
-        return [summary(name, ways, episodes) for name, ways in trees]
+        return [summary(name, ways, episodes) | {"rss_mb": rss_mb(ways[0].server.pid)} for name, ways in trees]
+
+
+def rss_mb(pid: int | None) -> float:
+    """The process's resident memory now."""
+    status = Path(f"/proc/{pid}/status").read_text() if pid else ""
+    kb = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return kb / 1024
 
 
 def summary(name: str, ways: list[Way], episodes: int) -> dict[str, Any]:
@@ -79,6 +86,7 @@ COLUMNS = [
     ("CPU ms/turn, rounds 2-11 (context)", "first", "s"),
     ("last 10 rounds (context)", "last", "s"),
     ("last / first", "ratio", ".2f"),
+    ("its RSS at the end, MB", "rss_mb", ".0f"),
 ]
 
 
