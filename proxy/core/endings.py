@@ -202,9 +202,7 @@ def held_bytes(turn: Turn) -> int:
     size = 2 * len(turn.wire) - shared
     if (reply := turn.reply) is not None:
         for values in (reply.prompt_token_ids, reply.completion_token_ids, reply.logprobs):
-            if isinstance(
-                values, TokenIds
-            ):  # a served prompt: its own ids, at 8 bytes each (its parent's are its parent's)
+            if isinstance(values, TokenIds):  # a served prompt: its own ids (its parent's are its parent's)
                 size += values.own_bytes
             elif values is not None:
                 size += _BYTES_PER_ID * len(values)
