@@ -19,6 +19,7 @@ stop, at once: left waiting, it held the server for its whole grace and was canc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
@@ -82,10 +83,16 @@ def status_of(error: errors.TrajproxyError) -> int:
     return 500
 
 
+_DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its limit before the refusal
+
+
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
-    """The whole request body, refused (PayloadTooLarge) as soon as it is declared or read past `limit_bytes`."""
+    """The whole request body, refused (PayloadTooLarge) once it is declared or read past `limit_bytes`: what is left
+    of it is read and dropped first, up to `_DROPPED_BYTES` more (`_drop_rest`)."""
     declared = dict(scope["headers"]).get(b"content-length", b"")
     if declared.isdigit() and int(declared) > limit_bytes:
+        if int(declared) <= limit_bytes + _DROPPED_BYTES:
+            await _drop_rest(receive, {"more_body": True})
         raise errors.PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit_bytes}-byte limit")
     chunks: list[bytes] = []
     size = 0
@@ -96,11 +103,25 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
+            await _drop_rest(receive, message)
             raise errors.PayloadTooLarge(f"request body is over the {limit_bytes}-byte limit")
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+async def _drop_rest(receive: Receive, message: Message) -> None:
+    """Read and drop what is left of a refused body, up to `_DROPPED_BYTES` and as long as it does not stall: a
+    connection closed while its body still arrives is reset, and the reset can reach the client before it has read
+    the refusal (its 413 lost). A larger body's connection is closed under it."""
+    dropped = 0
+    with contextlib.suppress(errors.TrajproxyError):  # a stalled body: the refusal is still the 413
+        while message.get("more_body", False) and dropped <= _DROPPED_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            dropped += len(message.get("body", b""))
 
 
 # Deeper JSON parses (orjson reads 1,024 levels) but cannot be stored or sent back: orjson writes 255 levels at most.
