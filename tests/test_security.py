@@ -712,15 +712,15 @@ def test_bodies_over_the_limit_are_413_on_every_route_however_framed(
     assert answer.result(timeout=10) == "small enough"
 
 
-@pytest.mark.settings(max_body_bytes=LIMIT, no_trainer_token=True)
+@pytest.mark.settings(max_body_bytes=2 * 2**20, no_trainer_token=True)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/episodes"])
 def test_a_refused_body_still_arriving_is_read_so_that_its_413_reaches_the_client(
     server: Any, trainer: TrainerClient, path: str
 ) -> None:
-    """A body declared over the limit (by less than a MiB) is read and dropped before the server answers 413 and
-    closes: closed under a body still arriving, the connection was reset, and the client, still sending, never read
-    its 413 (test_trainer_api failed so once in CI, a trainer route's refusal closing the connection)."""
-    content = "x" * 900_000
+    """A body declared over the limit (2 MiB here) by less than a MiB is read and dropped, all of it, before the
+    server answers 413 and closes: closed under a body still arriving, the connection was reset, and the client, still
+    sending, never read its 413 (test_trainer_api failed so once in CI, a trainer route's refusal closing it)."""
+    content = "x" * (2 * 2**20 + 900_000)
     body = json.dumps({"model": MODEL, "task": "t", "messages": [{"role": "user", "content": content}]}).encode()
     host, port = server.url.removeprefix("http://").split(":")
     head = f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -731,7 +731,7 @@ def test_a_refused_body_still_arriving_is_read_so_that_its_413_reaches_the_clien
         while chunk := conn.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
-    assert f"{LIMIT}-byte limit".encode() in answer
+    assert f"{2 * 2**20}-byte limit".encode() in answer
 
 
 def nested(depth: int) -> str:

@@ -116,7 +116,8 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
             every = [*trainer.trajectory(long.id).turns, *trainer.trajectory(short.id).turns]
             assert [turn.status for turn in every] == ["answered"] * 3  # nothing lost, nothing answered twice
         finally:
-            post(vllm, "/resume")  # where the test stopped while vLLM held the long call
+            with contextlib.suppress(RuntimeError, OSError):  # where the test stopped while vLLM held the long call
+                post(vllm, "/resume")
             copy_model(before, vllm.model_dir)
             reload_weights(vllm)
 

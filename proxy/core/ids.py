@@ -129,7 +129,8 @@ class TokenIds(Sequence[int]):
 
     @property
     def own_bytes(self) -> int:
-        """The memory its own ids take: its tail's (its head is its parent's prompt, held by its parent's turn)."""
+        """The memory its own ids take: its tail's. Its head is its parent's prompt, counted with its parent's turn
+        where that is kept: a bound counted so is about, not exact (the oldest kept turn of a chain holds its head)."""
         return self._tail.itemsize * len(self._tail)
 
 

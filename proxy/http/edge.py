@@ -91,8 +91,8 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     of it is read and dropped first, up to `_DROPPED_BYTES` more (`_drop_rest`)."""
     declared = dict(scope["headers"]).get(b"content-length", b"")
     if declared.isdigit() and int(declared) > limit_bytes:
-        if int(declared) <= limit_bytes + _DROPPED_BYTES:
-            await _drop_rest(receive, {"more_body": True})
+        if int(declared) <= limit_bytes + _DROPPED_BYTES:  # the whole of it, none read yet
+            await _drop_rest(receive, {"more_body": True}, int(declared))
         raise errors.PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit_bytes}-byte limit")
     chunks: list[bytes] = []
     size = 0
@@ -103,7 +103,7 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
-            await _drop_rest(receive, message)
+            await _drop_rest(receive, message, _DROPPED_BYTES)
             raise errors.PayloadTooLarge(f"request body is over the {limit_bytes}-byte limit")
         chunks.append(chunk)
         if not message.get("more_body", False):
@@ -111,13 +111,13 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _drop_rest(receive: Receive, message: Message) -> None:
-    """Read and drop what is left of a refused body, up to `_DROPPED_BYTES` and as long as it does not stall: a
-    connection closed while its body still arrives is reset, and the reset can reach the client before it has read
-    the refusal (its 413 lost). A larger body's connection is closed under it."""
+async def _drop_rest(receive: Receive, message: Message, most: int) -> None:
+    """Read and drop what is left of a refused body, up to `most` bytes and as long as it does not stall: a connection
+    closed while its body still arrives is reset, and the reset can reach the client before it has read the refusal
+    (its 413 lost). A larger body's connection is closed under it."""
     dropped = 0
     with contextlib.suppress(errors.TrajproxyError):  # a stalled body: the refusal is still the 413
-        while message.get("more_body", False) and dropped <= _DROPPED_BYTES:
+        while message.get("more_body", False) and dropped < most:
             message = await receive()
             if message["type"] != "http.request":
                 break
