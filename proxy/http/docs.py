@@ -26,7 +26,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy import __version__, schema
-from proxy.http.edge import framework_errors, http_error, respond
+from proxy.http.edge import respond
+from proxy.http.framework_errors import framework_errors, http_error
 from proxy.http.routes import Route
 
 ASSETS = "/docs-assets"  # outside /api: static files, no data, no token needed

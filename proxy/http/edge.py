@@ -25,10 +25,6 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
-from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.core import errors
@@ -380,37 +376,3 @@ async def unavailable(send: Send) -> None:
         await send({"type": "http.response.body", "body": error_body("unavailable", SHUTTING_DOWN)})
     except (RuntimeError, OSError):  # its answer had begun, or its client is gone: nothing more to say
         return
-
-
-# The errors of the handlers FastAPI serves (the trainer API's, the page's), in the shape of the plain handlers'
-
-
-def framework_errors(app: FastAPI) -> None:
-    """Have `app` answer the domain's errors, its own validation's and its routing's as the plain handlers do."""
-    app.add_exception_handler(errors.TrajproxyError, _domain_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
-    app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
-
-
-def error_response(status: int, kind: str, message: str) -> Response:
-    return Response(error_body(kind, message), status, media_type="application/json")
-
-
-async def _domain_error(_request: Request, error: errors.TrajproxyError) -> Response:
-    return error_response(status_of(error), error.kind, error.message)
-
-
-async def _invalid(_request: Request, error: RequestValidationError) -> Response:
-    problems = error.errors()
-    if any(problem.get("type") == "json_invalid" for problem in problems):
-        return error_response(400, "invalid_request_error", "request body is not valid JSON")
-    return error_response(422, "invalid_request_error", invalid(problems))
-
-
-async def http_error(request: Request, error: HTTPException) -> Response:
-    if error.status_code == 404:
-        return error_response(404, "not_found_error", f"no route {request.method} {redact(request.url.path)}")
-    if error.status_code == 405:
-        message = f"{request.method} is not allowed on {redact(request.url.path)}"
-        return error_response(405, "invalid_request_error", message)
-    return error_response(error.status_code, "error", str(error.detail))

@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.core.broker import Broker
-from proxy.http.edge import framework_errors
+from proxy.http.framework_errors import framework_errors
 from proxy.http.ui.actions import action_routes, login_routes
 from proxy.http.ui.auth import LoginNeeded, UiAuth
 from proxy.http.ui.closing import closing_routes
