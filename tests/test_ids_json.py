@@ -7,7 +7,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.adapters.ids_json import IdsJson, Pieces, chained, cut_echo, dumped, joined, new_ids, pieces
+from proxy.adapters.chunks import Chunks
+from proxy.adapters.ids_json import Echo, IdsJson, Pieces, chained, cut_echo, dumped, joined, new_ids, pieces
 from proxy.core.ids import TokenIds
 
 
@@ -16,9 +17,26 @@ def completion(echo: bytes, *, top: bytes = b"") -> bytes:
     return b'{"id":"cmpl-1",' + top + b'"choices":[' + choice + b'],"usage":{"prompt_tokens":3}}'
 
 
+def cut(content: bytes, where: str, known: Pieces | None = None) -> Echo | None:
+    """`cut_echo` of the answer whole, and of the answer in chunks cut at every place (and a byte a chunk): the same
+    echo, however the answer arrived."""
+    splits = [[content[:i], content[i:]] for i in range(1, len(content))] + [[bytes([b]) for b in content]]
+    whole = cut_echo(Chunks([content]), where, *(() if known is None else (known,)))
+    for chunks in splits:
+        echo = cut_echo(Chunks(chunks), where, *(() if known is None else (known,)))
+        assert (echo is None) == (whole is None)
+        if echo is not None and whole is not None:
+            assert (echo.response, b"".join(echo.text), echo.after) == (
+                whole.response,
+                b"".join(whole.text),
+                whole.after,
+            )
+    return whole
+
+
 def test_the_one_echo_on_the_choice_is_cut_out_as_text() -> None:
-    echo = cut_echo(completion(b"[1,22,333]"), "choice")
-    assert echo is not None and bytes(echo.text) == b"[1,22,333]" and echo.after is None
+    echo = cut(completion(b"[1,22,333]"), "choice")
+    assert echo is not None and b"".join(echo.text) == b"[1,22,333]" and echo.after is None
     assert echo.response["choices"][0] == {
         "index": 0,
         "text": 'say "prompt_token_ids": [1]',  # the key's text inside a string is no echo
@@ -41,7 +59,7 @@ def test_the_one_echo_on_the_choice_is_cut_out_as_text() -> None:
     ],
 )
 def test_an_echo_not_as_servers_write_it_is_left_to_the_whole_parse(content: bytes, where: str) -> None:
-    assert cut_echo(content, where) is None
+    assert cut(content, where) is None
 
 
 def test_ids_text_is_joined_and_kept_for_the_same_objects_only() -> None:
@@ -111,11 +129,11 @@ def ids_of(ids: IdsJson) -> tuple[tuple[int, ...], tuple[int, ...]]:
 )
 def test_an_echo_extends_its_parents_ids_token_for_token(echo: bytes, before: bytes, new: list[int] | None) -> None:
     known: Pieces = chained(*(pieces(dumped([i])) for i in orjson.loads(before)))  # a piece an id
-    cut = cut_echo(completion(echo), "choice", known)  # in pieces, as a parent's are kept
-    assert cut is not None and bytes(cut.text) == echo
-    assert new_ids(cut) == new
+    found = cut(completion(echo), "choice", known)  # in pieces, as a parent's are kept
+    assert found is not None and b"".join(found.text) == echo
+    assert new_ids(found) == new
 
 
 @pytest.mark.parametrize("echo", [b"[1,2,x]", b"[1,2,-3]", b"[1, 2]", b"[1,2,3,4 ]"])
 def test_an_echo_after_its_parents_ids_is_checked_for_what_it_holds(echo: bytes) -> None:
-    assert cut_echo(completion(echo), "choice", pieces(b"[1,2]")) is None
+    assert cut(completion(echo), "choice", pieces(b"[1,2]")) is None

@@ -8,7 +8,12 @@ from typing import Any
 
 import orjson
 
+from proxy.adapters.ids_json import Pieces
 from proxy.adapters.messages_json import _PLACED, MessagesJson
+
+
+def whole(body: Pieces) -> bytes:
+    return b"".join(body)
 
 
 def message(i: int, content: Any = None) -> dict[str, Any]:
@@ -31,10 +36,12 @@ def test_a_body_is_what_dumping_it_whole_writes_however_it_relates_to_its_parent
     chain += [(placed, extended), ([], first), (extended, []), (extended, extended)]
     for messages, earlier in chain:
         body = asked(messages)
-        assert written.body(body, earlier) == orjson.dumps(body)
+        assert whole(written.body(body, earlier)) == orjson.dumps(body)
     in_tools = {**asked([*placed, message(7)]), "tools": [{"type": "function", "n": orjson.loads(_PLACED)}]}
-    assert written.body(in_tools, placed) == orjson.dumps(in_tools)  # the placeholder's text elsewhere: dumped whole
-    assert written.body({"messages": "not a list"}, first) == orjson.dumps({"messages": "not a list"})
+    assert whole(written.body(in_tools, placed)) == orjson.dumps(
+        in_tools
+    )  # the placeholder's text elsewhere: dumped whole
+    assert whole(written.body({"messages": "not a list"}, first)) == orjson.dumps({"messages": "not a list"})
 
 
 def test_the_parents_text_is_reused_for_the_same_message_objects_only() -> None:
@@ -43,8 +50,10 @@ def test_the_parents_text_is_reused_for_the_same_message_objects_only() -> None:
     written.body(asked(first), None)
     first[1]["content"] = "changed in place"  # against the rule, to show whose text is written
     extended = [*first, message(2)]
-    assert b'"m1 \xc3\xa9"' in written.body(asked(extended), first)  # the parent's text, as sent
-    assert b"changed in place" in written.body(asked([first[0], dict(first[1]), message(2)]), first)  # a copy: dumped
+    assert b'"m1 \xc3\xa9"' in whole(written.body(asked(extended), first))  # the parent's text, as sent
+    assert b"changed in place" in whole(
+        written.body(asked([first[0], dict(first[1]), message(2)]), first)
+    )  # a copy: dumped
 
 
 def test_a_childs_text_kept_lets_its_parents_go() -> None:
@@ -64,3 +73,21 @@ def test_the_kept_text_is_bounded_by_what_it_holds() -> None:
     for messages in lists:
         written.body(asked(messages), None)
     assert 0 < len(written._kept) < 8 and written._bytes <= 10_000
+
+
+def test_a_long_chain_is_written_in_few_pieces_and_copied_once_in_dozens_of_calls() -> None:
+    written = MessagesJson()
+    messages: list[Any] = [message(0)]
+    earlier: list[Any] | None = None
+    most = copies = 0
+    seen: set[int] = set()
+    for i in range(1, 200):
+        body = written.body(asked(messages), earlier)
+        assert whole(body) == orjson.dumps(asked(messages))
+        most = max(most, len(body))
+        held = {id(piece.obj) for piece in body if isinstance(piece, memoryview)}
+        copies += i > 1 and not held & seen
+        seen = held
+        earlier, messages = messages, [*messages, message(i)]
+    assert most <= 64 + 4  # the body's head and tail, the messages' pieces
+    assert 0 < copies <= 200 // 30  # the conversation's text joined anew once every few dozen calls

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from proxy.adapters.chunks import Chunks
 from proxy.core.errors import UpstreamError
 from proxy.core.ids import TokenIds, plain
 from proxy.core.values import JsonObject
@@ -35,6 +36,7 @@ _KEPT_BYTES = 64 << 20  # the ids kept for turns' children, all episodes togethe
 _NAME = b'"prompt_token_ids"'
 _ECHO = re.compile(re.escape(_NAME) + rb"\s*:\s*")
 _DIGITS = b"0123456789,"  # an echo as servers write it: compact, non-negative ids
+_KEY_MOST = len(_NAME) + 64  # the name, the colon and the spaces around it, as far as an echo's are looked for
 
 
 Text = bytes | memoryview
@@ -58,6 +60,12 @@ def chained(*arrays: Pieces) -> Pieces:
         if len(array) > 2:
             inner += (*array[1:-1], b",")
     return (b"[", *inner[:-1], b"]") if inner else _EMPTY
+
+
+def compacted(array: Pieces, most: int = 64) -> Pieces:
+    """An array's pieces as they are, or joined into one where there are more than `most`: a text kept from turn to
+    turn gains a few pieces a turn, and is copied once every few dozen turns, not once a turn."""
+    return array if len(array) <= most else pieces(b"".join(array))
 
 
 def joined(*arrays: Text) -> bytes:
@@ -119,15 +127,15 @@ class IdsJson:
 @dataclass(frozen=True, slots=True)
 class Echo:
     """A server's answer with its echo of the prompt ids cut out: the answer parsed (the echo's value null), the echo's
-    text (a view into the answer), and where the ids `cut_echo` was told of were found at its start, the text after
-    them (`,4,5]`, or `]` where there are no more); else None."""
+    text (in pieces: views into the answer), and where the ids `cut_echo` was told of were found at its start, the
+    text after them (`,4,5]`, or `]` where there are no more); else None."""
 
     response: JsonObject
-    text: memoryview
+    text: Pieces
     after: bytes | None
 
 
-def cut_echo(content: bytes, where: str, known: Pieces = _EMPTY) -> Echo | None:
+def cut_echo(content: Chunks, where: str, known: Pieces = _EMPTY) -> Echo | None:
     """The answer, parsed with its one `prompt_token_ids` (at the top level, `where="top"`, or on the first choice,
     `where="choice"`) left out as text; None where the answer holds no such echo, or one not as servers write it.
     `known`: ids the echo is expected to begin with (those sent, or the parent's), compared where the echo lies (one
@@ -137,12 +145,11 @@ def cut_echo(content: bytes, where: str, known: Pieces = _EMPTY) -> Echo | None:
         return None
     start, end = found
     head = _held(content, start, known)
-    rest = content[head:end]  # all of the echo where it does not begin with `known`
+    rest = content.slice(head, end)  # all of the echo where it does not begin with `known`
     if rest.translate(None, _DIGITS) != (b"]" if head > start else b"[]"):  # one pass in C, over what is not known
         return None
-    whole = memoryview(content)
     try:
-        response = orjson.loads(b"".join((whole[:start], b"null", whole[end:])))
+        response = orjson.loads(b"".join((content.slice(0, start), b"null", content.slice(end, content.size))))
     except orjson.JSONDecodeError:
         return None
     holder: Any = response
@@ -151,10 +158,11 @@ def cut_echo(content: bytes, where: str, known: Pieces = _EMPTY) -> Echo | None:
         holder = choices[0] if isinstance(choices, list) and choices else None
     if not isinstance(holder, dict) or "prompt_token_ids" not in holder or holder["prompt_token_ids"] is not None:
         return None  # the one key cut was not where the ids are read from
-    return Echo(response, whole[start:end], rest if head > start else None)
+    text: Pieces = (b"[", *content.views(start + 1, end - 1), b"]") if end - start > 2 else _EMPTY
+    return Echo(response, text, rest if head > start else None)
 
 
-def _held(content: bytes, at: int, known: Pieces) -> int:
+def _held(content: Chunks, at: int, known: Pieces) -> int:
     """Where the ids of `known` (not empty) end in `content`, where its text from `at` begins with them and then ends
     or goes on with another id; `at` where not."""
     if len(known) <= 2:
@@ -164,10 +172,10 @@ def _held(content: bytes, at: int, known: Pieces) -> int:
         if not content.startswith(piece, end):
             return at
         end += len(piece)
-    return end if content[end : end + 1] in (b",", b"]") else at
+    return end if content.slice(end, end + 1) in (b",", b"]") else at
 
 
-def _echo_at(content: bytes) -> tuple[int, int] | None:
+def _echo_at(content: Chunks) -> tuple[int, int] | None:
     """Where the value of the answer's one `"prompt_token_ids"` key lies, an array up to its first `]`; None where
     there is no such key, more than one, or its value does not open an array. The name is searched for in C, around
     the array (of digits and commas, which `cut_echo` checks, and so not holding the name): a regex search would step
@@ -175,15 +183,15 @@ def _echo_at(content: bytes) -> tuple[int, int] | None:
     found = None
     at = content.find(_NAME)
     while at >= 0:
-        key = _ECHO.match(content, at)
+        key = _ECHO.match(content.slice(at, at + _KEY_MOST))
         if key is None:
             at = content.find(_NAME, at + 1)
             continue
         if found is not None:
             return None
-        start = key.end()
+        start = at + key.end()
         end = content.find(b"]", start) + 1
-        if content[start : start + 1] != b"[" or not end:
+        if content.slice(start, start + 1) != b"[" or not end:
             return None
         found = (start, end)
         at = content.find(_NAME, end)
@@ -202,10 +210,10 @@ def new_ids(echo: Echo) -> list[int] | None:
         return None
 
 
-def answer_of(content: bytes) -> JsonObject:
+def answer_of(content: Chunks) -> JsonObject:
     """A server's answer parsed, if it is JSON with choices."""
     try:
-        response = orjson.loads(content)
+        response = orjson.loads(content.joined())
     except orjson.JSONDecodeError as e:
         raise UpstreamError("the policy's server answered with something other than JSON") from e
     return with_choices(response)

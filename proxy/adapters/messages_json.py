@@ -3,7 +3,8 @@ conversation's messages are dumped once, when the episode's first call sends the
 
 A call whose request holds its parent's message objects (the same objects, in the same places: a body read against
 its episode's latest, `proxy/http/prefix.py`, keeps them) and more after them is sent with the text of the parent's
-messages as its parent's body holds it, the new messages dumped and joined after it, in one copy of the bytes. A
+messages as its parent's body holds it and the new messages dumped after it, in pieces: the body is sent as they are
+(`proxy/adapters/sent_body.py`), and the conversation's text copied only when its pieces grow many (`compacted`). A
 message object is never changed once a call has been sent with it (an argument restored is restored on a copy:
 `proxy/core/branches.py`), so its text is its value's. Any other call's messages are dumped whole, as before; either
 way the bytes are those `orjson.dumps` writes for the whole body. A call's text is kept for its children, and its
@@ -20,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.ids_json import Pieces, chained, held_bytes, pieces
+from proxy.adapters.ids_json import Pieces, chained, compacted, held_bytes, pieces
 from proxy.core.values import JsonObject
 
 _KEPT_BYTES = 64 << 20  # the messages' text kept for calls' children, all episodes together
@@ -47,21 +48,20 @@ class MessagesJson:
         self._bytes = 0
         self._limit = kept_bytes
 
-    def body(self, body: JsonObject, earlier: Sequence[Any] | None) -> bytes:
-        """`orjson.dumps(body)`, its `messages` written from those of `earlier` (the parent's), where it begins with
-        them; the messages' text kept for the call's children."""
+    def body(self, body: JsonObject, earlier: Sequence[Any] | None) -> Pieces:
+        """`orjson.dumps(body)` in pieces, its `messages` written from those of `earlier` (the parent's), where it
+        begins with them; the messages' text kept for the call's children."""
         messages = body.get("messages")
         if not isinstance(messages, list):
-            return orjson.dumps(body)
+            return (orjson.dumps(body),)
         dumped = orjson.dumps({**body, "messages": _PLACE})
         at = dumped.find(_PLACED)
         if at < 0 or dumped.find(_PLACED, at + 1) >= 0:  # the placeholder's text elsewhere too: dumped whole
-            return orjson.dumps(body)
-        text = self._text(messages, earlier)
+            return (orjson.dumps(body),)
+        text = compacted(self._text(messages, earlier))
+        self._keep(messages, text, earlier)
         whole = memoryview(dumped)
-        written = b"".join((whole[:at], *text, whole[at + len(_PLACED) :]))
-        self._keep(messages, pieces(memoryview(written)[at : at + sum(map(len, text))]), earlier)
-        return written
+        return (whole[:at], *text, whole[at + len(_PLACED) :])
 
     def _text(self, messages: list[Any], earlier: Sequence[Any] | None) -> Pieces:
         kept = self._kept.get(id(earlier)) if earlier is not None else None

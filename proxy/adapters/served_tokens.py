@@ -33,7 +33,8 @@ from typing import Any
 import orjson
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
-from proxy.adapters.ids_json import IdsJson, Pieces, answer_of, chained, cut_echo, dumped, pieces
+from proxy.adapters.chunks import Chunks
+from proxy.adapters.ids_json import IdsJson, Pieces, answer_of, chained, compacted, cut_echo, dumped, pieces
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
 from proxy.adapters.template_messages import TemplateMessages
@@ -59,7 +60,7 @@ TOKEN_OPTIONS = frozenset(
 )
 ON_DISCONTINUITY = ("branch", "fail", "rerender")  # the first is the default
 FIRST_CALL = "the first call of its branch"  # as proxy/storage/samples.py reads it
-Send = Callable[[str, bytes, float], Awaitable[bytes]]  # the body's bytes to a URL, within a time: the answer's
+Send = Callable[[str, Pieces, float], Awaitable[Chunks]]  # a body, in pieces, to a URL, within a time: the answer's
 
 
 class TokenPolicy:
@@ -145,15 +146,15 @@ class TokenPolicy:
     ) -> tuple[JsonObject, Pieces]:
         """The server's answer to `asked`, its prompt the ids whose JSON is `sent` (in place of `_PLACE`): their
         echo compared as text where the server writes it as it was sent, else parsed and compared as ids. And the
-        ids' text as the body holds it, where they were joined (one copy of the conversation's ids a turn)."""
-        body = orjson.dumps(asked)
-        at = body.find(_PLACED)
-        if at >= 0 and body.find(_PLACED, at + 1) < 0:
-            whole = memoryview(body)
-            body = b"".join((whole[:at], *sent, whole[at + len(_PLACED) :]))
-            sent = pieces(memoryview(body)[at : at + sum(map(len, sent))])
+        ids' text as sent, in pieces (joined where they grew many: `compacted`)."""
+        dumped_asked = orjson.dumps(asked)
+        at = dumped_asked.find(_PLACED)
+        if at >= 0 and dumped_asked.find(_PLACED, at + 1) < 0:
+            sent = compacted(sent)
+            whole = memoryview(dumped_asked)
+            body: Pieces = (whole[:at], *sent, whole[at + len(_PLACED) :])
         else:  # the placeholder's text in the sampling options too: not worth a cleverer place
-            body = orjson.dumps({k: ids.tolist() if v is _PLACE else v for k, v in asked.items()})
+            body = (orjson.dumps({k: ids.tolist() if v is _PLACE else v for k, v in asked.items()}),)
         content = await self._send(endpoint.url(api_base), body, timeout_s)
         echo = cut_echo(content, "choice", sent)
         if echo is not None and echo.after == b"]":  # it begins with what was sent, and ends there

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from proxy.adapters.chunks import Chunks
 from proxy.adapters.ids_json import (
     Echo,
     IdsJson,
+    Pieces,
     answer_of,
     chained,
     cut_echo,
@@ -47,7 +49,6 @@ _MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning_content")
 # How vLLM ("This model's maximum context length is 2048 tokens. However, ...", "... longer than the maximum model
 # length of 2048") and SGLang ("... longer than the model's context length ...") refuse a prompt that does not fit
 _CONTEXT_FULL = re.compile(r"context length|maximum model length|max_model_len", re.IGNORECASE)
-_JSON = {"Content-Type": "application/json"}
 
 
 class ServerDialect(Protocol):
@@ -135,7 +136,7 @@ class ServedUpstream:
             self._ids.keep(
                 reply.prompt_token_ids,
                 reply.completion_token_ids,
-                chained(pieces(echo.text), pieces(dumped(reply.completion_token_ids))),
+                chained(echo.text, pieces(dumped(reply.completion_token_ids))),
                 parent.reply.prompt_token_ids if parent is not None and parent.reply is not None else None,
             )
         return reply
@@ -156,7 +157,7 @@ class ServedUpstream:
             if (new := new_ids(echo)) is not None:
                 return TokenIds.joined(prompt, sampled, new), True  # one copy of the prompt's bytes
         try:
-            return orjson.loads(echo.text), None
+            return orjson.loads(b"".join(echo.text)), None
         except orjson.JSONDecodeError as e:
             raise UpstreamError("the policy's server answered with something other than JSON") from e
 
@@ -198,23 +199,36 @@ class ServedUpstream:
         self._roots[api_base] = root
         return root
 
-    async def _send(self, url: str, body: bytes, timeout_s: float) -> bytes:
-        """A JSON body to the server; its answer's bytes, where it answered 200."""
+    async def _send(self, url: str, body: Pieces, timeout_s: float) -> Chunks:
+        """A JSON body, in pieces, to the server; its answer's bytes, in the chunks they came in, where it answered
+        200."""
         import aiohttp  # lazy: loaded at a served policy's first call (see the top)
+
+        from proxy.adapters.sent_body import PiecesPayload
 
         try:
             async with self._client().post(
-                url, data=body, headers=_JSON, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url, data=PiecesPayload(body), timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as answer:
-                status, reason, content = answer.status, answer.reason, await answer.read()
+                status, reason, content = answer.status, answer.reason, Chunks(await _chunks(answer))
         except (aiohttp.ClientError, TimeoutError) as e:
             raise UpstreamError(f"the policy's server could not be reached: {type(e).__name__}") from e
         if status != 200:
-            why = _why(content, reason)
+            why = _why(content.joined(), reason)
             if status == 400 and _CONTEXT_FULL.search(why):
                 raise ContextFull(f"the conversation is longer than the policy's context: {why}")
             raise UpstreamError(f"the policy's server answered {status}: {why}")
         return content
+
+
+async def _chunks(answer: aiohttp.ClientResponse) -> list[bytes]:
+    """An answer's body as the chunks it arrived in (`read` joins them: one more copy of the whole)."""
+    chunks: list[bytes] = []
+    while True:
+        chunk, http_chunk_ends = await answer.content.readchunk()
+        if not chunk and not http_chunk_ends:  # (b"", False): the end
+            return chunks
+        chunks.append(chunk)
 
 
 def mode_of(answerer: Answerer) -> str:

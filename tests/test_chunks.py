@@ -1,0 +1,46 @@
+"""A server's answer read in the chunks it arrived in: what `find`, `startswith`, `slice` and `views` say is what the
+same calls on the joined bytes say, wherever the chunks were cut."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from proxy.adapters.chunks import Chunks
+
+
+def cuts(rng: random.Random, data: bytes) -> list[bytes]:
+    places = sorted(rng.sample(range(len(data) + 1), rng.randrange(0, min(12, len(data) + 1))))
+    bounds = [0, *places, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]  # empty chunks too, where places repeat 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reads_in_chunks_are_the_joined_bytes_reads(seed: int) -> None:
+    rng = random.Random(seed)
+    data = bytes(rng.choice(b"ab,[]") for _ in range(rng.randrange(0, 200)))
+    chunks = Chunks(cuts(rng, data))
+    assert chunks.size == len(data) and chunks.joined() == data
+    for _ in range(60):
+        start, end = sorted(rng.randrange(-2, len(data) + 3) for _ in range(2))
+        sub = data[start : start + rng.randrange(1, 6)] if 0 <= start < len(data) else b"ab"
+        sub = sub if rng.random() < 0.7 else bytes(rng.choice(b"ab,") for _ in range(rng.randrange(1, 5)))
+        at = max(start, 0)
+        assert chunks.find(sub, at) == data.find(sub, at), (sub, at)
+        assert chunks.startswith(sub, start) == (start >= 0 and data.startswith(sub, start))
+        assert chunks.slice(start, end) == data[max(start, 0) : max(end, 0)]
+        assert b"".join(chunks.views(start, end)) == data[max(start, 0) : max(end, 0)]
+
+
+def test_views_are_into_the_chunks_not_copies() -> None:
+    first, second = b"0123456789", b"abcdefghij"
+    views = Chunks([first, second]).views(5, 15)
+    assert [bytes(view) for view in views] == [b"56789", b"abcde"]
+    assert views[0].obj is first and views[1].obj is second
+
+
+def test_no_chunks_read_as_empty() -> None:
+    empty = Chunks([])
+    assert (empty.size, empty.joined(), empty.find(b"a"), empty.startswith(b"", 0)) == (0, b"", -1, True)
