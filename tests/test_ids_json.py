@@ -8,7 +8,18 @@ import orjson
 import pytest
 
 from proxy.adapters.chunks import Chunks
-from proxy.adapters.ids_json import Echo, IdsJson, Pieces, chained, cut_echo, dumped, joined, new_ids, pieces
+from proxy.adapters.ids_json import (
+    Echo,
+    IdsJson,
+    Pieces,
+    chained,
+    compacted,
+    cut_echo,
+    dumped,
+    joined,
+    new_ids,
+    pieces,
+)
 from proxy.core.ids import TokenIds
 
 
@@ -137,3 +148,22 @@ def test_an_echo_extends_its_parents_ids_token_for_token(echo: bytes, before: by
 @pytest.mark.parametrize("echo", [b"[1,2,x]", b"[1,2,-3]", b"[1, 2]", b"[1,2,3,4 ]"])
 def test_an_echo_after_its_parents_ids_is_checked_for_what_it_holds(echo: bytes) -> None:
     assert cut(completion(echo), "choice", pieces(b"[1,2]")) is None
+
+
+def test_a_text_growing_turn_by_turn_is_kept_in_few_pieces_and_copied_a_few_times_in_all() -> None:
+    """500 turns of a few ids each: the text as it was, in at most a few dozen pieces, its bytes copied a few times in
+    all (joined on every turn, the copies would be 250 times the text)."""
+    text: Pieces = pieces(dumped(list(range(1000))))
+    expected = list(range(1000))
+    copied = most = 0
+    for turn in range(500):
+        new = [1000 + 7 * turn + k for k in range(7)]
+        grown = chained(text, pieces(dumped(new)))
+        text = compacted(grown)
+        expected += new
+        assert orjson.loads(b"".join(text)) == expected
+        copied += sum(len(piece) for piece in text if not any(piece is was for was in grown))
+        most = max(most, len(text))
+    assert most <= 16 + 1
+    assert copied < 12 * len(b"".join(text))
+    assert compacted(pieces(b"[1,2]")) == pieces(b"[1,2]")  # few pieces: as they are

@@ -62,10 +62,20 @@ def chained(*arrays: Pieces) -> Pieces:
     return (b"[", *inner[:-1], b"]") if inner else _EMPTY
 
 
-def compacted(array: Pieces, most: int = 64) -> Pieces:
-    """An array's pieces as they are, or joined into one where there are more than `most`: a text kept from turn to
-    turn gains a few pieces a turn, and is copied once every few dozen turns, not once a turn."""
-    return array if len(array) <= most else pieces(b"".join(array))
+def compacted(array: Pieces, most: int = 16) -> Pieces:
+    """An array's pieces as they are, or, where there are more than `most`, neighbours joined until each piece is over
+    twice the size of the one after it. A text kept from turn to turn gains a few small pieces a turn; so held, it is a
+    few pieces larger and larger towards its start (a handful of comparisons and writes a turn, each in C), and each of
+    its bytes is copied a few times in all (once each time its piece doubles), not once a turn."""
+    if len(array) <= most:
+        return array
+    merged: list[Text] = []
+    for piece in array[1:-1]:
+        merged.append(piece)
+        while len(merged) > 1 and 2 * len(merged[-1]) > len(merged[-2]):
+            last = merged.pop()
+            merged[-1] = b"".join((merged[-1], last))
+    return (b"[", *merged, b"]")
 
 
 def joined(*arrays: Text) -> bytes:
