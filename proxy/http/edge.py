@@ -79,16 +79,16 @@ def status_of(error: errors.TrajproxyError) -> int:
     return 500
 
 
-_DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its limit before the refusal
+DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its limit before the refusal
 
 
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     """The whole request body, refused (PayloadTooLarge) once it is declared or read past `limit_bytes`: what is left
-    of it is read and dropped first, up to `_DROPPED_BYTES` more (`_drop_rest`)."""
+    of it is read and dropped first, up to `DROPPED_BYTES` more (`drop_body`)."""
     declared = dict(scope["headers"]).get(b"content-length", b"")
     if declared.isdigit() and int(declared) > limit_bytes:
-        if int(declared) <= limit_bytes + _DROPPED_BYTES:  # the whole of it, none read yet
-            await _drop_rest(receive, {"more_body": True}, int(declared))
+        if int(declared) <= limit_bytes + DROPPED_BYTES:  # the whole of it, none read yet
+            await drop_body(receive, int(declared))
         raise errors.PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit_bytes}-byte limit")
     chunks: list[bytes] = []
     size = 0
@@ -99,7 +99,7 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
-            await _drop_rest(receive, message, _DROPPED_BYTES)
+            await drop_body(receive, DROPPED_BYTES, message)
             raise errors.PayloadTooLarge(f"request body is over the {limit_bytes}-byte limit")
         chunks.append(chunk)
         if not message.get("more_body", False):
@@ -107,17 +107,18 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _drop_rest(receive: Receive, message: Message, most: int) -> None:
-    """Read and drop what is left of a refused body, up to `most` bytes and as long as it does not stall: a connection
-    closed while its body still arrives is reset, and the reset can reach the client before it has read the refusal
-    (its 413 lost). A larger body's connection is closed under it."""
+async def drop_body(receive: Receive, most: int, last: Message | None = None) -> None:
+    """Read and drop a refused request's body (what is left of it after `last`, the message read last, where some was
+    read), up to `most` bytes and as long as it does not stall: a connection closed while its body still arrives is
+    reset, and the reset can reach the client before it has read the refusal (its 413 lost). A larger body's
+    connection is closed under it."""
     dropped = 0
-    with contextlib.suppress(errors.TrajproxyError):  # a stalled body: the refusal is still the 413
-        while message.get("more_body", False) and dropped < most:
-            message = await receive()
-            if message["type"] != "http.request":
+    with contextlib.suppress(errors.TrajproxyError):  # a stalled body: the refusal is still the one given
+        while (last is None or last.get("more_body", False)) and dropped < most:
+            last = await receive()
+            if last["type"] != "http.request":
                 break
-            dropped += len(message.get("body", b""))
+            dropped += len(last.get("body", b""))
 
 
 # Deeper JSON parses (orjson reads 1,024 levels) but cannot be stored or sent back: orjson writes 255 levels at most.

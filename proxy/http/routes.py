@@ -21,7 +21,6 @@ The doors, checked before the handler reads anything or waits:
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import re
 from collections.abc import Callable, Sequence
@@ -37,10 +36,12 @@ from proxy.core.errors import BadRequest, Forbidden, TrajproxyError, Unauthorize
 from proxy.core.values import same_secret
 from proxy.dialects.dialect import Dialect
 from proxy.http.edge import (
+    DROPPED_BYTES,
     JSON,
     TOO_DEEP,
     asks_upgrade,
     deny,
+    drop_body,
     error_body,
     from_sandbox,
     parse_bearer,
@@ -292,8 +293,7 @@ class Router:
         """Read and drop the body of a request refused before it was read (up to the body limit, and as long as it
         does not stall): a connection closed with a body still arriving is reset, and the reset can reach the client
         before it has read the refusal."""
-        with contextlib.suppress(TrajproxyError):
-            await read_body(scope, receive, self._max_body_bytes)
+        await drop_body(receive, self._max_body_bytes + DROPPED_BYTES)
 
     def _check_door(self, scope: Scope) -> None:
         if from_sandbox(scope):  # the sandboxes' door, agents only
