@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from proxy.adapters.ids_json import Text
-from proxy.adapters.sent_body import SMALL, WITH_HEADERS, PiecesPayload, writes
+from proxy.adapters.sent_body import SMALL, WITH_HEADERS, payload, writes
 
 
 def body_in_pieces(seed: int) -> list[Text]:
@@ -68,9 +68,7 @@ def test_a_real_server_receives_the_pieces_joined_with_their_length_and_type() -
             async with aiohttp.ClientSession() as session:
                 for seed in (3, 4):  # twice on one kept-alive connection
                     body = body_in_pieces(seed)
-                    async with session.post(
-                        f"http://127.0.0.1:{port}/v1/chat/completions", data=PiecesPayload(body)
-                    ) as r:
+                    async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", data=payload(body)) as r:
                         assert r.status == 200 and await r.json() == {"ok": True}
                     joined = b"".join(body)
                     assert received[-1] == (joined, str(len(joined)), "application/json")

@@ -6,49 +6,61 @@ conversation once; aiohttp then joins its headers with the body (on Python befor
 two copies of about 400 KB a turn at 100k tokens, and a fresh buffer's pages faulted in for each. Here the pieces are
 written as they are: the small ones together (one short join), the large ones each as a view the socket reads from.
 
-Loaded with aiohttp, at a served policy's first call (`proxy/adapters/served_upstream.py`).
+Its aiohttp payload class is made when aiohttp is loaded, at a served policy's first call (`payload`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import aiohttp
-from aiohttp.abc import AbstractStreamWriter
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from proxy.adapters.ids_json import Text
+
+if TYPE_CHECKING:  # aiohttp itself is loaded at a served policy's first call (`_payload_class`)
+    import aiohttp
 
 WITH_HEADERS = 4096  # at most this much of the body goes out joined with the headers (aiohttp's one write)
 SMALL = 16384  # pieces shorter than this are joined with their neighbours into one write
 
 
-class PiecesPayload(aiohttp.Payload):
-    """A JSON body in pieces: the first few bytes written with the headers, then its large pieces as they are and its
-    small ones joined, so that no piece over `SMALL` bytes is copied on the way to the socket."""
+def payload(body: Sequence[Text]) -> aiohttp.Payload:
+    """A JSON body in pieces as aiohttp sends it: the first few bytes written with the headers, then its large pieces
+    as they are and its small ones joined, so that no piece over `SMALL` bytes is copied on the way to the socket."""
+    return _payload_class()(writes(body), content_type="application/json")
 
-    _autoclose = True  # bytes in memory, nothing to close
 
-    def __init__(self, body: Sequence[Text]) -> None:
-        super().__init__(writes(body), content_type="application/json")
-        self._size = sum(map(len, body))
+@cache
+def _payload_class() -> type[aiohttp.Payload]:
+    import aiohttp  # lazy: a server whose policies are the trainer or a hosted model never loads it
+    from aiohttp.abc import AbstractStreamWriter  # lazy: with aiohttp
 
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return b"".join(self._value).decode(encoding, errors)
+    class PiecesPayload(aiohttp.Payload):
+        _autoclose = True  # bytes in memory, nothing to close
 
-    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return b"".join(self._value)
+        def __init__(self, value: list[Text], *args: Any, **kwargs: Any) -> None:
+            super().__init__(value, *args, **kwargs)
+            self._size = sum(map(len, value))
 
-    async def write(self, writer: AbstractStreamWriter) -> None:
-        for part in self._value:
-            await writer.write(part)
+        def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+            return b"".join(self._value).decode(encoding, errors)
 
-    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
-        left = sum(map(len, self._value)) if content_length is None else content_length
-        for part in self._value:
-            if left <= 0:
-                return
-            await writer.write(part if len(part) <= left else memoryview(part)[:left])
-            left -= len(part)
+        async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+            return b"".join(self._value)
+
+        async def write(self, writer: AbstractStreamWriter) -> None:
+            for part in self._value:
+                await writer.write(part)
+
+        async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+            left = sum(map(len, self._value)) if content_length is None else content_length
+            for part in self._value:
+                if left <= 0:
+                    return
+                await writer.write(part if len(part) <= left else memoryview(part)[:left])
+                left -= len(part)
+
+    return PiecesPayload
 
 
 def writes(body: Sequence[Text]) -> list[Text]:

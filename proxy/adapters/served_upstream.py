@@ -34,6 +34,7 @@ from proxy.adapters.ids_json import (
     with_choices,
 )
 from proxy.adapters.messages_json import MessagesJson
+from proxy.adapters.sent_body import payload
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.ids import TokenIds
@@ -204,11 +205,9 @@ class ServedUpstream:
         200."""
         import aiohttp  # lazy: loaded at a served policy's first call (see the top)
 
-        from proxy.adapters.sent_body import PiecesPayload
-
         try:
             async with self._client().post(
-                url, data=PiecesPayload(body), timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url, data=payload(body), timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as answer:
                 status, reason, content = answer.status, answer.reason, Chunks(await _chunks(answer))
         except (aiohttp.ClientError, TimeoutError) as e:
