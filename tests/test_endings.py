@@ -11,11 +11,11 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
-from proxy.core.endings import _RECENT_BYTES, Endings, held_bytes
+from proxy.core.endings import Endings, held_bytes
 from proxy.core.errors import NotFound
 from proxy.core.ids import TokenIds
 from proxy.core.open_turns import OpenTurns
-from proxy.core.values import Extension, Reply, Turn, TurnStatus
+from proxy.core.values import Extension, Reply, TurnStatus
 from proxy.storage.sql import SqlStore
 from tests.test_store import episode_value, turn_value
 
@@ -82,10 +82,16 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
 
             # A long episode's calls, each the one before with a KiB of messages added (read against it, its parsed
             # messages the same values): each holds its body and what it adds, so that 100 fit, not 64
-            long: list[Turn] = []
-            for seq in range(100):
-                extends = Extension(long[-1].id, seq, MiB - 1024) if seq else None
-                long.append(turn_value("ep_long", seq, wire=one_mib, status=TurnStatus.ANSWERED, extends=extends))
+            long = [
+                turn_value(
+                    "ep_long",
+                    seq,
+                    wire=one_mib,
+                    status=TurnStatus.ANSWERED,
+                    extends=Extension("tu_earlier", seq, MiB - 1024) if seq else None,
+                )
+                for seq in range(100)
+            ]
             at_hand = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
             for turn in long:
                 at_hand.remember(turn)
@@ -100,58 +106,6 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
             for _ in range(60):  # a turn remembered again (its latest state) is counted once
                 fresh.remember(half[-1])
             assert await kept(fresh, [turn.id for turn in half]) == [True] * 100  # 100 MiB, within the bound
-        finally:
-            await store.close()
-
-    asyncio.run(body())
-
-
-def test_a_turn_whose_parent_is_gone_is_counted_at_what_it_then_holds_alone(tmp_path: Path) -> None:
-    """Many episodes, a turn each in turn: a turn continuing one no longer at hand holds the memory they shared (its
-    call's earlier messages, parsed; its prompt's head), so it is counted at that too. Counted at its own part alone,
-    the turns kept held twice the bound (calls) and a quarter over it (prompts)."""
-
-    async def body() -> None:
-        store = SqlStore(f"sqlite:///{tmp_path}/endings.db")
-        await store.open()
-        try:
-            one_mib = b"x" * MiB
-            calls = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
-            latest: dict[int, Turn] = {}
-            parent_of: dict[str, Turn] = {}
-            for seq in range(3):
-                for episode in range(200):
-                    before = latest.get(episode)
-                    extends = Extension(before.id, seq, MiB - 1024) if before else None
-                    turn = turn_value(f"ep_{episode}", seq, wire=one_mib, status=TurnStatus.ANSWERED, extends=extends)
-                    if before is not None:
-                        parent_of[turn.id] = before
-                    latest[episode] = turn
-                    calls.remember(turn)
-            at_hand = set(calls._recent)
-            alone = sum(
-                held_bytes(turn)
-                + (turn.extends.shared_bytes if turn.extends and turn.extends.turn_id not in at_hand else 0)
-                for turn in calls._recent.values()
-            )
-            assert 0 < alone <= _RECENT_BYTES and len(at_hand) >= 60
-
-            prompts = Endings(OpenTurns(lambda _open_turn: None), store, time.time)
-            heads = {episode: TokenIds(range(episode, episode + MiB)) for episode in range(20)}  # 8 MiB each
-            for seq in range(3):
-                for episode in range(20):
-                    ids = TokenIds.joined(heads[episode], range(1000)) if seq else heads[episode]
-                    heads[episode] = ids
-                    reply = Reply(prompt_token_ids=ids)
-                    prompts.remember(turn_value(f"ep_{episode}", seq, status=TurnStatus.ANSWERED, reply=reply))
-            kept_prompts = {id(turn.reply.prompt_token_ids) for turn in prompts._recent.values() if turn.reply}
-            held = 0
-            for turn in prompts._recent.values():
-                prompt = turn.reply.prompt_token_ids if turn.reply else None
-                assert isinstance(prompt, TokenIds)
-                head_kept = prompt.head is not None and id(prompt.head) in kept_prompts
-                held += held_bytes(turn) + (0 if head_kept else prompt.head_bytes)
-            assert 0 < held <= _RECENT_BYTES
         finally:
             await store.close()
 

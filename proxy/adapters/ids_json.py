@@ -97,7 +97,7 @@ class _Kept:
     @property
     def size(self) -> int:
         """Its text's, and its ids' at 8 bytes each: of a served prompt (TokenIds), its own ids only, its head being
-        its parent's prompt, held and counted with the turns at hand (`proxy/core/endings.py`): this bound is about."""
+        its parent's prompt (`proxy/core/ids.py`)."""
         prompt = self.prompt.own_bytes if isinstance(self.prompt, TokenIds) else 8 * len(self.prompt)
         return held_bytes(self.text) + prompt + 8 * len(self.sampled)
 

@@ -51,11 +51,6 @@ class Endings:
         self._unwritten: dict[str, Turn] = {}  # settled turns whose write is on its way: their latest state
         self._recent: OrderedDict[str, Turn] = OrderedDict()
         self._recent_bytes = 0
-        self._sizes: dict[str, int] = {}  # what each turn at hand is counted at (`remember`)
-        self._sharing: dict[
-            str, dict[str, int]
-        ] = {}  # a turn at hand: the turns at hand that share its memory, how much
-        self._prompts: dict[int, str] = {}  # a served prompt at hand (its `id`): its turn's
         self._background: set[asyncio.Future[Any]] = set()  # writes nobody awaits (`drain` waits for them)
         self._answering: set[asyncio.Future[Any]] = set()  # models answering turns (`wind_down` waits for them too)
 
@@ -101,44 +96,14 @@ class Endings:
         return written if written is not None else _done()
 
     def remember(self, turn: Turn) -> None:
-        """Keep a recorded turn's latest state at hand, within the bounds, the newest first. A turn is counted at what
-        it holds alone and, where the turn it continues is not at hand, at what it shares with that turn too (whose
-        going makes it the one holder: `shared_bytes`)."""
-        if self._recent.pop(turn.id, None) is not None:
-            self._recent_bytes -= self._sizes[turn.id]
-        size = held_bytes(turn)
-        for parent, shared in self._shared(turn):
-            if parent is not None:
-                self._sharing.setdefault(parent, {})[turn.id] = shared
-            else:
-                size += shared
+        """Keep a recorded turn's latest state at hand, within the bounds, the newest first."""
+        if (earlier := self._recent.pop(turn.id, None)) is not None:
+            self._recent_bytes -= held_bytes(earlier)
         self._recent[turn.id] = turn
-        self._sizes[turn.id] = size
-        self._recent_bytes += size
-        if (prompt := _served_prompt(turn)) is not None:
-            self._prompts[id(prompt)] = turn.id
+        self._recent_bytes += held_bytes(turn)
         while self._recent and (len(self._recent) > _RECENT_TURNS or self._recent_bytes > _RECENT_BYTES):
-            gone, oldest = self._recent.popitem(last=False)
-            self._recent_bytes -= self._sizes.pop(gone)
-            if (prompt := _served_prompt(oldest)) is not None and self._prompts.get(id(prompt)) == gone:
-                del self._prompts[id(prompt)]
-            for child, shared in self._sharing.pop(gone, {}).items():
-                if child in self._sizes:  # what it shared with the turn gone is its own now
-                    self._sizes[child] += shared
-                    self._recent_bytes += shared
-
-    def _shared(self, turn: Turn) -> list[tuple[str | None, int]]:
-        """What a turn shares with the turns it continues: its body's earlier messages, parsed, with the call it
-        extends, and its served prompt's head with the turn whose prompt it is; each with that turn's id where it is
-        at hand (None where not: then the turn alone holds it)."""
-        shared: list[tuple[str | None, int]] = []
-        if (extends := turn.extends) is not None:
-            shared.append((extends.turn_id if extends.turn_id in self._recent else None, extends.shared_bytes))
-        if (prompt := _served_prompt(turn)) is not None and (head := prompt.head) is not None:
-            parent = self._prompts.get(id(head))
-            at_hand = parent is not None and _served_prompt(self._recent[parent]) is head
-            shared.append((parent if at_hand else None, prompt.head_bytes))
-        return shared
+            _, oldest = self._recent.popitem(last=False)
+            self._recent_bytes -= held_bytes(oldest)
 
     async def turn(self, turn_id: str) -> Turn:
         """A turn's latest state: open (`OpenTurns`), ended lately, or as the store has it."""
@@ -230,10 +195,9 @@ class Endings:
 
 
 def held_bytes(turn: Turn) -> int:
-    """About what a settled turn holds in memory beside what it shares with the turn it continues: its call as
-    received and as parsed (as much again, or, where its body extends an earlier call's, what it adds: the messages
-    before are that call's values, `proxy.http.prefix`), and the token ids and logprobs of its reply (of a served
-    prompt, its own: its head is its parent's prompt)."""
+    """About what a settled turn holds in memory: its call as received and as parsed (as much again, or, where its
+    body extends an earlier call's, what it adds: the messages before are that call's values, `proxy.http.prefix`),
+    and the token ids and logprobs of its reply."""
     shared = turn.extends.shared_bytes if turn.extends is not None else 0
     size = 2 * len(turn.wire) - shared
     if (reply := turn.reply) is not None:
@@ -243,11 +207,6 @@ def held_bytes(turn: Turn) -> int:
             elif values is not None:
                 size += _BYTES_PER_ID * len(values)
     return size
-
-
-def _served_prompt(turn: Turn) -> TokenIds | None:
-    prompt = turn.reply.prompt_token_ids if turn.reply is not None else None
-    return prompt if isinstance(prompt, TokenIds) else None
 
 
 def failure(write: asyncio.Future[Any]) -> BaseException | None:

@@ -129,18 +129,9 @@ class TokenIds(Sequence[int]):
 
     @property
     def own_bytes(self) -> int:
-        """The memory its own ids take: its tail's (its head is its parent's prompt, counted with its parent)."""
+        """The memory its own ids take: its tail's. Its head is its parent's prompt, counted with its parent's turn
+        where that is kept: a bound counted so is about, not exact (the oldest kept turn of a chain holds its head)."""
         return self._tail.itemsize * len(self._tail)
-
-    @property
-    def head(self) -> TokenIds | None:
-        """The ids before its own: its parent's prompt (None where it holds all of its ids in one block)."""
-        return self._head
-
-    @property
-    def head_bytes(self) -> int:
-        """The memory its head's ids take: its parent's, held by it alone once its parent is gone."""
-        return self._tail.itemsize * (self._size - len(self._tail))
 
 
 def plain(ids: Sequence[int] | None) -> Sequence[int] | None:
