@@ -12,9 +12,9 @@ from proxy.adapters.chunks import Chunks
 
 
 def cuts(rng: random.Random, data: bytes) -> list[bytes]:
-    places = sorted(rng.sample(range(len(data) + 1), rng.randrange(0, min(12, len(data) + 1))))
+    places = sorted(rng.choices(range(len(data) + 1), k=rng.randrange(0, 12)))
     bounds = [0, *places, len(data)]
-    return [data[a:b] for a, b in itertools.pairwise(bounds)]  # empty chunks too, where places repeat 0
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]  # empty chunks too, where places repeat
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -29,6 +29,7 @@ def test_reads_in_chunks_are_the_joined_bytes_reads(seed: int) -> None:
         sub = sub if rng.random() < 0.7 else bytes(rng.choice(b"ab,") for _ in range(rng.randrange(1, 5)))
         at = max(start, 0)
         assert chunks.find(sub, at) == data.find(sub, at), (sub, at)
+        assert chunks.find(sub, start) == chunks.find(sub, at)  # no offset counted from the end
         assert chunks.startswith(sub, start) == (start >= 0 and data.startswith(sub, start))
         assert chunks.slice(start, end) == data[max(start, 0) : max(end, 0)]
         assert b"".join(chunks.views(start, end)) == data[max(start, 0) : max(end, 0)]
@@ -44,3 +45,5 @@ def test_views_are_into_the_chunks_not_copies() -> None:
 def test_no_chunks_read_as_empty() -> None:
     empty = Chunks([])
     assert (empty.size, empty.joined(), empty.find(b"a"), empty.startswith(b"", 0)) == (0, b"", -1, True)
+    some = Chunks([b"ab", b"c"])
+    assert [some.find(b"", at) for at in (2, 3, 4)] == [b"abc".find(b"", at) for at in (2, 3, 4)] == [2, 3, -1]

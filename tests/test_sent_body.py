@@ -7,10 +7,13 @@ import asyncio
 import random
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from proxy.adapters.ids_json import Text
 from proxy.adapters.sent_body import SMALL, WITH_HEADERS, payload, writes
+from proxy.adapters.served_upstream import ServedUpstream
+from proxy.core.errors import UpstreamError
 
 
 def body_in_pieces(seed: int) -> list[Text]:
@@ -49,6 +52,22 @@ def test_a_body_whose_first_piece_is_large_sends_only_its_head_with_the_headers(
     assert isinstance(out[1], memoryview) and out[1].obj is big  # the rest a view of it, not a copy
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        [b'{"m":', b"[", *[b"x" * 15000] * 20, b"]}"],  # many pieces just under the large ones' size
+        [b"x" * 3000, b"y" * 3000, b"z" * 100_000],
+        [b"a" * 100] * 400,
+    ],
+)
+def test_no_write_joins_more_than_a_few_kilobytes(body: list[bytes]) -> None:
+    out = writes(body)
+    assert b"".join(out) == b"".join(body)
+    assert len(out[0]) <= WITH_HEADERS  # what aiohttp joins with the headers
+    joined = [piece for piece in out if not any(piece is given for given in body)]
+    assert all(len(piece) <= SMALL for piece in joined)
+
+
 def test_a_real_server_receives_the_pieces_joined_with_their_length_and_type() -> None:
     async def scenario() -> None:
         received: list[tuple[bytes, str | None, str]] = []
@@ -73,6 +92,46 @@ def test_a_real_server_receives_the_pieces_joined_with_their_length_and_type() -
                     joined = b"".join(body)
                     assert received[-1] == (joined, str(len(joined)), "application/json")
         finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_answers_are_read_to_their_end_however_they_come() -> None:
+    """The server's answer read in chunks through `ServedUpstream._send`: one sent in HTTP chunks (each chunk's end is
+    no end of the body) read whole, and answers with no body at all (aiohttp's one shared empty reader, which says
+    "end of a chunk" from its second read on) refused with their status, again and again, never read forever."""
+
+    async def scenario() -> None:
+        async def chunked(request: web.Request) -> web.StreamResponse:
+            answer = web.StreamResponse()
+            answer.enable_chunked_encoding()
+            await answer.prepare(request)
+            for i in range(5):
+                await answer.write(b'{"part":%d}' % i if i == 0 else b" " * 70_000)
+            await answer.write_eof()
+            return answer
+
+        async def empty(_request: web.Request) -> web.Response:
+            return web.Response(status=204)
+
+        app = web.Application()
+        app.router.add_post("/chunked", chunked)
+        app.router.add_post("/empty", empty)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        upstream = ServedUpstream()
+        try:
+            content = await asyncio.wait_for(upstream._send(base + "/chunked", (b"{}",), 10.0), 20)
+            assert content.joined() == b'{"part":0}' + b" " * 280_000
+            for _ in range(3):
+                with pytest.raises(UpstreamError, match="answered 204"):
+                    await asyncio.wait_for(upstream._send(base + "/empty", (b"{}",), 10.0), 20)
+        finally:
+            await upstream.aclose()
             await runner.cleanup()
 
     asyncio.run(scenario())

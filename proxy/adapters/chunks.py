@@ -28,9 +28,11 @@ class Chunks:
         return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
     def find(self, sub: bytes, start: int = 0) -> int:
-        """Where `sub` first lies at or after `start`; -1 where nowhere."""
+        """Where `sub` first lies at or after `start` (an offset from the start: none is counted from the end, as
+        `bytes.find` counts a negative one); -1 where nowhere."""
+        start = max(start, 0)
         if start >= self.size:
-            return -1 if sub else self.size
+            return start if start == self.size and not sub else -1
         first = self._chunk_at(start)
         for i in range(first, len(self._chunks)):
             chunk, begins = self._chunks[i], self._starts[i]

@@ -65,23 +65,25 @@ def _payload_class() -> type[aiohttp.Payload]:
 
 def writes(body: Sequence[Text]) -> list[Text]:
     """The body as the writes that send it: up to `WITH_HEADERS` bytes first (aiohttp joins them with the headers),
-    then runs of small pieces joined, each large piece alone."""
+    then each large piece alone and the small ones between joined, up to `SMALL` bytes a write."""
     out: list[Text] = []
     run: list[Text] = []
+    size = 0
     for part in body:
-        if not part:
-            continue
         if not out and not run and len(part) > WITH_HEADERS:  # the first write: a few bytes, sent with the headers
             view = memoryview(part)
             out.append(view[:WITH_HEADERS])
             part = view[WITH_HEADERS:]
-        if len(part) < SMALL:
-            run.append(part)
+        if not part:
             continue
-        if run:
+        if run and size + len(part) > (SMALL if out else WITH_HEADERS):
             out.append(b"".join(run))
-            run = []
-        out.append(part)
+            run, size = [], 0
+        if len(part) >= SMALL:
+            out.append(part)
+        else:
+            run.append(part)
+            size += len(part)
     if run:
         out.append(b"".join(run))
     return out

@@ -224,10 +224,11 @@ async def _chunks(answer: aiohttp.ClientResponse) -> list[bytes]:
     """An answer's body as the chunks it arrived in (`read` joins them: one more copy of the whole)."""
     chunks: list[bytes] = []
     while True:
-        chunk, http_chunk_ends = await answer.content.readchunk()
-        if not chunk and not http_chunk_ends:  # (b"", False): the end
+        chunk, _ = await answer.content.readchunk()  # (b"", True) ends an HTTP chunk, not always the body
+        if chunk:
+            chunks.append(chunk)
+        elif answer.content.at_eof():
             return chunks
-        chunks.append(chunk)
 
 
 def mode_of(answerer: Answerer) -> str:

@@ -292,8 +292,11 @@ class Router:
     async def _drain(self, scope: Scope, receive: Receive) -> None:
         """Read and drop the body of a request refused before it was read (up to the body limit, and as long as it
         does not stall): a connection closed with a body still arriving is reset, and the reset can reach the client
-        before it has read the refusal."""
-        await drop_body(receive, self._max_body_bytes + DROPPED_BYTES)
+        before it has read the refusal. A body declared larger than that is not read: its connection is closed."""
+        most = self._max_body_bytes + DROPPED_BYTES
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if not (declared.isdigit() and int(declared) > most):
+            await drop_body(receive, most)
 
     def _check_door(self, scope: Scope) -> None:
         if from_sandbox(scope):  # the sandboxes' door, agents only
