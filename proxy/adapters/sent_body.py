@@ -49,11 +49,10 @@ def _payload_class() -> type[aiohttp.Payload]:
             return b"".join(self._value)
 
         async def write(self, writer: AbstractStreamWriter) -> None:
-            for part in self._value:
-                await writer.write(part)
+            await self.write_with_length(writer, None)
 
         async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
-            left = sum(map(len, self._value)) if content_length is None else content_length
+            left = (self._size or 0) if content_length is None else content_length
             for part in self._value:
                 if left <= 0:
                     return

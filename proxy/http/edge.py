@@ -85,11 +85,11 @@ DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its l
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     """The whole request body, refused (PayloadTooLarge) once it is declared or read past `limit_bytes`: what is left
     of it is read and dropped first, up to `DROPPED_BYTES` more (`drop_body`)."""
-    declared = dict(scope["headers"]).get(b"content-length", b"")
-    if declared.isdigit() and int(declared) > limit_bytes:
-        if int(declared) <= limit_bytes + DROPPED_BYTES:  # the whole of it, none read yet
-            await drop_body(receive, int(declared))
-        raise errors.PayloadTooLarge(f"request body of {int(declared)} bytes is over the {limit_bytes}-byte limit")
+    declared = declared_length(scope)
+    if declared is not None and declared > limit_bytes:
+        if declared <= limit_bytes + DROPPED_BYTES:  # the whole of it, none read yet
+            await drop_body(receive, declared)
+        raise errors.PayloadTooLarge(f"request body of {declared} bytes is over the {limit_bytes}-byte limit")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -105,6 +105,12 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The body's length as its Content-Length header declares it, where it does."""
+    declared = dict(scope["headers"]).get(b"content-length", b"")
+    return int(declared) if declared.isdigit() else None
 
 
 async def drop_body(receive: Receive, most: int, last: Message | None = None) -> None:

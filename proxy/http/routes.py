@@ -40,6 +40,7 @@ from proxy.http.edge import (
     JSON,
     TOO_DEEP,
     asks_upgrade,
+    declared_length,
     deny,
     drop_body,
     error_body,
@@ -294,8 +295,7 @@ class Router:
         does not stall): a connection closed with a body still arriving is reset, and the reset can reach the client
         before it has read the refusal. A body declared larger than that is not read: its connection is closed."""
         most = self._max_body_bytes + DROPPED_BYTES
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if not (declared.isdigit() and int(declared) > most):
+        if (declared_length(scope) or 0) <= most:
             await drop_body(receive, most)
 
     def _check_door(self, scope: Scope) -> None:
