@@ -34,6 +34,16 @@ def running_at(vllm: Any) -> int:
     return int(sum(float(value) for value in found))
 
 
+def outcome(call: Any, running: int) -> str:
+    """What became of a call (a future of the SDK's answer), and how many requests vLLM ran as the pause began."""
+    if not call.done():
+        return f"still waiting, {running} running at vLLM"
+    if call.exception() is not None:
+        return f"failed: {call.exception()!r}, {running} running"
+    choice = call.result().choices[0]
+    return f"ended: {choice.finish_reason}, {call.result().usage.completion_tokens} tokens, {running} running"
+
+
 def wait_for(what: Any, timeout_s: float = 60.0) -> None:
     """Wait for an event (polling what says it happened), never for a time."""
     deadline = time.monotonic() + timeout_s
@@ -67,6 +77,7 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
             # sampling, vLLM's own pause ("keep") freezes it where it is, until the reload below. Where it ended
             # before that (its 1,800 tokens sampled between two polls of the server's gauge), it is made again in an
             # episode of its own, so that each episode holds one turn either way.
+            tries: list[str] = []  # what became of each long call that vLLM did not hold: said where all five fail
             for _ in range(5):
                 long = trainer.create_episode(**served, policy_options=long_options)
                 long_agent = clients.enter_context(
@@ -82,9 +93,10 @@ def test_with_keep_a_call_in_flight_finishes_on_the_old_weights_and_a_new_call_w
                 paused = trainer.pause("keep")
                 if paused.in_flight == 1:
                     break
+                tries.append(outcome(in_flight, running_at(vllm)))
                 trainer.resume(policy_version="step-0")
                 post(vllm, "/resume")
-            assert (paused.paused, paused.in_flight) == ("keep", 1), "the long call ended before vLLM held it, 5 times"
+            assert (paused.paused, paused.in_flight) == ("keep", 1), f"vLLM held no long call in 5 tries: {tries}"
             second = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
             held = background(short_agent.chat.completions.create, model="p", messages=second)
             wait_for(lambda: len(trainer.trajectory(short.id).turns) == 2)  # parked, held by the pause

@@ -56,6 +56,7 @@ class GranianFront:
     _stopping: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+    _streams: set[asyncio.Task[Any]] = field(default_factory=set)  # those of _in_flight that are WebSockets
     _ending: Ending | None = None
 
     def run(self) -> None:
@@ -91,11 +92,16 @@ class GranianFront:
         try:
             await self._stopping.wait()
         finally:
+            # The app's streams are closed first (1012, service restart), while granian still serves them: a worker
+            # told to stop drops its upgraded connections as soon as its last HTTP request ends, which the long
+            # polls do at once, and a close frame sent after that never left (the client read 1006).
+            self._ending.begin()
+            if self._streams:
+                await asyncio.wait(set(self._streams), timeout=self.graceful_s)
             for signal_ in signals:
                 signal_.set()  # no new connections; requests in flight go on
             for sock in self.sockets:
                 sock.close()  # granian listens on duplicates: the sockets given are closed here, as uvicorn does
-            self._ending.begin()
             await self._end_in_flight()
             await lifespan.shutdown()
             _log.info("Application shutdown complete.")
@@ -146,10 +152,13 @@ class GranianFront:
         task = asyncio.current_task()
         assert task is not None and self._ending is not None
         self._in_flight.add(task)
+        if scope["type"] == "websocket":
+            self._streams.add(task)
         try:
             await self._ending(scope, receive, send)
         finally:
             self._in_flight.discard(task)
+            self._streams.discard(task)
 
     async def _end_in_flight(self) -> None:
         """Let requests in flight finish for `graceful_s`, then cancel the rest (parked calls clean up as they go)."""
