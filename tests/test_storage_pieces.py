@@ -32,10 +32,12 @@ from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
 from proxy.dialects.gemini import GeminiDialect
 from proxy.dialects.responses import ResponsesDialect
-from proxy.storage.content import CHAIN, INLINE_BELOW
+from proxy.http import prefix
+from proxy.storage.content import CHAIN, INLINE_BELOW, Contents
 from proxy.storage.export import Filters, export
 from proxy.storage.pieces import (
     MAX_PIECE,
+    cut,
     decode_parts,
     digest,
     encode_parts,
@@ -186,6 +188,42 @@ def test_requests_and_lists_round_trip() -> None:
     for new in (base, [*base[:3], digest(b"n"), *base[3:]], [digest(b"a")], [], base[2:], base + base):
         assert decode_parts(encode_parts(new, base), base) == new
         assert decode_parts(encode_parts(new, None), None) == new
+        for same in range(len(new) + 2):  # how many first hashes are said to be the base's, rightly or not
+            assert encode_parts(new, base, same) == encode_parts(new, base)
+
+
+def test_turns_cut_against_their_last_turn_name_each_piece_by_one_object_across_episodes() -> None:
+    """The writer thread holds each episode's last turn's lists of hashes (`Contents`), every piece named by one
+    object however many episodes hold it; a turn cut against its last turn looks up only the hashes it cut anew."""
+    contents, dialect = Contents("sqlite"), ChatDialect()
+    calls = conversation("chat", 3 * CHAIN // 2, seed=5)  # two episodes of the same calls: every piece shared
+    for episode_id in ("ep_a", "ep_b"):
+        last: prefix.LastBody | None = None
+        for seq, (wire, _) in enumerate(calls):
+            extended = prefix.extend(last, wire, dialect) if last is not None else None
+            call = extended.call if extended is not None else dialect.parse(orjson.loads(wire))
+            turn = Turn(
+                id=new_id("tu"),
+                episode_id=episode_id,
+                seq=seq,
+                dialect="chat",
+                request=call.request,
+                wire=wire,
+                stream=False,
+                status=TurnStatus.PARKED,
+                created_at=T0 + seq,
+                extends=extended.extension if extended is not None else None,
+            )
+            assert (extended is not None) == (seq > 0)  # each call after the first is cut against the one before
+            write = contents.write(turn, sqlalchemy.text("select 1"), lambda row: row)
+            write.ops()
+            write.committed()
+            last = prefix.remember(turn.id, dialect, wire, call, extended)
+    a, b = contents._last["ep_a"], contents._last["ep_b"]
+    whole = cut(turn.wire, turn.request)  # the last call, cut whole
+    assert a.wire == b.wire == whole.wire and a.request == b.request == whole.request
+    assert all(x is y for x, y in zip(a.wire, b.wire, strict=True))
+    assert all(x is y for x, y in zip(a.request, b.request, strict=True))
 
 
 # Every reader, on both databases

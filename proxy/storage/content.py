@@ -216,8 +216,9 @@ class Contents:
         reply's ids written against its parent's (on the writer thread, which knows how many ids a parent holds)."""
         return TurnsSaved(self.lengths, batch, statement, shape)
 
-    def learn(self, stored: Sequence[bytes], last: _Last) -> None:
-        """A write committed: its pieces are stored, and its turn is its episode's last."""
+    def learn(self, stored: Sequence[bytes], last: _Last, kept: tuple[int, int] = (0, 0)) -> None:
+        """A write committed: its pieces are stored, and its turn is its episode's last (the first `kept` hashes of
+        its lists, its base's own objects, learned with its base)."""
         known = self._known
         for h in stored:
             known[h] = h
@@ -225,9 +226,11 @@ class Contents:
         while len(known) > _KNOWN:
             known.popitem(last=False)
         # The lists held name each piece by the object `known` holds, not the one cutting this turn made: episodes
-        # whose calls share pieces (a system prompt, tools) then hold one 33-byte object each, not one per episode
-        last.wire = [known.get(h, h) for h in last.wire]
-        last.request = [known.get(h, h) for h in last.request]
+        # whose calls share pieces (a system prompt, tools) then hold one 33-byte object each, not one per episode.
+        # Only the hashes cut anew are looked up: the rest are the objects its base's learning chose.
+        wire_kept, request_kept = kept
+        last.wire[wire_kept:] = [known.get(h, h) for h in last.wire[wire_kept:]]
+        last.request[request_kept:] = [known.get(h, h) for h in last.request[request_kept:]]
         if (before := self._last.pop(last.episode_id, None)) is not None:
             self._held -= len(before.wire) + len(before.request)
         self._last[last.episode_id] = last
@@ -249,7 +252,7 @@ class TurnWrite:
         self._statement = statement
         self._shape = shape
         self._cut: Cut | None = None
-        self._written: tuple[list[bytes], _Last] | None = None
+        self._written: tuple[list[bytes], _Last, tuple[int, int]] | None = None
 
     def ops(self) -> tuple[list[Op], list[Op]]:
         """The pieces not known to be stored (to write first), and the turn's row."""
@@ -263,7 +266,9 @@ class TurnWrite:
         wire, request, data = self._cut.wire, self._cut.request, self._cut.data
         if last is not None and last.depth + 1 < CHAIN and last.seq < turn.seq:
             base_id, whole_seq, depth = last.id, last.whole_seq, last.depth + 1
-            wire_parts, request_parts = encode_parts(wire, last.wire), encode_parts(request, last.request)
+            same_wire, same_request = self._cut.kept
+            wire_parts = encode_parts(wire, last.wire, same_wire)
+            request_parts = encode_parts(request, last.request, same_request)
         else:
             base_id, whole_seq, depth = None, turn.seq, 0
             wire_parts, request_parts = encode_parts(wire, None), encode_parts(request, None)
@@ -276,7 +281,7 @@ class TurnWrite:
         }
         messages = len(turn.request.get("messages") or ())
         written = _Last(turn.id, turn.episode_id, turn.seq, whole_seq, depth, wire, request, self._cut.ends, messages)
-        self._written = (new, written)
+        self._written = (new, written, self._cut.kept)
         first: list[Op] = [(contents.insert, [{"hash": h, "data": pack(data[h])} for h in new])] if new else []
         return first, [(self._statement, [self._shape(row)])]
 

@@ -103,12 +103,16 @@ def unpack(stored: bytes) -> bytes:
     return zlib.decompress(data) if kind == _DEFLATED else bytes(data)
 
 
-def encode_parts(hashes: Sequence[bytes], base: Sequence[bytes] | None) -> bytes:
+def encode_parts(hashes: Sequence[bytes], base: Sequence[bytes] | None, same: int = 0) -> bytes:
     """A list of piece hashes, as how many of `base`'s first and last hashes it keeps and the hashes between them
-    (all of them where there is no base): an episode's next call mostly adds a few pieces to the last one's."""
+    (all of them where there is no base): an episode's next call mostly adds a few pieces to the last one's. `same`:
+    how many first hashes are said to be `base`'s (a `Cut`'s `kept`), checked in one comparison of the two lists
+    (the same objects: a pointer each), so that only the hashes after them are compared one by one."""
     front = back = 0
     if base is not None:
         most = min(len(base), len(hashes))
+        if 0 < same <= most and hashes[:same] == base[:same]:
+            front = same
         while front < most and base[front] == hashes[front]:
             front += 1
         while back < most - front and base[-1 - back] == hashes[-1 - back]:
@@ -156,12 +160,20 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
 
 class Cut:
     """A wire body and request as lists of piece hashes, where the wire's pieces end, and the pieces cut anew by
-    their hash (all of them, but for `extended`'s)."""
+    their hash (all of them, but for `extended`'s); `kept`: how many first hashes of each list are an earlier cut's,
+    the same objects (`extended`'s), the rest cut anew."""
 
-    __slots__ = ("data", "ends", "request", "wire")
+    __slots__ = ("data", "ends", "kept", "request", "wire")
 
-    def __init__(self, wire: list[bytes], ends: list[int], request: list[bytes], data: dict[bytes, bytes]) -> None:
-        self.wire, self.ends, self.request, self.data = wire, ends, request, data
+    def __init__(
+        self,
+        wire: list[bytes],
+        ends: list[int],
+        request: list[bytes],
+        data: dict[bytes, bytes],
+        kept: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.wire, self.ends, self.request, self.data, self.kept = wire, ends, request, data, kept
 
 
 def cut(wire: bytes, request: Any) -> Cut:
@@ -190,6 +202,7 @@ def extended(wire: bytes, messages: Sequence[Any], before: Cut, shared_bytes: in
         before.ends[:kept] + _ends(pieces, start),
         before.request + _hashed(new, data),
         data,
+        (kept, len(before.request)),
     )
 
 
