@@ -48,7 +48,7 @@ def recorded(database_url: str) -> list[Row]:
         engine.dispose()
     rows = []
     for turn in stored:
-        text = orjson.loads(turn.wire)["messages"][-1]["content"]
+        text = orjson.loads(bytes(turn.wire))["messages"][-1]["content"]
         said = turn.reply.message["content"] if turn.reply and turn.reply.message else None
         rows.append(Row(turn.episode_id, text, turn.seq, turn.status.value, said, turn.reason))
     return rows

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from proxy.adapters.chunks import Chunks
+from proxy.core.chunks import Chunks
 
 
 def cuts(rng: random.Random, data: bytes) -> list[bytes]:
@@ -22,7 +22,7 @@ def test_reads_in_chunks_are_the_joined_bytes_reads(seed: int) -> None:
     rng = random.Random(seed)
     data = bytes(rng.choice(b"ab,[]") for _ in range(rng.randrange(0, 200)))
     chunks = Chunks(cuts(rng, data))
-    assert chunks.size == len(data) and chunks.joined() == data
+    assert chunks.size == len(data) and b"".join(chunks.parts) == data
     for _ in range(60):
         start, end = sorted(rng.randrange(-2, len(data) + 3) for _ in range(2))
         sub = data[start : start + rng.randrange(1, 6)] if 0 <= start < len(data) else b"ab"
@@ -33,6 +33,16 @@ def test_reads_in_chunks_are_the_joined_bytes_reads(seed: int) -> None:
         assert chunks.startswith(sub, start) == (start >= 0 and data.startswith(sub, start))
         assert chunks.slice(start, end) == data[max(start, 0) : max(end, 0)]
         assert b"".join(chunks.views(start, end)) == data[max(start, 0) : max(end, 0)]
+        assert chunks.endswith(sub) == data.endswith(sub)
+        other = data[:end] + bytes(rng.choice(b"ab") for _ in range(rng.randrange(0, 4)))  # the same to `end`, or more
+        for given in (other, Chunks(cuts(rng, other))):
+            for n in (start, end, len(other)):
+                assert chunks.same_start(given, n) == (0 <= n <= len(data) and data[:n] == other[:n]), (n, given)
+    same = Chunks(cuts(rng, data))
+    assert chunks == data and data == chunks and chunks == same and (chunks != same) is False
+    assert chunks != data + b"a" and chunks != Chunks([data, b"a"]) and chunks != data.decode()
+    assert b"".join(chunks.parts) == data and len(chunks) == len(data)
+    assert bytes(chunks) == data and chunks.parts == (data,)  # joined once, then held so
 
 
 def test_views_are_into_the_chunks_not_copies() -> None:

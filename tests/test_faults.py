@@ -128,7 +128,9 @@ def recorded(database_url: str) -> list[dict[str, Any]]:
     try:
         with engine.connect() as conn:
             rows = conn.execute(sqlalchemy.select(turn_table).order_by(turn_table.c.episode_id, turn_table.c.seq)).all()
-            wires = [turn.wire for turn in turns_of(conn, rows)]  # each call's body, put together from its pieces
+            wires = [
+                bytes(turn.wire) for turn in turns_of(conn, rows)
+            ]  # each call's body, put together from its pieces
     finally:
         engine.dispose()
     turns = []

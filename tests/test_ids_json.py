@@ -7,7 +7,6 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.adapters.chunks import Chunks
 from proxy.adapters.ids_json import (
     Echo,
     IdsJson,
@@ -20,6 +19,7 @@ from proxy.adapters.ids_json import (
     new_ids,
     pieces,
 )
+from proxy.core.chunks import Chunks
 from proxy.core.ids import TokenIds
 
 

@@ -3,6 +3,7 @@ whole parse gives (the request, its branch, its pieces, its stored row), or give
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import pytest
 import sqlalchemy
 
 from proxy.client import TrainerClient
+from proxy.core.chunks import Body, Chunks
 from proxy.core.errors import BadRequest
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.chat import ChatDialect
@@ -56,10 +58,18 @@ def full(raw: bytes, dialect: Dialect = CHAT) -> Call | str:
         return e.message
 
 
-def read(last: prefix.LastBody | None, raw: bytes, dialect: Dialect = CHAT) -> tuple[Call | str, bool]:
+def in_chunks(rng: random.Random, raw: bytes) -> Body:
+    """The body as a server may read it: whole, or in chunks cut anywhere (empty ones too)."""
+    if rng.random() < 0.3:
+        return raw
+    places = sorted(rng.choices(range(len(raw) + 1), k=rng.randrange(1, 8)))
+    return Chunks(raw[a:b] for a, b in itertools.pairwise([0, *places, len(raw)]))
+
+
+def read(last: prefix.LastBody | None, raw: Body, dialect: Dialect = CHAT) -> tuple[Call | str, bool]:
     """As the agent route reads a body: against `last` where it extends it, else whole; and whether it did."""
     extended_ = prefix.extend(last, raw, dialect)
-    whole = full(raw, dialect)
+    whole = full(bytes(raw), dialect)
     if extended_ is None:
         return whole, False
     assert not isinstance(whole, str), f"read incrementally, yet the whole parse refuses it: {whole}"
@@ -89,7 +99,7 @@ def test_a_continued_body_reads_as_its_whole_parse(monkeypatch: pytest.MonkeyPat
                     messages = messages[:-1]
                 messages = [*messages, *added]
                 body = {**head, "messages": messages}
-                raw = layout(body)
+                raw = in_chunks(rng, layout(body))
                 call, extended_ = read(last, raw)
                 incremental += extended_
                 assert not isinstance(call, str)
@@ -166,6 +176,13 @@ def test_a_continued_cut_is_the_whole_cut(seed: int) -> None:
         whole = cut(child_raw, child)
         step = extended(child_raw, child["messages"], before, end, len(body["messages"]))
         assert (step.wire, step.ends, step.request) == (whole.wire, whole.ends, whole.request)
+        chunked = extended(in_chunks(rng, child_raw), child["messages"], before, end, len(body["messages"]))
+        assert (chunked.wire, chunked.ends, chunked.request, chunked.data) == (
+            step.wire,
+            step.ends,
+            step.request,
+            step.data,
+        )
         assert set(step.data) <= set(whole.data) and set(whole.data) <= set(step.data) | set(
             before.wire + before.request
         )
@@ -176,11 +193,11 @@ def test_a_continued_cut_is_the_whole_cut(seed: int) -> None:
 # The same conversation through the server twice: read incrementally, and parsed whole
 
 
-def script(rng: random.Random) -> list[tuple[str, Any]]:
+def script(rng: random.Random, system_words: int = 1200) -> list[tuple[str, Any]]:
     """An agent's calls: a chat call's messages (`{"reply": k}` stands for the reply to its k-th chat call), an
     Anthropic body, or bytes spliced into the next chat call's body after its last message (a broken call),
     extending, rewriting, forking and switching dialect."""
-    messages: list[Any] = [{"role": "system", "content": words(rng, 1200)}]
+    messages: list[Any] = [{"role": "system", "content": words(rng, system_words)}]
     calls: list[tuple[str, Any]] = []
     for turn in range(24):
         messages = [*messages, {"role": "user", "content": words(rng, 60)}]
@@ -252,11 +269,13 @@ def stored(server: Any, episode_id: str) -> list[Any]:
 def test_the_server_records_a_continued_call_as_its_whole_parse(
     server: Any, trainer: TrainerClient, background: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = script(random.Random(7))
+    # bodies of about 300 KB: more than the server reads at once (256 KiB), so each arrives in chunks
+    calls = script(random.Random(7), system_words=40_000)
     monkeypatch.setattr(prefix, "EXTEND_FROM", 0)  # every chat body read against the last
     on, heard_on = play(server, trainer, background, calls)
     live = server.broker.live(on)
     assert live.last_body is not None and live.last_body.end is not None  # the last call was read incrementally
+    assert isinstance(live.last_body.raw, Chunks)  # and held in the chunks it came in, never joined
     monkeypatch.setattr(prefix, "EXTEND_FROM", 1 << 40)  # none
     off, heard_off = play(server, trainer, background, calls)
     assert server.broker.live(off).last_body is None

@@ -220,7 +220,7 @@ def test_turns_cut_against_their_last_turn_name_each_piece_by_one_object_across_
             write.committed()
             last = prefix.remember(turn.id, dialect, wire, call, extended)
     a, b = contents._last["ep_a"], contents._last["ep_b"]
-    whole = cut(turn.wire, turn.request)  # the last call, cut whole
+    whole = cut(bytes(turn.wire), turn.request)  # the last call, cut whole
     assert a.wire == b.wire == whole.wire and a.request == b.request == whole.request
     assert all(x is y for x, y in zip(a.wire, b.wire, strict=True))
     assert all(x is y for x, y in zip(a.request, b.request, strict=True))

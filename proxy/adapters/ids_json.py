@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.adapters.chunks import Chunks
+from proxy.core.chunks import Chunks
 from proxy.core.errors import UpstreamError
 from proxy.core.ids import TokenIds, plain
 from proxy.core.values import JsonObject

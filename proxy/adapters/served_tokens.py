@@ -33,13 +33,13 @@ from typing import Any
 import orjson
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
-from proxy.adapters.chunks import Chunks
 from proxy.adapters.ids_json import IdsJson, Pieces, answer_of, chained, compacted, cut_echo, dumped, pieces
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
 from proxy.adapters.template_messages import TemplateMessages
 from proxy.adapters.token_endpoints import ENDPOINTS, TokenEndpoint
 from proxy.core.branches import same_message
+from proxy.core.chunks import Chunks
 from proxy.core.errors import UpstreamError
 from proxy.core.ids import TokenIds
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage, new_id

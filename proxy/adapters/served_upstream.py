@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.adapters.chunks import Chunks
 from proxy.adapters.ids_json import (
     Echo,
     IdsJson,
@@ -36,6 +35,7 @@ from proxy.adapters.ids_json import (
 from proxy.adapters.messages_json import MessagesJson
 from proxy.adapters.sent_body import payload
 from proxy.adapters.served_tokens import TOKEN_OPTIONS, TokenPolicy, functions, kept
+from proxy.core.chunks import Chunks
 from proxy.core.errors import ContextFull, UpstreamError
 from proxy.core.ids import TokenIds
 from proxy.core.values import Answerer, JsonObject, Reply, Turn, Usage

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from proxy.core.chunks import Body
 from proxy.core.context import Context
 from proxy.core.endings import UNRECORDED
 from proxy.core.episodes import LiveEpisode
@@ -256,10 +257,10 @@ class LocalQueue:
     def add(self, turn: Turn, held_for: str | None) -> Awaitable[None]:
         return self._context.store.add_turn(turn)
 
-    async def retried(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def retried(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         return await retried(self._context.open_turns, self._context.store, live, wire)
 
-    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def unmarked_retry(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         return await lost_reply(self._context.store, live, wire)
 
     async def turn(self, turn_id: str) -> Turn:

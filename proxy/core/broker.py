@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any
 
 from proxy.core.answers import Answers
+from proxy.core.chunks import Body
 from proxy.core.context import Context
 from proxy.core.endings import Attendance
 from proxy.core.episodes import LiveEpisode, closed_error
@@ -219,7 +220,7 @@ class Broker:
         episode_id: str,
         dialect: str,
         request: JsonObject,
-        wire: bytes,
+        wire: Body,
         *,
         stream: bool,
         retry: bool | None = False,

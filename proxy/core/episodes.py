@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.core.branches import HEADS_KEPT, Branches, Place
+from proxy.core.chunks import Body
 from proxy.core.endings import failure
 from proxy.core.errors import EpisodeClosed
 from proxy.core.ports import Store
@@ -51,7 +52,7 @@ class LiveEpisode:
     next_seq: int
     tokens: int
     branches: Branches
-    recording: dict[asyncio.Future[None], bytes] = field(default_factory=dict)
+    recording: dict[asyncio.Future[None], Body] = field(default_factory=dict)
     last_answered: Turn | None = None
     loaded_seq: int = 0  # its next seq when this process loaded it: turns before were recorded by another
     handed_over: OrderedDict[str, None] = field(default_factory=OrderedDict)  # its latest replies handed over here

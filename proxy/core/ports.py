@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from proxy.core.chunks import Body
 from proxy.core.values import Answerer, Episode, EpisodeStatus, JsonObject, Reply, Reward, Tally, Turn
 
 
@@ -130,12 +131,12 @@ class SharedDatabase(Protocol):
 
     async def turns(self, turn_ids: Sequence[str]) -> dict[str, Turn]: ...
 
-    async def attach(self, episode_id: str, wire: bytes, *, orphaned: bool = False) -> Turn | None:
+    async def attach(self, episode_id: str, wire: Body, *, orphaned: bool = False) -> Turn | None:
         """The open turn of the episode with this wire body (an SDK retry's), now held by this replica; with
         `orphaned`, only one no agent waits on (its agent hung up, or its replica is gone)."""
         ...
 
-    async def unsent(self, episode_id: str, wire: bytes) -> Turn | None:
+    async def unsent(self, episode_id: str, wire: Body) -> Turn | None:
         """The episode's latest turn, if it is answered and has this wire body (a retry's whose reply was lost)."""
         ...
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from proxy.core.answers import Answers
+from proxy.core.chunks import Body
 from proxy.core.episodes import LiveEpisode
 from proxy.core.open_turns import OpenTurn, Pause
 from proxy.core.values import Turn
@@ -37,11 +38,11 @@ class TurnQueue(Protocol):
         """Record a new turn; pullable unless `held_for` says why not ("pause", "model")."""
         ...
 
-    async def retried(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def retried(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         """The turn an SDK retry (this exact body) belongs to, open or answered, wherever its first attempt landed."""
         ...
 
-    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def unmarked_retry(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         """The turn a call that does not say whether it is a retry (no `x-stainless-retry-count`) belongs to, beyond
         an open turn here no agent waits on: an open turn elsewhere no agent waits on, or the episode's latest turn,
         answered, its reply never handed over (`retries.lost_reply`); None: it is a new call."""

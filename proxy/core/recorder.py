@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from proxy.core.chunks import Body
 from proxy.core.context import Context
 from proxy.core.endings import failure
 from proxy.core.episodes import LiveEpisode, closed_error
@@ -22,7 +23,7 @@ class _Call:
 
     dialect: str
     request: JsonObject
-    wire: bytes
+    wire: Body
     stream: bool
     trainable: bool
     held_for: str | None
@@ -51,7 +52,7 @@ class Recorder:
         live: LiveEpisode,
         dialect: str,
         request: JsonObject,
-        wire: bytes,
+        wire: Body,
         *,
         stream: bool,
         trainable: bool,

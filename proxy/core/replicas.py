@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from proxy.core.answers import Answers
+from proxy.core.chunks import Body
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode, closed_error
 from proxy.core.errors import StorageError
@@ -66,7 +67,7 @@ class Replicas:
                 await self._beating
         await self._database.stop()
 
-    async def retried(self, found: OpenTurn | None, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def retried(self, found: OpenTurn | None, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         """An SDK retry, with the turn this replica found for it (see `retries`): back in every replica's queue if
         its agent had hung up; if this replica found none, the turn its first attempt made on another, open or (a
         trainer answered it since this replica looked) answered."""
@@ -75,14 +76,14 @@ class Replicas:
         self.away(found, False)
         return found
 
-    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def unmarked_retry(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         """The turn a call that does not say whether it is a retry belongs to, wherever its first attempt was made:
         an open turn with its body no agent waits on (its agent hung up, or its replica is gone), or the episode's
         latest turn, answered with its body, its reply handed over by no agent here."""
         found = await self.attach(live, wire, orphaned=True)
         return found or unsent(await self._database.unsent(live.episode.id, wire), live, wire)
 
-    async def attach(self, live: LiveEpisode, wire: bytes, *, orphaned: bool = False) -> OpenTurn | None:
+    async def attach(self, live: LiveEpisode, wire: Body, *, orphaned: bool = False) -> OpenTurn | None:
         """The open turn an SDK retry (this exact body) belongs to, wherever its first attempt was parked (with
         `orphaned`, only one no agent waits on): this replica holds it from now on, and the retry waits on it."""
         turn = await self._database.attach(live.episode.id, wire, orphaned=orphaned)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from proxy.core.chunks import Body
 from proxy.core.episodes import LiveEpisode
 from proxy.core.open_turns import OpenTurn, OpenTurns
 from proxy.core.ports import Store
@@ -25,7 +26,7 @@ log = logging.getLogger("trajproxy")
 RETRY_LOOKBACK = 16  # an episode's latest answers a retry is matched against (more than its calls at once)
 
 
-async def retried(open_turns: OpenTurns, store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+async def retried(open_turns: OpenTurns, store: Store, live: LiveEpisode, wire: Body) -> OpenTurn | None:
     """The turn an SDK retry with this exact body belongs to: still open (or still being written), or
     answered, its reply lost on the way (the agent hung up, or the proxy stopped before sending it); the
     retry then gets that reply again."""
@@ -44,7 +45,7 @@ async def retried(open_turns: OpenTurns, store: Store, live: LiveEpisode, wire: 
     return await replayed(store, live, wire)
 
 
-async def replayed(store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+async def replayed(store: Store, live: LiveEpisode, wire: Body) -> OpenTurn | None:
     """The answered turn an SDK retry with this exact body belongs to, as an open turn that replays its reply."""
     answered = live.last_answered
     if answered is None or answered.wire != wire:  # not the last answer this process gave: ask the store
@@ -55,13 +56,13 @@ async def replayed(store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn | N
     return _replay(answered)
 
 
-def orphaned(open_turns: OpenTurns, episode_id: str, wire: bytes) -> bool:
+def orphaned(open_turns: OpenTurns, episode_id: str, wire: Body) -> bool:
     """Whether a call has the body of an open turn no agent waits on (its agent hung up, or an earlier process
     recorded it): its first attempt is gone, so it is that turn's retry whether or not its SDK says so."""
     return any(t.exchanges == 0 and t.turn.wire == wire for t in open_turns.of_episode(episode_id))
 
 
-async def lost_reply(store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+async def lost_reply(store: Store, live: LiveEpisode, wire: Body) -> OpenTurn | None:
     """For a call that does not say whether it is a retry: the episode's latest turn, as an open turn that replays
     its reply, if it has this exact body and was answered with no agent here handed the reply (the agent hung up
     before it came, or an earlier process stopped before sending it). One process per database: the episode's
@@ -78,7 +79,7 @@ async def lost_reply(store: Store, live: LiveEpisode, wire: bytes) -> OpenTurn |
     return unsent(latest, live, wire)
 
 
-def unsent(latest: Turn | None, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+def unsent(latest: Turn | None, live: LiveEpisode, wire: Body) -> OpenTurn | None:
     """`latest` (the episode's latest turn) as a replay of its reply, if it has this body and is answered, its reply
     handed over to no agent here."""
     if latest is None or latest.status is not TurnStatus.ANSWERED or latest.wire != wire:

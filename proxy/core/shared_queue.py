@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from proxy.core.answers import Answer, Answers, Outcome, Target, handed_out_again, same_reply
+from proxy.core.chunks import Body
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed
@@ -54,11 +55,11 @@ class SharedQueue:
     def parked(self, open_turn: OpenTurn) -> None:
         self._replicas.parked(open_turn)  # a trainer elsewhere may have answered it already
 
-    async def retried(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def retried(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         found = await retried(self._context.open_turns, self._context.store, live, wire)
         return await self._replicas.retried(found, live, wire)
 
-    async def unmarked_retry(self, live: LiveEpisode, wire: bytes) -> OpenTurn | None:
+    async def unmarked_retry(self, live: LiveEpisode, wire: Body) -> OpenTurn | None:
         return await self._replicas.unmarked_retry(live, wire)
 
     def away(self, open_turn: OpenTurn) -> None:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from proxy.core.chunks import Body
 from proxy.core.ids import TokenIds
 
 JsonObject = dict[str, Any]
@@ -217,7 +218,7 @@ class Turn:
     seq: int
     dialect: str
     request: JsonObject
-    wire: bytes
+    wire: Body  # its body as sent: bytes, or the chunks it arrived in (a continued call's, never joined)
     stream: bool
     status: TurnStatus
     created_at: float

@@ -203,7 +203,7 @@ def _output(turn: Turn) -> list[JsonObject]:
 
 
 def _response(turn: Turn, output: list[JsonObject], status: str) -> JsonObject:
-    wire = orjson.loads(turn.wire) if turn.wire else {}
+    wire = orjson.loads(bytes(turn.wire)) if turn.wire else {}
     usage = turn.reply.usage if turn.reply else None
     truncated = status == "completed" and turn.reply is not None and turn.reply.finish_reason == "length"
     return {

@@ -31,7 +31,7 @@ from proxy.dialects.gemini import METHODS, GeminiDialect
 from proxy.dialects.responses import ResponsesDialect
 from proxy.http import prefix
 from proxy.http.counting import CountTokens
-from proxy.http.edge import JSON, agent_key, disconnected, error_headers, parse_json, read_body, respond, status_of
+from proxy.http.edge import JSON, agent_key, disconnected, error_headers, parse_json, read_chunks, respond, status_of
 from proxy.settings import Settings
 
 Continuation = Callable[[Episode, JsonObject, Call], Awaitable[Call]]
@@ -195,13 +195,14 @@ class AgentCall:
         headers: Mapping[bytes, bytes] = dict(scope["headers"])
         try:
             episode = await broker.authenticate(agent_key(key, headers))
-            raw = await read_body(scope, receive, settings.max_body_bytes)
+            raw = await read_chunks(scope, receive, settings.max_body_bytes)
             live = broker.live(episode.id)
             known = live.last_body if live is not None and self._continued is None else None
             extended = prefix.extend(known, raw, dialect) if known is not None else None
             if extended is not None:
                 parsed = extended.call
             else:
+                raw = bytes(raw)  # read whole: joined, once (a continued call's stays in the chunks it came in)
                 body = parse_json(raw)
                 parsed = dialect.parse(body)
                 if self._continued is not None:

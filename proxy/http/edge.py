@@ -28,6 +28,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.core import errors
+from proxy.core.chunks import Body, Chunks
 from proxy.core.values import KEY_PREFIX, JsonObject
 
 STATUS: dict[type[errors.TrajproxyError], int] = {
@@ -85,6 +86,12 @@ DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its l
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     """The whole request body, refused (PayloadTooLarge) once it is declared or read past `limit_bytes`: what is left
     of it is read and dropped first, up to `DROPPED_BYTES` more (`drop_body`)."""
+    return bytes(await read_chunks(scope, receive, limit_bytes))
+
+
+async def read_chunks(scope: Scope, receive: Receive, limit_bytes: int) -> Body:
+    """`read_body`, the body left in the chunks it arrived in where there were more than one: an agent's call holds
+    its whole conversation, which joined would be copied once more on every turn."""
     declared = declared_length(scope)
     if declared is not None and declared > limit_bytes:
         if declared <= limit_bytes + DROPPED_BYTES:  # the whole of it, none read yet
@@ -104,7 +111,9 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    return b"".join(chunks)
+    if len(chunks) > 1:
+        return Chunks(chunks)
+    return chunks[0] if chunks else b""
 
 
 def declared_length(scope: Scope) -> int | None:

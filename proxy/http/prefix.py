@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeGuard
 
 import orjson
 
+from proxy.core.chunks import Body, chunked
 from proxy.core.errors import BadRequest
 from proxy.core.values import Extension, JsonObject
 from proxy.dialects.dialect import Call, Dialect
@@ -55,7 +56,7 @@ class LastBody:
 
     __slots__ = ("dialect", "end", "raw", "request", "tail", "turn_id")
 
-    def __init__(self, turn_id: str, dialect: str, raw: bytes, request: JsonObject, end: int | None, tail: bytes):
+    def __init__(self, turn_id: str, dialect: str, raw: Body, request: JsonObject, end: int | None, tail: bytes):
         self.turn_id, self.dialect, self.raw, self.request = turn_id, dialect, raw, request
         self.end, self.tail = end, tail  # end None: not looked for yet
 
@@ -69,20 +70,22 @@ class Extended:
         self.call, self.extension, self.tail = call, extension, tail
 
 
-def extend(last: LastBody | None, raw: bytes, dialect: Dialect) -> Extended | None:
+def extend(last: LastBody | None, raw: Body, dialect: Dialect) -> Extended | None:
     """The call, if its body is `last`'s with messages added (None: parse it whole)."""
     if last is None or last.dialect != dialect.name or not extendable(dialect):
         return None
+    read = chunked(raw)
     if last.end is None:
-        if len(raw) <= len(last.raw) or raw[:256] != last.raw[:256]:  # no scan for a body that cannot extend it
+        if len(raw) <= len(last.raw) or not read.same_start(last.raw, 256):  # no scan for a body that cannot extend it
             return None
-        if (found := messages_end(last.raw, len(last.request))) is None:
+        earlier = last.raw = bytes(last.raw)  # scanned whole, once a chain
+        if (found := messages_end(earlier, len(last.request))) is None:
             return None
-        last.end, last.tail = found, last.raw[found:]
+        last.end, last.tail = found, earlier[found:]
     end, tail = last.end, last.tail
-    if len(raw) <= end + len(tail) or not raw.endswith(tail) or not raw.startswith(memoryview(last.raw)[:end]):
+    if len(raw) <= end + len(tail) or not read.endswith(tail) or not read.same_start(last.raw, end):
         return None
-    added = raw[end : len(raw) - len(tail)].lstrip(_SPACE)
+    added = read.slice(end, len(raw) - len(tail)).lstrip(_SPACE)
     if not added.startswith(b","):
         return None
     try:
@@ -105,7 +108,7 @@ def extend(last: LastBody | None, raw: bytes, dialect: Dialect) -> Extended | No
     return Extended(call, Extension(last.turn_id, len(old), end), tail)
 
 
-def remember(turn_id: str, dialect: Dialect, raw: bytes, call: Call, extended: Extended | None) -> LastBody | None:
+def remember(turn_id: str, dialect: Dialect, raw: Body, call: Call, extended: Extended | None) -> LastBody | None:
     """What the episode's next call is read against, where it may be read so (a large body in a dialect whose
     request is its body)."""
     if len(raw) < EXTEND_FROM or not extendable(dialect) or not isinstance(call.request, dict):

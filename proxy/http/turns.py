@@ -210,7 +210,7 @@ def turn_view(turn: Turn) -> JsonObject:
         "model": turn.model,
         "stream": turn.stream,
         "request": turn.request,
-        "wire": None if turn.dialect == "chat" else orjson.Fragment(turn.wire),  # chat: the same as request
+        "wire": None if turn.dialect == "chat" else orjson.Fragment(bytes(turn.wire)),  # chat: the same as request
         "lease_id": turn.lease_id,
         "deliveries": turn.deliveries,
         "created_at": turn.created_at,

@@ -258,7 +258,7 @@ class TurnWrite:
         """The pieces not known to be stored (to write first), and the turn's row."""
         turn, contents = self._turn, self._contents
         if len(turn.wire) < INLINE_BELOW:
-            inline = {"base_id": None, "whole_seq": None, "wire_parts": turn.wire}
+            inline = {"base_id": None, "whole_seq": None, "wire_parts": bytes(turn.wire)}
             return [], [(self._statement, [self._shape(turn_row(turn) | inline | {"request_parts": _json(turn)})])]
         last = contents._last.get(turn.episode_id)
         if self._cut is None:
@@ -329,7 +329,7 @@ def _cut(turn: Turn, last: _Last | None) -> Cut:
     what follows that turn's part of it (`pieces.extended`)."""
     extension = turn.extends
     if extension is None or last is None or last.id != extension.turn_id or last.messages != extension.messages:
-        return cut(turn.wire, turn.request)
+        return cut(bytes(turn.wire), turn.request)
     before = Cut(last.wire, last.ends, last.request, {})
     return extended(turn.wire, turn.request["messages"], before, extension.shared_bytes, extension.messages)
 

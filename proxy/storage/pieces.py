@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.chunks import Body
 from proxy.core.values import JsonObject
 
 MIN_PIECE = 512  # a cut leaves at least this much before it (measured from 64 to 4096: RESULTS.md, section 30)
@@ -183,7 +184,7 @@ def cut(wire: bytes, request: Any) -> Cut:
     return Cut(_hashed(pieces, data), _ends(pieces, 0), _hashed(request_pieces(request), data), data)
 
 
-def extended(wire: bytes, messages: Sequence[Any], before: Cut, shared_bytes: int, shared_messages: int) -> Cut:
+def extended(wire: Body, messages: Sequence[Any], before: Cut, shared_bytes: int, shared_messages: int) -> Cut:
     """`cut(wire, request)` of a call whose wire body's first `shared_bytes` (to the end of its last message) and
     first `shared_messages` messages are an earlier call's, cut as `before`, and whose request is otherwise that
     call's (`proxy.core.values.Extension`): the earlier pieces are kept up to its last cut before the shared bytes
@@ -195,7 +196,10 @@ def extended(wire: bytes, messages: Sequence[Any], before: Cut, shared_bytes: in
     kept = bisect_left(before.ends, shared_bytes)  # the earlier pieces ending before the shared bytes do
     start = before.ends[kept - 1] if kept else 0
     data: dict[bytes, bytes] = {}
-    pieces = wire_pieces(wire, start)
+    if isinstance(wire, bytes):
+        pieces = wire_pieces(wire, start)
+    else:  # only what follows the kept pieces is copied out of the chunks: a cut depends on the bytes after it alone
+        pieces = wire_pieces(after) if (after := wire.slice(start, len(wire))) else []
     new = [orjson.dumps(message) for message in messages[shared_messages:]]
     return Cut(
         before.wire[:kept] + _hashed(pieces, data),

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Integer, bindparam, cast, column, func, insert, or_, select, text, update, values
 from sqlalchemy.exc import SQLAlchemyError
 
+from proxy.core.chunks import Body, chunked
 from proxy.core.errors import StorageError
 from proxy.core.values import Turn, TurnStatus
 from proxy.storage.content import TURN_SETTLED, turn_state
@@ -139,8 +140,11 @@ _VERSION = text(
 _PAUSE_STATE = text("SELECT name, value FROM control WHERE name IN ('pause', 'policy_version')")
 
 
-def wire_hash(wire: bytes) -> str:
-    return hashlib.sha256(wire).hexdigest()
+def wire_hash(wire: Body) -> str:
+    digest = hashlib.sha256()
+    for part in chunked(wire).parts:
+        digest.update(part)
+    return digest.hexdigest()
 
 
 class PostgresQueue:
@@ -239,7 +243,7 @@ class PostgresQueue:
         found = await self._transaction(lambda conn: turns_of(conn, conn.execute(stmt).all()))
         return {turn.id: turn for turn in found}
 
-    async def attach(self, episode_id: str, wire: bytes, *, orphaned: bool = False) -> Turn | None:
+    async def attach(self, episode_id: str, wire: Body, *, orphaned: bool = False) -> Turn | None:
         params = {"me": self.replica, "episode_id": episode_id, "wire_hash": wire_hash(wire)}
 
         def run(conn: Connection) -> list[Turn]:
@@ -251,7 +255,7 @@ class PostgresQueue:
         found = await self._transaction(run)
         return found[0] if found else None
 
-    async def unsent(self, episode_id: str, wire: bytes) -> Turn | None:
+    async def unsent(self, episode_id: str, wire: Body) -> Turn | None:
         params = {"episode_id": episode_id, "wire_hash": wire_hash(wire)}
         found = await self._transaction(lambda conn: turns_of(conn, list(conn.execute(_UNSENT, params))))
         return found[0] if found else None

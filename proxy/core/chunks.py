@@ -1,10 +1,12 @@
-"""A server's answer read as the chunks it arrived in, never joined whole.
+"""Bytes read as the chunks they arrived in, never joined whole where a reader can do without.
 
 A served turn's answer holds the whole conversation's prompt ids (vLLM's echo, `prompt_token_ids`): about 600 KB of
-JSON at 100k tokens, arriving in a handful of chunks. Joined into one `bytes` it is copied once more, into memory
-faulted in afresh, on every turn. `Chunks` answers what reading the echo needs where the bytes lie: where a short
-text is (`find`, in C, a chunk at a time and across their seams), whether some text lies at a place (`startswith`),
-a short stretch copied out (`slice`) and a long one viewed (`views`).
+JSON at 100k tokens, arriving in a handful of chunks; an agent's call holds its whole conversation too (about 400 KB).
+Joined into one `bytes`, each is copied once more, into memory faulted in afresh, on every turn. `Chunks` answers what
+reading them needs where the bytes lie: where a short text is (`find`, in C, a chunk at a time and across their
+seams), whether some text lies at a place (`startswith`, `endswith`, `same_start`), a short stretch copied out
+(`slice`) and a long one viewed (`views`). It equals the bytes it holds (`==`, either way round), and `bytes()` of it
+joins them once, for the readers that need them whole.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import accumulate
+from typing import TypeAlias
 
 
 class Chunks:
     """Bytes in chunks, read at offsets into their whole."""
 
     __slots__ = ("_chunks", "_starts", "size")
+    __hash__ = None  # type: ignore[assignment]  # equal to bytes, whose hash it does not compute
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks = [chunk for chunk in chunks if chunk] or [b""]
@@ -25,7 +29,48 @@ class Chunks:
         self.size = self._starts[-1] + len(self._chunks[-1])
 
     def joined(self) -> bytes:
-        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        """The bytes whole: joined the first time, then held so (the chunks let go)."""
+        if len(self._chunks) > 1:
+            self._chunks, self._starts = [b"".join(self._chunks)], [0]
+        return self._chunks[0]
+
+    __bytes__ = joined
+
+    @property
+    def parts(self) -> tuple[bytes, ...]:
+        """The chunks, in order (none empty, but for no bytes at all)."""
+        return tuple(self._chunks)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Chunks):
+            return other.size == self.size and self.same_start(other, self.size)
+        if isinstance(other, bytes):
+            return len(other) == self.size and self.startswith(other, 0)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Chunks({self.size} bytes in {len(self._chunks)})"
+
+    def endswith(self, text: bytes | memoryview) -> bool:
+        return len(text) <= self.size and self.startswith(text, self.size - len(text))
+
+    def same_start(self, other: bytes | Chunks, end: int) -> bool:
+        """Whether the first `end` bytes are `other`'s (a memcmp a chunk of each at a time)."""
+        if not 0 <= end <= min(self.size, len(other)):
+            return False
+        if isinstance(other, bytes):
+            return self.startswith(memoryview(other)[:end], 0)
+        return all(self.startswith(view, at) for at, view in other._placed(end))
+
+    def _placed(self, end: int) -> Iterable[tuple[int, memoryview]]:
+        """Views of the first `end` bytes, each with where it starts."""
+        at = 0
+        for view in self.views(0, end):
+            yield at, view
+            at += len(view)
 
     def find(self, sub: bytes, start: int = 0) -> int:
         """Where `sub` first lies at or after `start` (an offset from the start: none is counted from the end, as
@@ -79,3 +124,11 @@ class Chunks:
 
     def _chunk_at(self, at: int) -> int:
         return bisect_right(self._starts, at) - 1
+
+
+Body: TypeAlias = bytes | Chunks  # an agent's request body: read in one chunk, bytes; in more, Chunks
+
+
+def chunked(data: Body) -> Chunks:
+    """The bytes as Chunks (one, where they are bytes)."""
+    return data if isinstance(data, Chunks) else Chunks((data,))
