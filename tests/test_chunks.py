@@ -3,12 +3,15 @@ same calls on the joined bytes say, wherever the chunks were cut."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
+from typing import Any
 
 import pytest
 
 from proxy.core.chunks import Chunks
+from proxy.http.edge import read_chunks
 
 
 def cuts(rng: random.Random, data: bytes) -> list[bytes]:
@@ -42,7 +45,8 @@ def test_reads_in_chunks_are_the_joined_bytes_reads(seed: int) -> None:
     assert chunks == data and data == chunks and chunks == same and (chunks != same) is False
     assert chunks != data + b"a" and chunks != Chunks([data, b"a"]) and chunks != data.decode()
     assert b"".join(chunks.parts) == data and len(chunks) == len(data)
-    assert bytes(chunks) == data and chunks.parts == (data,)  # joined once, then held so
+    parts = chunks.parts
+    assert bytes(chunks) == data and chunks.parts == parts  # joined into a new object: the chunks left as they were
 
 
 def test_views_are_into_the_chunks_not_copies() -> None:
@@ -57,3 +61,22 @@ def test_no_chunks_read_as_empty() -> None:
     assert (empty.size, empty.joined(), empty.find(b"a"), empty.startswith(b"", 0)) == (0, b"", -1, True)
     some = Chunks([b"ab", b"c"])
     assert [some.find(b"", at) for at in (2, 3, 4)] == [b"abc".find(b"", at) for at in (2, 3, 4)] == [2, 3, -1]
+
+
+def test_a_body_read_in_a_few_chunks_is_kept_in_them_and_one_trickled_in_many_is_joined() -> None:
+    """`read_chunks` over ASGI's messages: one chunk is given as it came, a few as Chunks, many joined."""
+
+    def read(chunks: list[bytes]) -> Any:
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+        async def receive() -> Any:
+            return messages.pop(0)
+
+        return asyncio.run(read_chunks({"type": "http", "headers": []}, receive, 1 << 20))
+
+    one = b"x" * 1000
+    assert read([one]) is one and read([b""]) == b""
+    few = read([b"ab", b"", b"cd"])
+    assert isinstance(few, Chunks) and few == b"abcd" and few.parts == (b"ab", b"cd")
+    many = read([b"%d," % i for i in range(200)])
+    assert isinstance(many, bytes) and many == b"".join(b"%d," % i for i in range(200))

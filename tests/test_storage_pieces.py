@@ -9,6 +9,7 @@ import asyncio
 import io
 import random
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import orjson
 import pytest
 import sqlalchemy
 
+from proxy.core.chunks import Chunks
 from proxy.core.values import (
     Episode,
     EpisodeStatus,
@@ -194,14 +196,18 @@ def test_requests_and_lists_round_trip() -> None:
 
 def test_turns_cut_against_their_last_turn_name_each_piece_by_one_object_across_episodes() -> None:
     """The writer thread holds each episode's last turn's lists of hashes (`Contents`), every piece named by one
-    object however many episodes hold it; a turn cut against its last turn looks up only the hashes it cut anew."""
-    contents, dialect = Contents("sqlite"), ChatDialect()
+    object however many episodes hold it; a turn cut against its last turn looks up only the hashes it cut anew.
+    The second episode's bodies arrive in chunks (`Chunks`, cut whole for its first call, from its last kept piece on
+    for the rest): its lists are the first's."""
+    contents, dialect, rng = Contents("sqlite"), ChatDialect(), random.Random(5)
     calls = conversation("chat", 3 * CHAIN // 2, seed=5)  # two episodes of the same calls: every piece shared
     for episode_id in ("ep_a", "ep_b"):
         last: prefix.LastBody | None = None
-        for seq, (wire, _) in enumerate(calls):
+        for seq, (whole, _) in enumerate(calls):
+            cuts = sorted(rng.choices(range(len(whole)), k=4))
+            wire = whole if episode_id == "ep_a" else Chunks(whole[a:b] for a, b in pairwise([0, *cuts, len(whole)]))
             extended = prefix.extend(last, wire, dialect) if last is not None else None
-            call = extended.call if extended is not None else dialect.parse(orjson.loads(wire))
+            call = extended.call if extended is not None else dialect.parse(orjson.loads(whole))
             turn = Turn(
                 id=new_id("tu"),
                 episode_id=episode_id,
@@ -220,8 +226,8 @@ def test_turns_cut_against_their_last_turn_name_each_piece_by_one_object_across_
             write.committed()
             last = prefix.remember(turn.id, dialect, wire, call, extended)
     a, b = contents._last["ep_a"], contents._last["ep_b"]
-    whole = cut(bytes(turn.wire), turn.request)  # the last call, cut whole
-    assert a.wire == b.wire == whole.wire and a.request == b.request == whole.request
+    cut_whole = cut(bytes(turn.wire), turn.request)  # the last call, cut whole
+    assert a.wire == b.wire == cut_whole.wire and a.request == b.request == cut_whole.request
     assert all(x is y for x, y in zip(a.wire, b.wire, strict=True))
     assert all(x is y for x, y in zip(a.request, b.request, strict=True))
 

@@ -6,7 +6,7 @@ Joined into one `bytes`, each is copied once more, into memory faulted in afresh
 reading them needs where the bytes lie: where a short text is (`find`, in C, a chunk at a time and across their
 seams), whether some text lies at a place (`startswith`, `endswith`, `same_start`), a short stretch copied out
 (`slice`) and a long one viewed (`views`). It equals the bytes it holds (`==`, either way round), and `bytes()` of it
-joins them once, for the readers that need them whole.
+joins them, for the few readers that need them whole.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ class Chunks:
         self.size = self._starts[-1] + len(self._chunks[-1])
 
     def joined(self) -> bytes:
-        """The bytes whole: joined the first time, then held so (the chunks let go)."""
-        if len(self._chunks) > 1:
-            self._chunks, self._starts = [b"".join(self._chunks)], [0]
-        return self._chunks[0]
+        """The bytes whole, joined (a copy) where there are more chunks than one. The chunks are left as they are:
+        a turn's body is read by the event loop and by the database writer's thread at once."""
+        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
 
     __bytes__ = joined
 

@@ -81,6 +81,8 @@ def status_of(error: errors.TrajproxyError) -> int:
 
 
 DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its limit before the refusal
+# A body read in more chunks than this is joined: each chunk kept costs a Python object and a step of every read
+_CHUNKS_KEPT = 64
 
 
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
@@ -111,9 +113,9 @@ async def read_chunks(scope: Scope, receive: Receive, limit_bytes: int) -> Body:
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    if len(chunks) > 1:
+    if 1 < len(chunks) <= _CHUNKS_KEPT:
         return Chunks(chunks)
-    return chunks[0] if chunks else b""
+    return b"".join(chunks)  # one chunk (the same object), none, or a body trickled in many: joined
 
 
 def declared_length(scope: Scope) -> int | None:

@@ -95,6 +95,8 @@ class GranianFront:
             # The app's streams are closed first (1012, service restart), while granian still serves them: a worker
             # told to stop drops its upgraded connections as soon as its last HTTP request ends, which the long
             # polls do at once, and a close frame sent after that never left (the client read 1006).
+            # One grace for both waits: a client that never answers its stream's close costs no more than it.
+            grace_ends = self._loop.time() + self.graceful_s
             self._ending.begin()
             if self._streams:
                 await asyncio.wait(set(self._streams), timeout=self.graceful_s)
@@ -102,7 +104,7 @@ class GranianFront:
                 signal_.set()  # no new connections; requests in flight go on
             for sock in self.sockets:
                 sock.close()  # granian listens on duplicates: the sockets given are closed here, as uvicorn does
-            await self._end_in_flight()
+            await self._end_in_flight(grace_ends)
             await lifespan.shutdown()
             _log.info("Application shutdown complete.")
 
@@ -160,10 +162,12 @@ class GranianFront:
             self._in_flight.discard(task)
             self._streams.discard(task)
 
-    async def _end_in_flight(self) -> None:
-        """Let requests in flight finish for `graceful_s`, then cancel the rest (parked calls clean up as they go)."""
-        if self._in_flight:
-            await asyncio.wait(set(self._in_flight), timeout=self.graceful_s)
+    async def _end_in_flight(self, grace_ends: float) -> None:
+        """Let requests in flight finish until the grace ends, then cancel the rest (parked calls clean up as they
+        go)."""
+        assert self._loop is not None
+        if self._in_flight and (left_s := grace_ends - self._loop.time()) > 0:
+            await asyncio.wait(set(self._in_flight), timeout=left_s)
         left = set(self._in_flight)
         for task in left:
             task.cancel()
