@@ -7,9 +7,9 @@ process's open turns and store, or the database replicas share; everything else 
 
 `LocalQueue` is the queue of a process that is its database's only one: its open turns are the queue. A pull leases
 from them, waiting for a turn if none is ready; a lease lives in memory only, costing no write: after a restart its
-turn is parked again, and a reply naming it still lands (`_before_restart`). A reply is checked against the open
-turns and recorded in the store before its agent hears it (`LocalReplies`). A restart loses no turn: `start` takes
-back the open turns the store holds, for their agents' retries to find.
+turn is parked again, and a reply naming it still lands (`delivery_before_restart`). A reply is checked against the
+open turns and recorded in the store before its agent hears it (`LocalReplies`). A restart loses no turn: `start`
+takes back the open turns the store holds, for their agents' retries to find.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from proxy.core.context import Context
 from proxy.core.endings import UNRECORDED
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, NotFound, StorageError, TrajproxyError, TurnClosed, UpstreamError
-from proxy.core.open_turns import OpenTurn, Pause, delivery_of
+from proxy.core.open_turns import OpenTurn, Pause, delivery_before_restart, handed_out_again
 from proxy.core.prefixes import extension_of
 from proxy.core.recovery import adopt, left_open
 from proxy.core.retries import lost_reply, retried
@@ -299,7 +299,11 @@ class LocalReplies:
         targets: list[Target | TrajproxyError | None] = []
         for turn_id, _, lease_id in answers:
             open_turn = self._context.open_turns.get(turn_id)
-            if open_turn is not None and lease_id is not None and (before := _before_restart(open_turn.turn, lease_id)):
+            if (
+                open_turn is not None
+                and lease_id is not None
+                and (before := delivery_before_restart(open_turn.turn, lease_id))
+            ):
                 open_turn.turn = replace(open_turn.turn, deliveries=before)  # the delivery its reply names is recorded
             elif open_turn is not None and lease_id is not None and open_turn.turn.lease_id != lease_id:
                 targets.append(handed_out_again(turn_id, lease_id))
@@ -370,26 +374,10 @@ class LocalReplies:
                 self._pending.pop(turn.id, None)
 
 
-def _before_restart(turn: Turn, lease_id: str) -> int | None:
-    """The delivery a lease names, if an earlier process handed it out: leases live in memory, so a turn taken back
-    after a restart is parked, and a lease on it with a later delivery than this process knows can be no other.
-    Its trainer's reply lands."""
-    delivery = delivery_of(turn.id, lease_id)
-    if turn.status is not TurnStatus.PARKED or delivery is None:
-        return None
-    return delivery if delivery > turn.deliveries else None
-
-
 def _sent_under(reply: Reply, answerer: Answerer, version: str | None) -> Reply:
     """A model's reply, named for its model and for the policy version its call was sent under: a call in flight
     while the trainer resumes with new weights was answered by the old ones (`pause` mode `keep`)."""
     return replace(reply, answered_by=answerer.spec, policy_version=reply.policy_version or version)
-
-
-def handed_out_again(turn_id: str, lease_id: str | None) -> Conflict:
-    return Conflict(
-        f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; this reply was not recorded"
-    )
 
 
 def same_reply(recorded: Reply, offered: Reply) -> bool:

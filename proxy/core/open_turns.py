@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
-from proxy.core.errors import BadRequest, Paused
+from proxy.core.errors import BadRequest, Conflict, Paused
 from proxy.core.values import Answerer, Turn, TurnStatus
 
 
@@ -253,6 +253,22 @@ def delivery_of(turn_id: str, lease_id: str) -> int | None:
     """The delivery a lease on this turn names; None if it is not a lease on this turn."""
     named, _, delivery = lease_id.rpartition(".")
     return int(delivery) if named == turn_id and delivery.isdigit() else None
+
+
+def delivery_before_restart(turn: Turn, lease_id: str) -> int | None:
+    """The delivery a lease names, if an earlier process handed it out: leases live in memory, so a turn taken back
+    after a restart is parked, and a lease on it with a later delivery than this process knows can be no other.
+    Its trainer's reply lands."""
+    delivery = delivery_of(turn.id, lease_id)
+    if turn.status is not TurnStatus.PARKED or delivery is None:
+        return None
+    return delivery if delivery > turn.deliveries else None
+
+
+def handed_out_again(turn_id: str, lease_id: str | None) -> Conflict:
+    return Conflict(
+        f"lease {lease_id} on turn {turn_id} has expired and the turn was handed out again; this reply was not recorded"
+    )
 
 
 _DRAIN_POLL_S = 0.02

@@ -12,12 +12,12 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from proxy.core.answers import Answer, Answers, Outcome, Target, handed_out_again, same_reply
+from proxy.core.answers import Answer, Answers, Outcome, Target, same_reply
 from proxy.core.chunks import Body
 from proxy.core.context import Context
 from proxy.core.episodes import LiveEpisode
 from proxy.core.errors import Conflict, NotFound, TrajproxyError, TurnClosed
-from proxy.core.open_turns import OpenTurn, Pause, Pollers, delivery_of, lease_of
+from proxy.core.open_turns import OpenTurn, Pause, Pollers, delivery_of, handed_out_again, lease_of
 from proxy.core.ports import SharedDatabase
 from proxy.core.replicas import Replicas
 from proxy.core.retries import retried
