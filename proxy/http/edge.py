@@ -81,19 +81,24 @@ def status_of(error: errors.TrajproxyError) -> int:
 
 
 DROPPED_BYTES = 1 << 20  # what is still read, and dropped, of a body over its limit before the refusal
-# A body read in more chunks than this is joined: each chunk kept costs a Python object and a step of every read
-_CHUNKS_KEPT = 64
+_CHUNKS_KEPT = 64  # a body read in more chunks is joined: each chunk kept is an object, and a step of every read
 
 
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     """The whole request body, refused (PayloadTooLarge) once it is declared or read past `limit_bytes`: what is left
     of it is read and dropped first, up to `DROPPED_BYTES` more (`drop_body`)."""
-    return bytes(await read_chunks(scope, receive, limit_bytes))
+    return b"".join(await _read(scope, receive, limit_bytes))  # one chunk: the same object
 
 
 async def read_chunks(scope: Scope, receive: Receive, limit_bytes: int) -> Body:
     """`read_body`, the body left in the chunks it arrived in where there were more than one: an agent's call holds
     its whole conversation, which joined would be copied once more on every turn."""
+    chunks = await _read(scope, receive, limit_bytes)  # one chunk is given as it came (a join of one is that object)
+    return Chunks(chunks) if 1 < len(chunks) <= _CHUNKS_KEPT else b"".join(chunks)
+
+
+async def _read(scope: Scope, receive: Receive, limit_bytes: int) -> list[bytes]:
+    """The body's chunks as they were read (`read_body`)."""
     declared = declared_length(scope)
     if declared is not None and declared > limit_bytes:
         if declared <= limit_bytes + DROPPED_BYTES:  # the whole of it, none read yet
@@ -113,9 +118,7 @@ async def read_chunks(scope: Scope, receive: Receive, limit_bytes: int) -> Body:
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    if 1 < len(chunks) <= _CHUNKS_KEPT:
-        return Chunks(chunks)
-    return b"".join(chunks)  # one chunk (the same object), none, or a body trickled in many: joined
+    return chunks
 
 
 def declared_length(scope: Scope) -> int | None:
