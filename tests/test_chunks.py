@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core.chunks import Chunks
+from proxy.core.chunks import Chunks, grown
 from proxy.http.edge import read_chunks
 
 
@@ -54,6 +54,37 @@ def test_views_are_into_the_chunks_not_copies() -> None:
     views = Chunks([first, second]).views(5, 15)
     assert [bytes(view) for view in views] == [b"56789", b"abcde"]
     assert views[0].obj is first and views[1].obj is second
+
+
+def test_a_head_is_the_chunks_that_hold_it_the_last_cut() -> None:
+    first, second, third = b"0123", b"4567", b"89"
+    chunks = Chunks([first, second, third])
+    assert chunks.head(8)[0] is first and chunks.head(8)[1] is second  # at a seam: the chunks themselves
+    assert chunks.head(6) == [first, b"45"] and chunks.head(6)[0] is first
+    assert [chunks.head(n) for n in (0, -1, 1)] == [[], [], [b"0"]]
+    assert b"".join(chunks.head(99)) == b"0123456789"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_body_grown_turn_by_turn_stays_a_few_chunks_each_byte_copied_a_few_times(seed: int) -> None:
+    """A body kept from turn to turn, each turn its head and a few KB more: its bytes are the parts' in order, it
+    stays in a few chunks, its end (a coding agent's tools, large) is never joined, and all the chunks made over 300
+    turns hold a few times the final body's bytes, not once a turn."""
+    rng = random.Random(seed)
+    end = b"]," + b"t" * 50_000 + b"}"
+    body, made = grown([b"{" * 200_000], end), 0
+    seen: set[int] = set()
+    alive: list[bytes] = []  # every part made, held: an id is that object's alone
+    for _ in range(300):
+        added = bytes([rng.randrange(97, 123)]) * rng.randrange(1, 4000)
+        whole = body.joined()[: body.size - len(end)] + added + end
+        body = grown([*body.head(body.size - len(end)), added], end)
+        assert body == whole and body.parts[-1] is end
+        assert len(body.parts) <= 17
+        made += sum(len(part) for part in body.parts if id(part) not in seen and part is not end)
+        seen |= {id(part) for part in body.parts}
+        alive += body.parts
+    assert made < 5 * body.size  # every body made anew: 300 times over
 
 
 def test_no_chunks_read_as_empty() -> None:

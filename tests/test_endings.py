@@ -88,7 +88,7 @@ def test_settled_turns_at_hand_are_bounded_by_number_and_by_what_they_hold(tmp_p
                     seq,
                     wire=one_mib,
                     status=TurnStatus.ANSWERED,
-                    extends=Extension("tu_earlier", seq, MiB - 1024) if seq else None,
+                    extends=Extension("tu_earlier", seq, MiB - 1024, MiB) if seq else None,
                 )
                 for seq in range(100)
             ]

@@ -107,6 +107,33 @@ def test_a_continued_body_reads_as_its_whole_parse(monkeypatch: pytest.MonkeyPat
     assert incremental > 200  # of 270 calls, most extend the one before
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_chain_of_continued_calls_holds_each_byte_a_few_times_not_once_a_turn(layout: Callable[[Any], bytes]) -> None:
+    """Each call of a chain held as its episode's turns hold it (all of them): a continued call's body is the earlier
+    body's bytes up to where they differ and its own after them, so 80 calls of a growing conversation hold a few
+    times its last body's bytes, where each held as it arrived holds 80 bodies; `own_bytes` counts what each adds."""
+    rng = random.Random(5)
+    messages: list[Any] = [{"role": "system", "content": words(rng, 3000)}]
+    last, held, made, owned = None, [], 0, 0
+    seen: set[int] = set()
+    for turn in range(80):
+        messages = [*messages, message(rng, 2 * turn), message(rng, 2 * turn + 1)]
+        raw = in_chunks(rng, layout({"model": "m", "messages": messages, "tools": TOOLS}))
+        extended_ = prefix.extend(last, raw, CHAT)
+        wire = raw if extended_ is None else extended_.wire
+        assert wire == bytes(raw)
+        if extended_ is not None:
+            owned += extended_.extension.own_bytes
+        parts = wire.parts if isinstance(wire, Chunks) else (wire,)
+        made += sum(len(part) for part in parts if id(part) not in seen)
+        seen |= {id(part) for part in parts}
+        held.append(wire)  # as the turns at hand hold them, so that no id is used again
+        last = prefix.remember(f"t{turn}", CHAT, wire, CHAT.parse(parse_json(bytes(raw))), extended_)
+    assert last is not None and last.end is not None  # read incrementally to the end
+    assert made < 6 * len(held[-1]) < sum(map(len, held)) / 5
+    assert owned == made - len(held[0])  # what the first call held, the turns after it did not make
+
+
 BROKEN = [
     b',{"role":"user","content":"x"',  # not JSON
     b',{"role":1,"content":"x"}',  # a message the dialect refuses

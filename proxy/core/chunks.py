@@ -121,11 +121,39 @@ class Chunks:
             i += 1
         return out
 
+    def head(self, end: int) -> list[bytes]:
+        """The first `end` bytes as the chunks that hold them, the last cut (a copy of what it keeps) where `end`
+        falls inside it."""
+        end = min(max(end, 0), self.size)
+        if end == 0:
+            return []
+        i = self._chunk_at(end - 1)
+        cut = end - self._starts[i]
+        last = self._chunks[i]
+        return [*self._chunks[:i], last if cut == len(last) else last[:cut]]
+
     def _chunk_at(self, at: int) -> int:
         return bisect_right(self._starts, at) - 1
 
 
 Body: TypeAlias = bytes | Chunks  # an agent's request body: read in one chunk, bytes; in more, Chunks
+
+
+def grown(parts: list[bytes], end: bytes, most: int = 16) -> Chunks:
+    """Chunks of `parts` then `end`: a body kept from turn to turn, each turn the one before up to its end, a few
+    more parts, and the same end. Where there are more than `most` parts, neighbours are joined until each is over
+    twice the size of the one after it, so that it stays a few chunks, larger towards its start, and each of its
+    bytes is copied a few times in all, not once a turn; `end` is never joined (it can be large: a coding agent's
+    tools follow its messages)."""
+    if len(parts) < most:
+        return Chunks((*parts, end))
+    merged: list[bytes] = []
+    for part in parts:
+        merged.append(part)
+        while len(merged) > 1 and 2 * len(merged[-1]) > len(merged[-2]):
+            last = merged.pop()
+            merged[-1] = merged[-1] + last
+    return Chunks((*merged, end))
 
 
 def chunked(data: Body) -> Chunks:

@@ -195,11 +195,11 @@ class Endings:
 
 
 def held_bytes(turn: Turn) -> int:
-    """About what a settled turn holds in memory: its call as received and as parsed (as much again, or, where its
-    body extends an earlier call's, what it adds: the messages before are that call's values, `proxy.http.prefix`),
-    and the token ids and logprobs of its reply."""
-    shared = turn.extends.shared_bytes if turn.extends is not None else 0
-    size = 2 * len(turn.wire) - shared
+    """About what a settled turn holds in memory: its call as received and as parsed (as much again), or, where its
+    body extends an earlier call's, what it adds to both (its body is that call's bytes up to where they differ, and
+    its messages before are that call's values: `proxy.http.prefix`), and the token ids and logprobs of its reply."""
+    extends = turn.extends
+    size = 2 * len(turn.wire) if extends is None else extends.own_bytes + len(turn.wire) - extends.shared_bytes
     if (reply := turn.reply) is not None:
         for values in (reply.prompt_token_ids, reply.completion_token_ids, reply.logprobs):
             if isinstance(values, TokenIds):  # a served prompt: its own ids (its parent's are its parent's)

@@ -246,6 +246,7 @@ class Extension:
     turn_id: str
     messages: int
     shared_bytes: int
+    own_bytes: int  # of its body's bytes in memory, those not that turn's body's (read against it, it holds those)
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,9 +200,9 @@ class AgentCall:
             known = live.last_body if live is not None and self._continued is None else None
             extended = prefix.extend(known, raw, dialect) if known is not None else None
             if extended is not None:
-                parsed = extended.call
+                parsed, raw = extended.call, extended.wire
             else:
-                raw = bytes(raw)  # read whole: joined, once (a continued call's stays in the chunks it came in)
+                raw = bytes(raw)  # read whole: joined, once (a continued call's: the earlier's bytes, then its own)
                 body = parse_json(raw)
                 parsed = dialect.parse(body)
                 if self._continued is not None:
