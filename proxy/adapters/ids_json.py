@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.chunks import Chunks
+from proxy.core.chunks import Chunks, doubled
 from proxy.core.errors import UpstreamError
 from proxy.core.ids import TokenIds, plain
 from proxy.core.values import JsonObject
@@ -63,19 +63,9 @@ def chained(*arrays: Pieces) -> Pieces:
 
 
 def compacted(array: Pieces, most: int = 16) -> Pieces:
-    """An array's pieces as they are, or, where there are more than `most`, neighbours joined until each piece is over
-    twice the size of the one after it. A text kept from turn to turn gains a few small pieces a turn; so held, it is a
-    few pieces larger and larger towards its start (a handful of comparisons and writes a turn, each in C), and each of
-    its bytes is copied a few times in all (once each time its piece doubles), not once a turn."""
-    if len(array) <= most:
-        return array
-    merged: list[Text] = []
-    for piece in array[1:-1]:
-        merged.append(piece)
-        while len(merged) > 1 and 2 * len(merged[-1]) > len(merged[-2]):
-            last = merged.pop()
-            merged[-1] = b"".join((merged[-1], last))
-    return (b"[", *merged, b"]")
+    """An array's pieces as they are, or, where there are more than `most`, `doubled`: a text kept from turn to turn
+    gains a few small pieces a turn, and so held each of its bytes is copied a few times in all, not once a turn."""
+    return array if len(array) <= most else (b"[", *doubled(array[1:-1]), b"]")
 
 
 def joined(*arrays: Text) -> bytes:

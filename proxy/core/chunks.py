@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import accumulate
-from typing import TypeAlias
+from typing import Any, TypeAlias, overload
 
 
 class Chunks:
@@ -141,19 +141,31 @@ Body: TypeAlias = bytes | Chunks  # an agent's request body: read in one chunk, 
 
 def grown(parts: list[bytes], end: bytes, most: int = 16) -> Chunks:
     """Chunks of `parts` then `end`: a body kept from turn to turn, each turn the one before up to its end, a few
-    more parts, and the same end. Where there are more than `most` parts, neighbours are joined until each is over
-    twice the size of the one after it, so that it stays a few chunks, larger towards its start, and each of its
+    more parts, and the same end. Past `most` parts they are `doubled`, so that it stays a few chunks and each of its
     bytes is copied a few times in all, not once a turn; `end` is never joined (it can be large: a coding agent's
     tools follow its messages)."""
-    if len(parts) < most:
-        return Chunks((*parts, end))
-    merged: list[bytes] = []
+    return Chunks((*(parts if len(parts) < most else doubled(parts)), end))
+
+
+@overload
+def doubled(parts: Iterable[bytes]) -> list[bytes]: ...
+
+
+@overload
+def doubled(parts: Iterable[bytes | memoryview]) -> list[bytes | memoryview]: ...
+
+
+def doubled(parts: Iterable[Any]) -> list[Any]:
+    """Neighbours joined until each part is over twice the size of the one after it: a text that gains a few small
+    parts at its end each turn, so held, is a few parts larger and larger towards its start (a handful of comparisons
+    and writes a turn, each in C), and each of its bytes is copied once each time its part doubles."""
+    merged: list[Any] = []
     for part in parts:
         merged.append(part)
         while len(merged) > 1 and 2 * len(merged[-1]) > len(merged[-2]):
             last = merged.pop()
-            merged[-1] = merged[-1] + last
-    return Chunks((*merged, end))
+            merged[-1] = b"".join((merged[-1], last))
+    return merged
 
 
 def chunked(data: Body) -> Chunks:
