@@ -140,11 +140,10 @@ def cut_echo(content: Chunks, where: str, known: Pieces = _EMPTY) -> Echo | None
     `where="choice"`) left out as text; None where the answer holds no such echo, or one not as servers write it.
     `known`: ids the echo is expected to begin with (those sent, or the parent's), compared where the echo lies (one
     comparison of bytes a piece); only the text after them is checked for what it holds."""
-    found = _echo_at(content)
+    found = _echo_at(content, known)
     if found is None:
         return None
-    start, end = found
-    head = _held(content, start, known)
+    start, head, end = found
     rest = content.slice(head, end)  # all of the echo where it does not begin with `known`
     if rest.translate(None, _DIGITS) != (b"]" if head > start else b"[]"):  # one pass in C, over what is not known
         return None
@@ -175,11 +174,12 @@ def _held(content: Chunks, at: int, known: Pieces) -> int:
     return end if content.slice(end, end + 1) in (b",", b"]") else at
 
 
-def _echo_at(content: Chunks) -> tuple[int, int] | None:
-    """Where the value of the answer's one `"prompt_token_ids"` key lies, an array up to its first `]`; None where
-    there is no such key, more than one, or its value does not open an array. The name is searched for in C, around
-    the array (of digits and commas, which `cut_echo` checks, and so not holding the name): a regex search would step
-    through every digit."""
+def _echo_at(content: Chunks, known: Pieces) -> tuple[int, int, int] | None:
+    """Where the value of the answer's one `"prompt_token_ids"` key lies, an array up to its first `]`, and where in
+    it the ids of `known` end (`_held`); None where there is no such key, more than one, or its value does not open an
+    array. The name is searched for in C, around the array (of digits and commas, which `cut_echo` checks, and so not
+    holding the name): a regex search would step through every digit. The array's end is searched for after the ids
+    known (digits and commas, which `_held` compared): the echo's bytes are read once, not again for its end."""
     found = None
     at = content.find(_NAME)
     while at >= 0:
@@ -190,10 +190,13 @@ def _echo_at(content: Chunks) -> tuple[int, int] | None:
         if found is not None:
             return None
         start = at + key.end()
-        end = content.find(b"]", start) + 1
-        if content.slice(start, start + 1) != b"[" or not end:
+        if content.slice(start, start + 1) != b"[":
             return None
-        found = (start, end)
+        head = _held(content, start, known)
+        end = content.find(b"]", head) + 1
+        if not end:
+            return None
+        found = (start, head, end)
         at = content.find(_NAME, end)
     return found
 
