@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -40,6 +42,60 @@ def test_a_front_closes_the_sockets_it_served_on_when_it_stops(server: str) -> N
     thread.join(timeout=15)
     assert not thread.is_alive(), f"{server} did not stop"
     assert listening.fileno() == -1
+
+
+def test_uvicorn_hands_the_app_each_body_chunk_as_read_not_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body that arrives a chunk at a time reaches the app as the chunks httptools made, each the same object:
+    uvicorn's own copies every chunk into a bytearray and out again (an agent's call is its whole conversation)."""
+    from proxy.servers import uvicorn_front
+
+    made: list[bytes] = []
+    on_body = uvicorn_front._BoundedProtocol.on_body
+
+    def recorded(self: uvicorn_front._BoundedProtocol, body: bytes) -> None:
+        made.append(body)
+        on_body(self, body)
+
+    monkeypatch.setattr(uvicorn_front._BoundedProtocol, "on_body", recorded)
+    given: list[bytes] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while True:
+            message = await receive()
+            given.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    served = front("uvicorn", app, [listening], log_level="warning", graceful_s=1)
+    thread = threading.Thread(target=asyncio.run, args=(served.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not served.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    parts = [bytes([65 + i]) * 100_000 for i in range(4)]
+    try:
+        with socket.create_connection(listening.getsockname(), timeout=20) as client:
+            client.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % sum(map(len, parts)))
+            for part, sent in zip(parts, itertools.accumulate(map(len, parts)), strict=True):
+                client.sendall(part)
+                while sum(map(len, made)) < sent:  # httptools has it all
+                    assert time.monotonic() < deadline + 20, "the server did not read the body"
+                    time.sleep(0.01)
+                time.sleep(0.05)  # and the app, mostly, reads it before the next part is sent
+            assert client.recv(1024).startswith(b"HTTP/1.1 200")
+    finally:
+        served.stop()
+        thread.join(timeout=15)
+    assert b"".join(given) == b"".join(parts)
+    # a chunk the app read alone is the object httptools made (uvicorn's own: always a copy); two read before the
+    # app read are joined
+    assert any(any(body is chunk for chunk in made) for body in given)
 
 
 def test_a_connections_writable_event_waits_while_writing_is_paused_and_holds_no_deque_until_then() -> None:
