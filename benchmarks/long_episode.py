@@ -7,9 +7,11 @@ three ways side by side, a turn of each in turn: a served `vllm:` policy in toke
 parking (the benchmark answers as the trainer, with the usage). Each way has a trajproxy of its own (`trajproxy
 serve` on a fresh SQLite file), so its CPU (every thread's, from /proc, while the turn was made) and its database are
 its own; the policy is `vllm_standin.py`, a stand-in for vLLM in a process of its own, so that only trajproxy's work
-counts. Printed: CPU per turn against the context (mean over turns 10-29 and 100-119, their ratio, and the slope in
-ms per 1k tokens of context, least squares), the turns per second one core answers near 100k tokens, and the bytes
-each database holds after the episode (less an empty one's) against the final prompt's ids at 4 bytes each.
+counts. Beside them, the floor: `relay_floor.py` carries chat mode's traffic on trajproxy's HTTP stack and keeps
+nothing (way `relay`), so what a turn's bytes cost that stack alone is measured in the same run. Printed: CPU per
+turn against the context (mean over turns 10-29 and 100-119, their ratio, and the slope in ms per 1k tokens of
+context, least squares), the turns per second one core answers near 100k tokens, and the bytes each database holds
+after the episode (less an empty one's) against the final prompt's ids at 4 bytes each.
 `--tokenizer` names the model folders whose tokenizers to run with (default: the tiny model the tests build, and
 SmolLM2's where ~/.cache/trajproxy holds it); `--check-template every` renders the whole conversation on every
 continued turn (`served.template_differs`), as before issue 48. `--before DIR` (again for more) runs each way through
@@ -43,7 +45,7 @@ from measured_server import Server, trajproxy
 from integrations.train.vllm import free_port
 from testkit.vllm_server import CACHE, TINY_MODEL_SCRIPT, build_tiny_model
 
-WAYS = ("tokens", "chat", "plain")
+WAYS = ("tokens", "chat", "plain")  # trajproxy's; and `relay`, the floor (relay_floor.py: chat's traffic, nothing kept)
 TOOLS = [
     {
         "type": "function",
@@ -71,7 +73,7 @@ class Way:
 
     name: str
     server: Server
-    database: Path
+    database: Path | None  # None: the relay, which keeps nothing
     tree: str = "this"
     episode: str = ""
     key: str = ""
@@ -93,18 +95,27 @@ def tool_result(rng: random.Random) -> str:
 
 
 @contextlib.contextmanager
-def standin(model_dir: Path) -> Iterator[str]:
+def started(script: str, *arguments: str, timeout_s: float = 30) -> Iterator[Server]:
+    """One of this folder's servers (`vllm_standin.py`, `relay_floor.py`) on a free port, until the block ends."""
     port = free_port()
-    command = [sys.executable, str(Path(__file__).parent / "vllm_standin.py"), str(port), str(model_dir)]
-    server = start_pinned(command, f"http://127.0.0.1:{port}/health", timeout_s=120, pinned=False)
+    command = [sys.executable, str(Path(__file__).parent / script), str(port), *arguments]
+    server = start_pinned(command, f"http://127.0.0.1:{port}/health", timeout_s=timeout_s, pinned=False)
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield Server(f"http://127.0.0.1:{port}", server.pid)
     finally:
         server.terminate()
         server.wait()
 
 
+@contextlib.contextmanager
+def standin(model_dir: Path) -> Iterator[str]:
+    with started("vllm_standin.py", str(model_dir), timeout_s=120) as server:
+        yield f"{server.url}/v1"
+
+
 def begin(client: httpx.Client, way: Way, api_base: str, check: Any) -> None:
+    if way.name == "relay":
+        return
     body: dict[str, Any] = {"task": f"long episode, {way.name}"}
     if way.name != "plain":
         options = {"api_base": api_base, "mode": way.name, "max_tokens": 64, "check_template": check}
@@ -118,7 +129,7 @@ def turn(client: httpx.Client, way: Way, result: str, context: int) -> None:
     """One turn of the agent's, its trajproxy's CPU and the prompt's tokens recorded; the conversation goes on with the
     call as given and the tool's result."""
     body = {"model": "policy", "messages": way.messages, "tools": TOOLS}
-    headers = {"Authorization": f"Bearer {way.key}"}
+    headers = {"Authorization": f"Bearer {way.key or 'relayed'}"}
     main, others = way.server.cpu_ns()
     if way.name == "plain":
         answered: dict[str, Any] = {}
@@ -150,8 +161,10 @@ def call(client: httpx.Client, way: Way, body: dict[str, Any], headers: dict[str
     return response
 
 
-def stored_bytes(database: Path) -> int:
-    """What the database file holds once its log is checkpointed."""
+def stored_bytes(database: Path | None) -> int:
+    """What the database file holds once its log is checkpointed (none: the relay's)."""
+    if database is None:
+        return 0
     with contextlib.closing(sqlite3.connect(database)) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         pages = db.execute("PRAGMA page_count").fetchone()[0] - db.execute("PRAGMA freelist_count").fetchone()[0]
@@ -175,6 +188,7 @@ def run(
                 database = Path(scratch) / f"{name}-{len(ways)}.db"
                 server = stack.enter_context(trajproxy(f"sqlite:///{database}", tree, None))
                 ways.append(Way(name, server, database, tree.name if tree else "this"))
+        ways.append(Way("relay", stack.enter_context(started("relay_floor.py", api_base)), None, "relay_floor.py"))
         empty = stored_bytes(ways[0].database)
         for way in ways:
             begin(client, way, api_base, check)
@@ -182,7 +196,7 @@ def run(
             for way in ways[i % len(ways) :] + ways[: i % len(ways)]:
                 context = ways[0].context[-1] if ways[0].context else 0
                 turn(client, way, result, context)
-        return [summary(way, stored_bytes(way.database) - empty) for way in ways]
+        return [summary(way, stored_bytes(way.database) - empty if way.database else 0) for way in ways]
 
 
 def summary(way: Way, stored: int) -> dict[str, Any]:

@@ -216,8 +216,7 @@ class _BoundedProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         # uvicorn's own, but the chunk httptools made is handed to the app as it is: uvicorn appends every chunk to a
         # bytearray and copies that out to bytes for the app, two copies of each byte of a body (an agent's call holds
-        # its whole conversation: 0.07 ms of CPU a 450 KB body, RESULTS.md section 46). Two chunks read before the
-        # app reads are joined, once.
+        # its whole conversation: RESULTS.md section 46). Two chunks read before the app reads are joined, once.
         cycle = self.cycle
         if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
             return
