@@ -1,8 +1,9 @@
-"""A floor for a served chat turn's cost: a relay on trajproxy's HTTP stack (uvicorn with httptools and uvloop in
+"""A yardstick for a served chat turn's cost: a relay on trajproxy's HTTP stack (uvicorn with httptools and uvloop in
 front, aiohttp to the policy's server) that reads an agent's call, sends it on as it came, reads the answer (which
-echoes every prompt id) and hands the agent that answer without the echo. It parses, checks and keeps nothing, and
-joins each body once (trajproxy joins neither): what its CPU per turn grows by with the context is what moving a
-turn's bytes through this stack costs (`long_episode.py`'s way `relay`, beside trajproxy's in the same run).
+echoes every prompt id) and hands the agent that answer without the echo. It parses, checks and keeps nothing; it
+copies more than trajproxy (uvicorn's own protocol: each body byte into a bytearray and out again; each body joined
+once), so what its CPU per turn grows by with the context is what a plain relay pays this stack to carry a turn's
+bytes (`long_episode.py`'s way `relay`, beside trajproxy's in the same run).
 
     python benchmarks/relay_floor.py PORT UPSTREAM_API_BASE
 """

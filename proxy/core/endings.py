@@ -197,7 +197,10 @@ class Endings:
 def held_bytes(turn: Turn) -> int:
     """About what a settled turn holds in memory: its call as received and as parsed (as much again), or, where its
     body extends an earlier call's, what it adds to both (its body is that call's bytes up to where they differ, and
-    its messages before are that call's values: `proxy.http.prefix`), and the token ids and logprobs of its reply."""
+    its messages before are that call's values: `proxy.http.prefix`), and the token ids and logprobs of its reply.
+    About: a continued turn's parse is counted at its body's bytes after the shared ones, the end of the body (the
+    tools) with them, though its values are the earlier call's; and what a turn made that the turns after it share
+    (its body's first copy, chunks joined) is no longer counted once it leaves, while they hold it."""
     extends = turn.extends
     size = 2 * len(turn.wire) if extends is None else extends.own_bytes + len(turn.wire) - extends.shared_bytes
     if (reply := turn.reply) is not None:

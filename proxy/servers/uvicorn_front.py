@@ -31,6 +31,8 @@ from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
 from proxy.servers.stopping import Ending
 
 _log = logging.getLogger("trajproxy")
+# uvicorn 0.55 on: a request's body chunks gathered in a bytearray (`cycle.body`), copied out to bytes for the app
+_GATHERS_IN_BYTEARRAY = tuple(int(part) for part in uvicorn.__version__.split(".")[:2]) >= (0, 55)
 
 
 def uvicorn_config(app: Any, limits: Limits, **overrides: Any) -> Any:
@@ -214,14 +216,28 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_body(self, body: bytes) -> None:
-        # uvicorn's own, but the chunk httptools made is handed to the app as it is: uvicorn appends every chunk to a
-        # bytearray and copies that out to bytes for the app, two copies of each byte of a body (an agent's call holds
-        # its whole conversation: RESULTS.md section 46). Two chunks read before the app reads are joined, once.
+        # uvicorn's own, but a chunk the app reads alone is handed to it as httptools made it: uvicorn (0.55) appends
+        # every chunk to a bytearray and copies that out to bytes for the app, two copies of each byte of a body (an
+        # agent's call holds its whole conversation: RESULTS.md section 46). Chunks that arrive before the app reads
+        # are gathered as uvicorn gathers them, in a bytearray. Where uvicorn gathers otherwise (before 0.55), its
+        # own; `tests/test_fronts.py` holds the one it runs with to this.
         cycle = self.cycle
-        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+        if (
+            not _GATHERS_IN_BYTEARRAY
+            or cycle.response_complete
+            or (self.parser.should_upgrade() and self._should_upgrade())
+        ):
+            super().on_body(body)
             return
-        cycle.body = cycle.body + body if cycle.body else body  # type: ignore[assignment]  # bytes(bytes) is itself
-        if len(cycle.body) > HIGH_WATER_LIMIT:
+        held: bytes | bytearray = cycle.body
+        if not held:
+            held = body  # the app gets bytes(body): itself
+        else:
+            if isinstance(held, bytes):
+                held = bytearray(held)
+            held += body
+        cycle.body = held  # type: ignore[assignment]
+        if len(held) > HIGH_WATER_LIMIT:
             self.flow.pause_reading()
         cycle.message_event.set()
 
