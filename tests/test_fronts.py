@@ -104,6 +104,27 @@ def test_uvicorn_hands_the_app_each_body_chunk_as_read_not_a_copy(monkeypatch: p
     assert all(type(body) is bytes for body in given)
 
 
+@pytest.mark.parametrize(
+    ("version", "numbers"),
+    [
+        ("0.55.0", (0, 55, 0)),
+        ("0.56.0rc1", (0, 56, 0)),
+        ("1.0.dev3", (1, 0)),
+        ("0.55.0.post1", (0, 55, 0)),
+        ("0.60.1+local", (0, 60, 1)),
+        ("unknown", ()),
+    ],
+)
+def test_the_uvicorn_version_is_compared_by_its_release_numbers_whatever_its_suffix(
+    version: str, numbers: tuple[int, ...]
+) -> None:
+    """Which body gathering the front keeps is chosen by uvicorn's version: a pre-release or a local build must not
+    stop trajproxy importing (it did, its version read as integers alone)."""
+    from proxy.servers.uvicorn_front import release
+
+    assert release(version) == numbers
+
+
 def test_a_connections_writable_event_waits_while_writing_is_paused_and_holds_no_deque_until_then() -> None:
     """uvicorn's flow control waits on its event only while a client reads too slowly: the event a connection holds
     makes its waiters' deque at its first wait (a parked call's connection is some 380 bytes the smaller)."""

@@ -14,6 +14,7 @@ import collections
 import functools
 import http
 import logging
+import re
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,8 +32,17 @@ from proxy.servers.sockets import KEEP_ALIVE_S, LISTEN_BACKLOG, WEBSOCKET
 from proxy.servers.stopping import Ending
 
 _log = logging.getLogger("trajproxy")
+
+
+def release(version: str) -> tuple[int, ...]:
+    """A version's release numbers (`0.56.0rc1` -> (0, 56, 0), `1.0.dev3` -> (1, 0)): what a comparison with a
+    release needs, whatever suffix a pre-release, a post-release or a local build adds."""
+    numbers = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in numbers.group().split(".")) if numbers else ()
+
+
 # uvicorn 0.55 on: a request's body chunks gathered in a bytearray (`cycle.body`), copied out to bytes for the app
-_GATHERS_IN_BYTEARRAY = tuple(int(part) for part in uvicorn.__version__.split(".")[:2]) >= (0, 55)
+_GATHERS_IN_BYTEARRAY = release(uvicorn.__version__) >= (0, 55)
 
 
 def uvicorn_config(app: Any, limits: Limits, **overrides: Any) -> Any:
