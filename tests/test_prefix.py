@@ -241,7 +241,15 @@ def script(rng: random.Random, system_words: int = 1200) -> list[tuple[str, Any]
     return calls
 
 
-def play(server: Any, trainer: TrainerClient, background: Any, calls: list[tuple[str, Any]]) -> tuple[str, list[Any]]:
+def play(
+    server: Any,
+    trainer: TrainerClient,
+    background: Any,
+    calls: list[tuple[str, Any]],
+    sent: dict[str, str] | None = None,
+) -> tuple[str, list[Any]]:
+    """Plays `calls` in a new episode, each answered with a tool call whose arguments the agent re-serialises; `sent`
+    learns each reply's text and the arguments the trainer sent with it."""
     episode = trainer.create_episode()
     heard: list[Any] = []
     replies: list[Any] = []
@@ -262,10 +270,13 @@ def play(server: Any, trainer: TrainerClient, background: Any, calls: list[tuple
             if kind != "broken":
                 [turn] = trainer.next_turns(episode=episode.id, wait_s=10)
                 seq = turn.seq
-                arguments = '{"path": "a.py",  "n": 1}' if seq % 2 else '{"path":"a.py","n":1}'
-                call_id = "call_1" if seq % 3 == 0 else f"call_{seq}"  # an id given again, with other text
+                call_id = "call_1" if seq % 3 == 0 else f"call_{seq}"  # an id given again (as Kimi-K2's are)...
+                n = seq if call_id == "call_1" else 1  # ...with other arguments
+                arguments = f'{{"path": "a.py",  "n": {n}}}' if seq % 2 else f'{{"path":"a.py","n":{n}}}'
                 call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": arguments}}
                 trainer.reply(turn.id, f"reply {seq}", tool_calls=[call])
+                if sent is not None:
+                    sent[f"reply {seq}"] = arguments
             answer = pending.result(timeout=20)
             heard.append((answer.status_code, answer.json().get("error")))
             if kind == "chat":
@@ -299,7 +310,8 @@ def test_the_server_records_a_continued_call_as_its_whole_parse(
     # bodies of about 300 KB: more than the server reads at once (256 KiB), so each arrives in chunks
     calls = script(random.Random(7), system_words=40_000)
     monkeypatch.setattr(prefix, "EXTEND_FROM", 0)  # every chat body read against the last
-    on, heard_on = play(server, trainer, background, calls)
+    sent: dict[str, str] = {}
+    on, heard_on = play(server, trainer, background, calls, sent)
     live = server.broker.live(on)
     assert live.last_body is not None and live.last_body.end is not None  # the last call was read incrementally
     assert isinstance(live.last_body.raw, Chunks)  # and held in the chunks it came in, never joined
@@ -313,5 +325,13 @@ def test_the_server_records_a_continued_call_as_its_whole_parse(
     assert [t.request for t in turns_on] == [t.request for t in turns_off]
     assert [(t.branch, t.seq) for t in turns_on] == [(t.branch, t.seq) for t in turns_off]
     assert len({t.branch for t in turns_on}) >= 3  # compaction, the other dialect's call and the fork branch off
-    restored = turns_on[-1].request["messages"][-2]["tool_calls"][0]["function"]["arguments"]
-    assert restored in ('{"path": "a.py",  "n": 1}', '{"path":"a.py","n":1}')  # the text sent, not the agent's
+    # every reply the agent sends back re-serialised is recorded with the very arguments sent with it, not the
+    # agent's text, on either path: an id sent again with other arguments included
+    given_back = [
+        (m["content"], m["tool_calls"][0]["function"]["arguments"])
+        for t in turns_on
+        for m in t.request.get("messages", ())
+        if m.get("tool_calls")
+    ]
+    assert len({content for content, _ in given_back}) >= 15
+    assert given_back == [(content, sent[content]) for content, _ in given_back]

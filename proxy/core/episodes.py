@@ -56,7 +56,9 @@ class LiveEpisode:
     last_answered: Turn | None = None
     loaded_seq: int = 0  # its next seq when this process loaded it: turns before were recorded by another
     handed_over: OrderedDict[str, None] = field(default_factory=OrderedDict)  # its latest replies handed over here
-    arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as sent
+    arguments: dict[str, str] = field(default_factory=dict)  # tool call id -> arguments as last sent
+    # where an id was sent other arguments since (Kimi-K2's ids repeat every turn): (id, their value's key) -> those
+    earlier_arguments: dict[tuple[str, int], str] | None = None
     argument_changes: list[str] | None = None  # the ids of `arguments` as they were set or changed (made when first)
     restored: _Restored | None = None  # the latest request whose arguments were restored
     last_body: Any = None  # its latest call as the agent-facing layer reads the next against it (proxy.http.prefix)
@@ -79,11 +81,18 @@ class LiveEpisode:
         if reply.policy_version is not None and reply.policy_version not in self.versions:
             self.versions.append(reply.policy_version)
         for call in (reply.message or {}).get("tool_calls") or ():
-            if self.arguments.get(call["id"]) != call["function"]["arguments"]:
+            given, sent = call["id"], call["function"]["arguments"]
+            if (last := self.arguments.get(given)) != sent:
                 if self.argument_changes is None:
                     self.argument_changes = []
-                self.argument_changes.append(call["id"])
-            self.arguments[call["id"]] = call["function"]["arguments"]
+                self.argument_changes.append(given)
+                if last is not None:  # both kept: an earlier message may carry either
+                    if self.earlier_arguments is None:
+                        self.earlier_arguments = {}
+                    for text in (last, sent):
+                        if (key := _value_key(text)) is not None:
+                            self.earlier_arguments[given, key] = text
+            self.arguments[given] = sent
 
     def handed(self, turn: Turn) -> None:
         """An answered turn's reply was handed over to its agent's connection here (see `retries.lost_reply`)."""
@@ -134,11 +143,23 @@ class LiveEpisode:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict):
                 continue
-            ids.add(call.get("id"))
-            original, echoed = self.arguments.get(call.get("id")), function.get("arguments")
-            if original is not None and original != echoed and _same_json(original, echoed):
+            ids.add(given := call.get("id"))
+            if (original := self._sent_as(given, function.get("arguments"))) is not None:
                 restored.append((at, original))
         return restored
+
+    def _sent_as(self, given: Any, echoed: Any) -> str | None:
+        """The arguments sent under id `given` that `echoed` re-serialises, the last sent first (None: none does, or
+        `echoed` is as sent)."""
+        last = self.arguments.get(given)
+        if last is None or last == echoed:
+            return None
+        if _same_json(last, echoed):
+            return last
+        if self.earlier_arguments is None or (key := _value_key(echoed)) is None:
+            return None
+        earlier = self.earlier_arguments.get((given, key))
+        return earlier if earlier is not None and earlier != echoed and _same_json(earlier, echoed) else None
 
     def side_answerer(self, request: JsonObject) -> Answerer | None:
         """The episode's routing rule that takes this call as a side call, if one does."""
@@ -256,6 +277,14 @@ class LiveEpisodes:
 def closed_error(episode: Episode) -> EpisodeClosed:
     why = f": {episode.reason}" if episode.reason else ""
     return EpisodeClosed(f"episode {episode.id} is {episode.status}{why}; it takes no more calls")
+
+
+def _value_key(arguments: object) -> int | None:
+    """What arguments that parse to the same JSON value share (a hash of its sorted form); None if not JSON."""
+    try:
+        return hash(json.dumps(json.loads(arguments), sort_keys=True)) if isinstance(arguments, str) else None
+    except (ValueError, TypeError):
+        return None
 
 
 def _same_json(a: object, b: object) -> bool:
