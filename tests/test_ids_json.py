@@ -4,6 +4,8 @@ echo read after its parent's ids where it extends them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
@@ -18,6 +20,7 @@ from proxy.adapters.ids_json import (
     joined,
     new_ids,
     pieces,
+    token_ids,
 )
 from proxy.core.chunks import Chunks
 from proxy.core.ids import TokenIds
@@ -136,6 +139,9 @@ def ids_of(ids: IdsJson) -> tuple[tuple[int, ...], tuple[int, ...]]:
         (b"[9,2,3]", b"[1,2]", None),
         (b"[1,2,3]", b"[]", None),  # no parent's ids to extend
         (b"[1,2,,3]", b"[1,2]", None),  # not JSON after them: parsed whole, which says so
+        (b"[1,2,]", b"[1,2]", None),  # a comma and no id (once read as no new ids): parsed whole, which says so
+        (b"[1,2,99999999999999999999999]", b"[1,2]", None),  # past 64 bits: parsed whole, which says so
+        (b"[1,2,9223372036854775808]", b"[1,2]", None),  # past what an id is held in
     ],
 )
 def test_an_echo_extends_its_parents_ids_token_for_token(echo: bytes, before: bytes, new: list[int] | None) -> None:
@@ -167,3 +173,24 @@ def test_a_text_growing_turn_by_turn_is_kept_in_few_pieces_and_copied_a_few_time
     assert most <= 16 + 1
     assert copied < 12 * len(b"".join(text))
     assert compacted(pieces(b"[1,2]")) == pieces(b"[1,2]")  # few pieces: as they are
+
+
+@pytest.mark.parametrize(
+    ("value", "empty", "ids"),
+    [
+        ([0, 7, (1 << 63) - 1], False, True),
+        ([], True, True),
+        ([], False, False),
+        ([True, 2], False, False),  # a bool is an int to Python, and to a sum
+        ([1, 2.0], False, False),
+        ([1, -2], False, False),
+        ([1, 1 << 63], False, False),
+        ([1, 1 << 64], False, False),
+        ([1, "2"], False, False),
+        ([1, None], False, False),
+        ([1, [2]], False, False),
+        ((1, 2), False, False),
+    ],
+)
+def test_token_ids_are_non_negative_integers_that_fit_64_bits(value: Any, empty: bool, ids: bool) -> None:
+    assert token_ids(value, empty=empty) is ids

@@ -23,7 +23,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -36,6 +36,7 @@ _KEPT_BYTES = 64 << 20  # the ids kept for turns' children, all episodes togethe
 _NAME = b'"prompt_token_ids"'
 _ECHO = re.compile(re.escape(_NAME) + rb"\s*:\s*")
 _DIGITS = b"0123456789,"  # an echo as servers write it: compact, non-negative ids
+_PAST_IDS = 1 << 63  # ids are held as signed 64-bit integers (`proxy.core.ids`)
 _KEY_MOST = len(_NAME) + 64  # the name, the colon and the spaces around it, as far as an echo's are looked for
 
 
@@ -208,18 +209,38 @@ def new_ids(echo: Echo) -> list[int] | None:
     if echo.after == b"]":
         return []
     try:
-        return list(orjson.loads(b"[" + echo.after[1:]))
+        ids = orjson.loads(b"[" + echo.after[1:])
     except orjson.JSONDecodeError:  # commas out of place: the whole echo's parse says so
         return None
+    return ids if ids and token_ids(ids) else None  # `,]` is no id; nor one past 64 bits: the whole parse says so
+
+
+def token_ids(value: Any, empty: bool = False) -> TypeGuard[list[int]]:
+    """Whether `value` is a list of token ids: integers from 0 to 2**63 - 1 (no bool, float, string or null), and not
+    empty unless `empty`. In C, a pass or two over a copy as JSON (a prompt's ids are the whole conversation's)."""
+    if not isinstance(value, list) or not (value or empty):
+        return False
+    try:
+        written = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # past 64 bits
+        return False
+    return not written[1:-1].translate(None, _DIGITS) and (not value or max(value) < _PAST_IDS)
 
 
 def answer_of(content: Chunks) -> JsonObject:
     """A server's answer parsed, if it is JSON with choices."""
+    return with_choices(json_object(content))
+
+
+def json_object(content: Chunks) -> JsonObject:
+    """A server's answer parsed, if it is a JSON object."""
     try:
         response = orjson.loads(content.joined())
     except orjson.JSONDecodeError as e:
         raise UpstreamError("the policy's server answered with something other than JSON") from e
-    return with_choices(response)
+    if not isinstance(response, dict):
+        raise UpstreamError("the policy's server answered with JSON that is not an object")
+    return response
 
 
 def with_choices(response: Any) -> JsonObject:

@@ -33,7 +33,18 @@ from typing import Any
 import orjson
 
 from proxy.adapters.chat_templates import ChatTemplate, ChatTemplates, Discontinuity
-from proxy.adapters.ids_json import IdsJson, Pieces, answer_of, chained, compacted, cut_echo, dumped, pieces
+from proxy.adapters.ids_json import (
+    IdsJson,
+    Pieces,
+    answer_of,
+    chained,
+    compacted,
+    cut_echo,
+    dumped,
+    json_object,
+    pieces,
+    token_ids,
+)
 from proxy.adapters.parsers import parser
 from proxy.adapters.renderer import Renderer
 from proxy.adapters.template_messages import TemplateMessages
@@ -88,7 +99,7 @@ class TokenPolicy:
         asked = endpoint.ask(answerer.model, _PLACE, sampling)
         response, sent = await self._asked(endpoint, asked, ids, sent, api_base, timeout_s)
         _, sampled_ids, logprobs, text, why = endpoint.sampled(response)
-        if not isinstance(sampled_ids, list) or not all(isinstance(i, int) for i in sampled_ids):
+        if not token_ids(sampled_ids, empty=True):
             raise UpstreamError("the policy's server answered without the token ids it sampled, which training needs")
         completion = tuple(sampled_ids)
         parent_ids = parent.reply.prompt_token_ids if continued and parent is not None and parent.reply else None
@@ -159,7 +170,7 @@ class TokenPolicy:
         echo = cut_echo(content, "choice", sent)
         if echo is not None and echo.after == b"]":  # it begins with what was sent, and ends there
             return echo.response, sent
-        response = answer_of(content)
+        response = answer_of(content) if endpoint.in_choices else json_object(content)
         read = endpoint.sampled(response)[0]
         if read is not None and ids != read:
             raise UpstreamError("the policy's server read other prompt ids than it was sent")

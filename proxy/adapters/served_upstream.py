@@ -30,6 +30,7 @@ from proxy.adapters.ids_json import (
     dumped,
     new_ids,
     pieces,
+    token_ids,
     with_choices,
 )
 from proxy.adapters.messages_json import MessagesJson
@@ -257,7 +258,7 @@ def _reply(
     extends = None
     if echoed is not None:
         prompt, extends = echoed
-    if not (extends or _int_list(prompt)) or not _int_list(completion, empty=True):
+    if not (extends or token_ids(prompt)) or not token_ids(completion, empty=True):
         raise UpstreamError(
             f"the policy's server answered without the token ids it sampled, which training needs: {server.enable}"
         )
@@ -313,15 +314,6 @@ def _logprobs(choice: JsonObject) -> list[float] | None:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _int_list(value: Any, empty: bool = False) -> bool:
-    if not isinstance(value, list) or (not value and not empty):
-        return False
-    try:  # one pass at C speed (the prompt's ids are the whole conversation's): a float makes the sum a float
-        return isinstance(sum(value), int)
-    except TypeError:  # a string, a null, a list
-        return False
 
 
 def _why(content: bytes, reason: str | None) -> str:

@@ -15,6 +15,7 @@ class TokenEndpoint(Protocol):
     """One inference server's endpoint that takes a prompt as token ids."""
 
     name: str
+    in_choices: bool  # its answer holds what was sampled on `choices` (an OpenAI-shaped answer), or at the top
 
     def url(self, api_base: str) -> str: ...
 
@@ -30,6 +31,7 @@ class VllmCompletions:
     the sampled token's logprob alone; special tokens stay in the text, where tool-call markers may be special."""
 
     name = "vllm"
+    in_choices = True
 
     def url(self, api_base: str) -> str:
         return api_base.rstrip("/") + "/completions"
@@ -62,6 +64,7 @@ class SglangGenerate:
     sampling parameters go in `sampling_params`, `max_tokens` as `max_new_tokens`."""
 
     name = "sglang"
+    in_choices = False  # {"text", "output_ids", "meta_info"}
 
     def url(self, api_base: str) -> str:
         return api_base.rstrip("/").removesuffix("/v1") + "/generate"
