@@ -62,6 +62,8 @@ def test_reset_and_step_walk_an_episode_from_first_call_to_reward(
     assert first.observation is not None
     assert first.observation["messages"][-1] == {"role": "user", "content": "list the files"}
     assert first.observation["tools"] == [BASH]
+    assert first.turn is not None and first.turn.id == first.turn_id and first.turn.lease_id  # typed, lease and all
+    assert first.turn.request == first.observation
 
     mid = trainer.step(episode.id, message=RUN_LS, wait_s=10)
     assert mid.mid() and (mid.reward, mid.discount) == (0.0, 1.0)

@@ -172,6 +172,7 @@ class TimeStep(_Open):
     reward: float | None
     discount: float | None
     turn_id: str | None
+    turn: Turn | None = None  # the whole turn `observation` is the request of: its lease (`lease_id`) and all
     episode: Episode
     rewards: list[Reward]
 
