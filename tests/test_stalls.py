@@ -4,6 +4,7 @@ servers trajproxy runs on: a stalled client holds no socket for longer than the 
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,3 +38,22 @@ def test_a_body_that_stops_arriving_is_answered_408_and_closed(server: Any, trai
     answer = stalled(server.url, path, credentials)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"stopped arriving" in answer
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_client_that_leaves_before_its_body_is_whole_makes_no_turn(server: Any, trainer: TrainerClient) -> None:
+    """What arrived may parse (here, a whole call, 30 bytes short of what its Content-Length says): a call its client
+    hung up on before sending it whole is not the agent's call, and nothing is parked or recorded of it."""
+    episode = trainer.create_episode()
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    address = urlsplit(server.url)
+    with socket.create_connection((address.hostname, address.port), timeout=20) as sock:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {episode.key}\r\ncontent-length: {len(body) + 30}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        time.sleep(0.3)  # the server has read what came
+    # the connection is closed: a call made now on a new one is the episode's first turn
+    assert trainer.next_turns(episode=episode.id, wait_s=1) == []
+    assert trainer.trajectory(episode.id).turns == []

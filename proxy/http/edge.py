@@ -108,8 +108,8 @@ async def _read(scope: Scope, receive: Receive, limit_bytes: int) -> list[bytes]
     size = 0
     while True:
         message = await receive()
-        if message["type"] != "http.request":
-            break
+        if message["type"] != "http.request":  # the client went away: what came is not its call, whatever it parses to
+            raise errors.BadRequest("the client closed its connection before the request body was whole")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
