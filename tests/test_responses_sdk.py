@@ -26,6 +26,9 @@ def agent_for(episode: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0)
 
 
+SHELL_LS = {"id": "call_9", "type": "function", "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}
+
+
 def call_shell(trainer: TrainerClient, call_id: str = "call_9") -> Any:
     turn = trainer.next_turns(wait_s=5)[0]
     trainer.reply(turn.id, tool_calls=[{"id": call_id, "function": {"name": "shell", "arguments": {"cmd": "ls"}}}])
@@ -72,6 +75,37 @@ def test_function_calls_round_trip_with_instructions(server: Any, trainer: Train
         assert turn.request["messages"][1] == {"role": "user", "content": [{"type": "text", "text": "List files."}]}
         trainer.reply(turn.id, "Two files.")
         assert second.result(timeout=5).output_text == "Two files."
+
+
+@pytest.mark.parametrize("reasoning", ["reasoning_content", "reasoning_items"])
+def test_a_reply_sent_back_as_its_output_items_is_the_one_reply_it_was(
+    server: Any, trainer: TrainerClient, background: Any, reasoning: str
+) -> None:
+    """Codex without storage sends the reply's output items back as they came (reasoning, message, function call):
+    the trainer's next turn holds the reply as it was given, one assistant message, its reasoning as it was."""
+    episode = trainer.create_episode()
+    given: dict[str, Any] = {"content": "Let me look.", "tool_calls": [SHELL_LS]}
+    if reasoning == "reasoning_content":
+        given["reasoning_content"] = "I should run ls."
+    else:
+        given["reasoning_items"] = [{"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "e0"}]
+    with agent_for(episode) as client:
+        first = background(client.responses.create, model="gpt-5", input="List files.", tools=TOOLS, store=False)
+        answered = trainer.reply(trainer.next_turns(wait_s=5)[0].id, message=given)
+        output = first.result(timeout=5).output
+        assert [item.type for item in output] == ["reasoning", "message", "function_call"]
+        items: list[Any] = [{"role": "user", "content": "List files."}]
+        items += [item.model_dump(exclude_none=True) for item in output]
+        items.append({"type": "function_call_output", "call_id": "call_9", "output": "a.txt"})
+        second = background(client.responses.create, model="gpt-5", input=items, tools=TOOLS, store=False)
+        turn = trainer.next_turns(wait_s=5)[0]
+        trainer.reply(turn.id, "Two files.")
+        second.result(timeout=5)
+    assert answered.reply is not None and answered.reply.message is not None
+    reply = {k: v for k, v in answered.reply.message.items() if v is not None}
+    _, assistant, tool = turn.request["messages"]
+    assert assistant == reply, assistant
+    assert tool == {"role": "tool", "tool_call_id": "call_9", "content": "a.txt"}
 
 
 def test_previous_response_id_rebuilds_the_conversation(server: Any, trainer: TrainerClient, background: Any) -> None:

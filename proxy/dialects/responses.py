@@ -98,6 +98,9 @@ class ResponsesDialect:
         return _frame("error", {**error, "error": {"type": kind, "message": message}})
 
 
+_OWN_REASONING = "rs_tu_"  # the id `_output` gives a reasoning item it writes from reasoning_content: rs_<turn id>
+
+
 def _add_item(messages: list[JsonObject], item: JsonObject, where: str) -> None:
     kind = item.get("type", "message")
     if kind in ("function_call", "function_call_output"):
@@ -106,7 +109,11 @@ def _add_item(messages: list[JsonObject], item: JsonObject, where: str) -> None:
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise BadRequest(f"an input message needs a role of user, assistant, system or developer, not {role!r}")
-        messages.append({"role": role, "content": _content(item.get("content"), role, f"{where}.content")})
+        content = _content(item.get("content"), role, f"{where}.content")
+        if role == "assistant" and _opened(messages):  # the text after its reply's reasoning: the same reply
+            messages[-1]["content"] = content
+        else:
+            messages.append({"role": role, "content": content})
     elif kind == "function_call":
         call = {
             "id": item.get("call_id"),
@@ -121,7 +128,11 @@ def _add_item(messages: list[JsonObject], item: JsonObject, where: str) -> None:
         content = output if isinstance(output, str) else [_part(part) for part in output]
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": content})
     elif kind == "reasoning":
-        _assistant(messages).setdefault("reasoning_items", []).append(item)
+        assistant = _assistant(messages)
+        if (text := _rendered_reasoning(item)) is not None and "reasoning_items" not in assistant:
+            assistant["reasoning_content"] = assistant.get("reasoning_content", "") + text
+        else:
+            assistant.setdefault("reasoning_items", []).append(item)
     elif kind == "custom_tool_call":  # a freeform tool's call (the Codex CLI's apply_patch), in chat's custom shape
         check_id(item.get("call_id"), f"{where}.call_id")
         call = {
@@ -145,6 +156,31 @@ def _assistant(messages: list[JsonObject]) -> JsonObject:
         return messages[-1]
     messages.append({"role": "assistant", "content": None})
     return messages[-1]
+
+
+def _opened(messages: list[JsonObject]) -> bool:
+    """Whether the last message is a reply begun by its reasoning alone: no text, no tool call yet."""
+    last = messages[-1] if messages else None
+    return (
+        last is not None
+        and last.get("role") == "assistant"
+        and last.get("content") is None
+        and not last.get("tool_calls")
+    )
+
+
+def _rendered_reasoning(item: JsonObject) -> str | None:
+    """The `reasoning_content` a reasoning item was rendered from (`_output`: its id names the turn, its summary the
+    text), where it is one such; None for any other (a trainer's own `reasoning_items`, a hosted model's)."""
+    summary = item.get("summary")
+    if not str(item.get("id", "")).startswith(_OWN_REASONING) or set(item) - {"type", "id", "summary", "status"}:
+        return None
+    if not isinstance(summary, list) or not all(
+        isinstance(part, dict) and part.get("type") == "summary_text" and isinstance(part.get("text"), str)
+        for part in summary
+    ):
+        return None
+    return "".join(part["text"] for part in summary)
 
 
 def _content(content: Any, role: str, where: str) -> Any:
