@@ -25,9 +25,11 @@ from tests.test_export import lines_of
 CALLS = 4
 
 
-def agent(episode: Any, task: str = "count to four", *, calls: int = CALLS) -> list[str]:
-    """Ask `calls` times, each time telling the model what its last answer 'did'; returns what it was told."""
-    messages: list[Any] = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": task}]
+def agent(episode: Any, task: str = "count to four", *, calls: int = CALLS, shots: tuple[Any, ...] = ()) -> list[str]:
+    """Ask `calls` times, each time telling the model what its last answer 'did'; returns what it was told. `shots`:
+    messages written before the task (a worked example, its assistant message made by no call)."""
+    system = {"role": "system", "content": "You are a careful agent."}
+    messages: list[Any] = [system, *shots, {"role": "user", "content": task}]
     answers = []
     with openai.OpenAI(
         base_url=episode.env["OPENAI_BASE_URL"], api_key=episode.key, max_retries=0, timeout=30
@@ -174,20 +176,24 @@ def test_a_forks_replayed_turns_are_marked_in_both_export_shapes(
                 lease_id=turn.lease_id,
                 prompt_token_ids=prompts[i],
                 completion_token_ids=completions[i],
+                logprobs=[-0.5],
             )
 
+    # a worked example before the task: an assistant message no call made, never the policy's to train on
+    shots = ({"role": "user", "content": "count to one"}, {"role": "assistant", "content": "EXAMPLE"})
     parent = trainer.create_episode()
-    running = background(agent, parent)
+    running = background(agent, parent, shots=shots)
     answer_with_tokens(parent.id, ["one", "two", "three", "four"], 0)
     running.result(timeout=30)
     [fork] = trainer.fork(parent.id, 2)
-    running = background(agent, fork)
+    running = background(agent, fork, shots=shots)
     answer_with_tokens(fork.id, ["three", "four"], 2)
     running.result(timeout=30)
 
     [chat] = [line for line in lines_of(server.settings.database_url, tmp_path) if line["episode_id"] == fork.id]
     assistant = [message for message in chat["messages"] if message["role"] == "assistant"]
     assert [(message["content"], message["weight"]) for message in assistant] == [
+        ("EXAMPLE", 0),
         ("one", 0),
         ("two", 0),
         ("three", 1),
@@ -200,6 +206,8 @@ def test_a_forks_replayed_turns_are_marked_in_both_export_shapes(
     assert mine["completion_ids"] == theirs["completion_ids"] == [10, 4, 11, 5, 12, 6, 13]
     assert theirs["loss_mask"] == [1, 0, 1, 0, 1, 0, 1]
     assert mine["loss_mask"] == [0, 0, 0, 0, 1, 0, 1]  # the replayed replies are the parent's, not the fork's
+    assert theirs["logprobs"] == [-0.5, 0.0, -0.5, 0.0, -0.5, 0.0, -0.5]
+    assert mine["logprobs"] == [0.0, 0.0, 0.0, 0.0, -0.5, 0.0, -0.5]  # 0.0 where loss_mask is 0, as documented
 
 
 def test_the_page_shows_an_episodes_forks_as_a_tree(

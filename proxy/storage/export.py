@@ -297,12 +297,11 @@ def _chat_lines(
     """Each branch's last call with its reply. The messages and tools are the agent's own (Codex's `developer`
     role, its `namespace` and `web_search` tools) unless `for_templates`: then `developer` is `system` and only
     function tools are kept, which is what chat templates and SFT loaders accept."""
-    last: dict[int, Any] = {}
-    count: dict[int, int] = {}
+    branches: dict[int, list[Any]] = {}
     for turn in answered:
         if turn.reply.get("message") is not None:
-            last[turn.branch] = turn
-            count[turn.branch] = count.get(turn.branch, 0) + 1
+            branches.setdefault(turn.branch, []).append(turn)
+    last = {branch: turns[-1] for branch, turns in branches.items()}
     replayed = _replayed(answered)
     for branch, turn in sorted(last.items()):
         messages = [
@@ -313,15 +312,17 @@ def _chat_lines(
         tools = turn.request.get("tools") or []
         if for_templates:
             tools = [tool for tool in tools if isinstance(tool, dict) and tool.get("type") == "function"]
-        if replayed:  # a fork: the parent's replies it replayed are not its policy's, so not trained on
-            assistant = [message for message in messages if message["role"] == "assistant"]
-            for number, message in enumerate(assistant):
-                message["weight"] = 0 if number < replayed.get(branch, 0) else 1
+        if replayed:  # a fork: only the replies its own calls made are its policy's to train on
+            made_by = {len(made.request.get("messages", ())): made for made in branches[branch]}  # a reply's place
+            for place, message in enumerate(messages):
+                if message["role"] == "assistant":
+                    maker = made_by.get(place)  # None: no call of this branch made it (a replayed or written example)
+                    message["weight"] = int(maker is not None and maker.answered_by != REPLAYED)
         yield {
             "messages": messages,
             "tools": orjson.dumps(tools).decode(),
             "branch": branch,
-            "turns": count[branch],
+            "turns": len(branches[branch]),
             "last_turn_id": turn.id,
             "policy_version": turn.policy_version,
             "replayed_turns": replayed.get(branch, 0),

@@ -104,10 +104,11 @@ class _Sequence:
             }
         )
         self.completion_ids += between + completion
-        self.loss_mask += [0] * len(between) + [int(turn.answered_by != REPLAYED)] * len(completion)
+        own = turn.answered_by != REPLAYED
+        self.loss_mask += [0] * len(between) + [int(own)] * len(completion)
         logprobs = reply.get("logprobs")
         if self.logprobs is not None and logprobs is not None and len(logprobs) == len(completion):
-            self.logprobs += [0.0] * len(between) + logprobs
+            self.logprobs += [0.0] * len(between) + (logprobs if own else [0.0] * len(completion))
         else:
             self.logprobs = None  # some call came without logprobs for every token
 
