@@ -978,7 +978,6 @@ def test_a_role_holding_a_special_token_is_counted_as_text(agent_fuzz: tuple[Age
     request = Request(encode({"messages": [{"role": "user<|endoftext|>", "content": "hi"}]}))
     counted = fuzz.send(COUNT_TOKENS, episode.key, request)
     assert counted.status_code == 200, counted.text
-    answered = fuzz.send(CHAT, episode.key, request)
-    assert answered.status_code == 200, answered.text
-    fuzz.accepted[episode.id] = [request.body]
+    answered = fuzz.send(CHAT, episode.key, request)  # no role the API has: refused, nothing recorded
+    assert answered.status_code == 400 and "role must be one of" in answered.text, answered.text
     fuzz.check_consistent(answerer)

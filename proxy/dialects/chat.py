@@ -11,6 +11,7 @@ from proxy.core.values import JsonObject, Turn
 from proxy.dialects.dialect import Call, check_id, check_model, messages_of
 
 DONE = b"data: [DONE]\n\n"
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # `function`: the API's older tool result
 
 
 class ChatDialect:
@@ -28,8 +29,14 @@ class ChatDialect:
             message = messages[index]
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"messages[{index}] must be an object with a string 'role'")
+            if message["role"] not in _ROLES:
+                raise BadRequest(f"messages[{index}].role must be one of {', '.join(_ROLES)}, not {message['role']!r}")
+            if not isinstance(message.get("content"), str | list | None):
+                raise BadRequest(f"messages[{index}].content must be a string, an array of content parts or null")
             _check_tool_ids(message, f"messages[{index}]")
         _expect(body, "tools", list, "an array of tool objects")
+        if not all(isinstance(tool, dict) for tool in body.get("tools") or ()):
+            raise BadRequest("tools must be an array of tool objects")
         _expect(body, "stream", bool, "a boolean")
         _expect(body, "stream_options", dict, "an object")
         if body.get("n") not in (None, 1):
