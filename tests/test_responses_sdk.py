@@ -166,3 +166,7 @@ def test_bad_input_is_refused_in_openai_shape(server: Any, trainer: TrainerClien
             client.responses.create(model="m", input=42)  # type: ignore[call-overload]  # the wrong type, on purpose
         with pytest.raises(openai.BadRequestError, match="previous_response_id"):
             client.responses.create(model="m", input="x", previous_response_id="nope")
+        with pytest.raises(openai.BadRequestError, match="'tools' must be an array of tool objects"):
+            client.responses.create(model="m", input="x", tools="shell")  # type: ignore[arg-type]  # on purpose
+        with pytest.raises(openai.BadRequestError, match=r"input\[0\]\.type must be a string"):
+            client.responses.create(model="m", input=[{"type": None, "content": "x"}])  # type: ignore[list-item]

@@ -42,7 +42,9 @@ class ResponsesDialect:
             raise BadRequest("'input' is empty: there is nothing to respond to")
         request = {k: v for k, v in body.items() if k not in CONVERTED}
         request["messages"] = messages
-        if isinstance(tools := body.get("tools"), list):
+        if (tools := body.get("tools")) is not None:
+            if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+                raise BadRequest("'tools' must be an array of tool objects")
             request["tools"] = [_tool(tool) for tool in tools]
         if (choice := body.get("tool_choice")) is not None:
             request["tool_choice"] = (
@@ -103,6 +105,8 @@ _OWN_REASONING = "rs_tu_"  # the id `_output` gives a reasoning item it writes f
 
 def _add_item(messages: list[JsonObject], item: JsonObject, where: str) -> None:
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise BadRequest(f"{where}.type must be a string, not {kind!r}")
     if kind in ("function_call", "function_call_output"):
         check_id(item.get("call_id"), f"{where}.call_id")
     if kind == "message":
