@@ -10,6 +10,7 @@ import json
 import os
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from unittest import mock
@@ -179,10 +180,23 @@ def test_bad_export_arguments_say_what_is_wrong(tmp_path: Path, database_url: st
     assert empty.returncode == 2 and "no trajproxy tables" in empty.stderr
 
 
+def test_where_tells_true_from_1_as_the_web_page_does(tmp_path: Path) -> None:
+    """Python's True == 1 and False == 0; JSON's `true` is not `1`."""
+    url = f"sqlite:///{tmp_path}/trajproxy.db"
+    values = [1, True, 0, False, 1.5]
+    seed(url, len(values), 1, lambda e: {"flag": values[e]})
+    for value in values:
+        lines = lines_of(url, tmp_path, "--where", f"flag={json.dumps(value)}")
+        assert [json.loads(line["metadata"])["flag"] for line in lines] == [value], value
+        assert [type(json.loads(line["metadata"])["flag"]) for line in lines] == [type(value)], value
+
+
 # Flat memory
 
 
-def seed(url: str, episodes: int, turns_per_episode: int) -> None:
+def seed(
+    url: str, episodes: int, turns_per_episode: int, metadata: Callable[[int], dict[str, Any]] = lambda e: {"e": e}
+) -> None:
     """Episodes of answered turns with growing conversations, written straight through the store."""
 
     async def write() -> None:
@@ -190,7 +204,7 @@ def seed(url: str, episodes: int, turns_per_episode: int) -> None:
         await store.open()
         writes = []
         for e in range(episodes):
-            episode = Episode(new_id("ep"), hash_key(new_key()), "t", {"e": e}, EpisodeStatus.FINISHED, float(e))
+            episode = Episode(new_id("ep"), hash_key(new_key()), "t", metadata(e), EpisodeStatus.FINISHED, float(e))
             writes.append(store.add_episode(episode))
             messages: list[Any] = [SYSTEM]
             prompt: tuple[int, ...] = (0,)

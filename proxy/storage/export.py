@@ -26,6 +26,7 @@ Episodes are read a page at a time and their turns streamed, so memory stays fla
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,7 +70,7 @@ class Filters:
     episode_ids: tuple[str, ...] = ()  # these episodes only; empty: all
 
     def keeps(self, metadata: JsonObject, reward: float | None) -> bool:
-        if any(metadata.get(key) != value for key, value in self.metadata.items()):
+        if any(_json(metadata.get(key)) != _json(value) for key, value in self.metadata.items()):
             return False
         if self.min_reward is None and self.max_reward is None:
             return True
@@ -78,6 +79,12 @@ class Filters:
         return (self.min_reward is None or reward >= self.min_reward) and (
             self.max_reward is None or reward <= self.max_reward
         )
+
+
+def _json(value: Any) -> str:
+    """A metadata value as JSON text, compared so as the web page's filter compares it: `true` is not `1`, though
+    in Python True == 1 (json, not orjson: an integer past 64 bits is JSON too)."""
+    return json.dumps(value, sort_keys=True)
 
 
 @dataclass(slots=True)
