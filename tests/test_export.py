@@ -24,6 +24,7 @@ from proxy.core.values import Episode, EpisodeStatus, Reply, Turn, TurnStatus, h
 from proxy.storage.export import Filters, Shape, export, source
 from proxy.storage.sql import SqlStore
 from tests.test_cli import clean_env, trajproxy_script
+from tests.test_storage_upgrade import recorded_by_previous
 from tests.test_trainer_api import agent_for
 
 if TYPE_CHECKING:
@@ -180,6 +181,44 @@ def test_bad_export_arguments_say_what_is_wrong(tmp_path: Path, database_url: st
     assert empty.returncode == 2 and "no trajproxy tables" in empty.stderr
 
 
+def test_what_export_cannot_use_is_refused_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/trajproxy.db"
+    seed(url, 1, 1)
+    other = tmp_path / "other.db"  # a SQLite file of someone else's, with a table named as one of trajproxy's
+    sqlite3.connect(other).execute("CREATE TABLE turn (x INTEGER)").connection.close()
+    out = tmp_path / "out.jsonl"
+    for target, flags, status, said in (
+        (tmp_path / "no-such-folder" / "out.jsonl", [], 2, "cannot write"),
+        (tmp_path, [], 2, f"cannot write {tmp_path}: Is a directory"),
+        (out, ["--database-url", "mysql://u:p@host/db"], 2, "cannot open a mysql database"),
+        (out, ["--database-url", "postgresql://u@host:port/db"], 2, "the database URL is not one"),
+        (out, ["--database-url", f"sqlite:///{other}"], 2, "holds no trajproxy tables"),
+        (out, ["--status", "finshed"], 2, "invalid choice: 'finshed'"),
+    ):
+        done = run_export(url, target, *flags)
+        last = done.stderr.strip().splitlines()[-1]  # argparse says its usage first
+        assert (done.returncode, said in last, "Traceback" in done.stderr) == (status, True, False), done.stderr
+        assert not out.exists(), flags
+    assert run_export(url, out, "--status", "finished").returncode == 0 and out.read_text().count("\n") == 1
+
+
+def test_a_database_an_older_trajproxy_wrote_is_refused_until_it_is_upgraded(database_url: str, tmp_path: Path) -> None:
+    """The columns the export reads are not there until a newer trajproxy opens the database to serve it."""
+    recorded_by_previous(database_url, tmp_path)
+    done = run_export(database_url, tmp_path / "out.jsonl")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "written by an older trajproxy: start `trajproxy serve` on it once to upgrade it" in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+    async def upgrade() -> None:
+        store = SqlStore(database_url)
+        await store.open()
+        await store.close()
+
+    asyncio.run(upgrade())
+    assert lines_of(database_url, tmp_path, "--shape", "tokens")
+
+
 def test_where_tells_true_from_1_as_the_web_page_does(tmp_path: Path) -> None:
     """Python's True == 1 and False == 0; JSON's `true` is not `1`."""
     url = f"sqlite:///{tmp_path}/trajproxy.db"
@@ -189,6 +228,20 @@ def test_where_tells_true_from_1_as_the_web_page_does(tmp_path: Path) -> None:
         lines = lines_of(url, tmp_path, "--where", f"flag={json.dumps(value)}")
         assert [json.loads(line["metadata"])["flag"] for line in lines] == [value], value
         assert [type(json.loads(line["metadata"])["flag"]) for line in lines] == [type(value)], value
+
+
+def test_a_reader_that_stops_early_ends_the_export_quietly(tmp_path: Path) -> None:
+    """`trajproxy export - | head`: the pipe closes before the export is written; no traceback."""
+    url = f"sqlite:///{tmp_path}/trajproxy.db"
+    seed(url, 100, 3)  # more than a pipe's buffer
+    command = [trajproxy_script(), "export", "-", "--database-url", url, "--quiet"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env()) as export:
+        assert export.stdout is not None and export.stderr is not None
+        assert export.stdout.read(10) == b'{"messages'
+        export.stdout.close()
+        said = export.stderr.read().decode()
+        assert export.wait(timeout=60) == 1
+    assert said == ""
 
 
 # Flat memory

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from typing import IO
@@ -11,58 +13,84 @@ from typing import IO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from proxy.core.errors import NotFound, StorageError
-from proxy.storage.export import Filters, count_episodes, export, parse_time, parse_where, source
+from proxy.core.errors import BadRequest, NotFound, StorageError, TrajproxyError
+from proxy.storage.export import Counts, Filters, count_episodes, export, parse_time, parse_where, source
 from proxy.storage.staleness import UNBOUNDED, Staleness
 
 
 def export_command(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
-        filters = Filters(
-            statuses=tuple(args.status),
-            min_reward=args.min_reward,
-            max_reward=args.max_reward,
-            since=parse_time(args.since) if args.since else None,
-            until=parse_time(args.until) if args.until else None,
-            metadata=parse_where(args.where),
-            side_calls=args.side_calls,
-        )
+        filters, staleness = _asked(args)
+        engine = source(args.database_url)
     except ValueError as e:
-        console.print(f"[red]trajproxy export: {e}")
+        _say(console, f"trajproxy export: {e}")
         return 2
-    if args.for_templates and args.shape != "chat":
-        console.print(f"[red]trajproxy export: --for-templates shapes the chat shape only, not --shape {args.shape}")
-        return 2
-    staleness = Staleness(args.max_staleness, args.max_versions)
-    if staleness != UNBOUNDED and args.shape != "tokens":
-        said = f"trajproxy export: --max-staleness and --max-versions bound the tokens shape, not {args.shape}"
-        console.print(said, style="red", markup=False, soft_wrap=True)
-        return 2
-    if args.split_reward and args.shape == "atif":
-        console.print("[red]trajproxy export: --split-reward splits the chat and tokens shapes' reward, not atif's")
+    except (BadRequest, NotFound, StorageError) as e:
+        return _failed(console, e)
+    try:  # opened before any work starts, so that a path it cannot write fails at once
+        out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 (closed below)
+    except OSError as e:
+        engine.dispose()
+        _say(console, f"trajproxy export: cannot write {args.out}: {e.strerror}")
         return 2
     try:
-        engine = source(args.database_url)
-        try:
-            total = count_episodes(engine, filters)
-            with _output(args.out) as out, _progress(console, args.quiet) as progress:
-                task = progress.add_task("exporting", total=total)
-                counts = export(
-                    engine,
-                    out,
-                    args.shape,
-                    filters,
-                    lambda done: progress.advance(task, done),
-                    for_templates=args.for_templates,
-                    split_reward=args.split_reward,
-                    staleness=staleness,
-                )
-        finally:
-            engine.dispose()
-    except (NotFound, StorageError) as e:
-        console.print(f"trajproxy export: {e.message}", style="red", markup=False, soft_wrap=True)
-        return 2 if isinstance(e, NotFound) else 1
+        with _closed(out), _progress(console, args.quiet) as progress:
+            task = progress.add_task("exporting", total=count_episodes(engine, filters))
+            counts = export(
+                engine,
+                out,
+                args.shape,
+                filters,
+                lambda done: progress.advance(task, done),
+                for_templates=args.for_templates,
+                split_reward=args.split_reward,
+                staleness=staleness,
+            )
+    except BrokenPipeError:  # the reader went away (`| head`): nothing to say, and no flush at exit to fail again
+        if args.out == "-":
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        return 1
+    except OSError as e:  # the disk filled, say
+        _discard(args.out)
+        _say(console, f"trajproxy export: cannot write {args.out}: {e.strerror}")
+        return 1
+    except StorageError as e:
+        _discard(args.out)
+        return _failed(console, e)
+    except BaseException:  # Ctrl-C among them: no file left that reads as if it were whole
+        _discard(args.out)
+        raise
+    finally:
+        engine.dispose()
+    _report(console, args, counts, staleness)
+    return 0
+
+
+def _asked(args: argparse.Namespace) -> tuple[Filters, Staleness]:
+    """The filters and staleness bounds the flags ask for; ValueError, in one line, for flags that do not fit."""
+    filters = Filters(
+        statuses=tuple(args.status),
+        min_reward=args.min_reward,
+        max_reward=args.max_reward,
+        since=parse_time(args.since) if args.since else None,
+        until=parse_time(args.until) if args.until else None,
+        metadata=parse_where(args.where),
+        side_calls=args.side_calls,
+    )
+    if args.for_templates and args.shape != "chat":
+        raise ValueError(f"--for-templates shapes the chat shape only, not --shape {args.shape}")
+    staleness = Staleness(args.max_staleness, args.max_versions)
+    if staleness != UNBOUNDED and args.shape != "tokens":
+        raise ValueError(f"--max-staleness and --max-versions bound the tokens shape, not {args.shape}")
+    if args.split_reward and args.shape == "atif":
+        raise ValueError("--split-reward splits the chat and tokens shapes' reward, not atif's")
+    return filters, staleness
+
+
+def _report(console: Console, args: argparse.Namespace, counts: Counts, staleness: Staleness) -> None:
     where = "standard output" if args.out == "-" else args.out
     console.print(
         f"wrote {counts.lines} line(s) ({args.shape} shape) from {counts.episodes} episode(s), "
@@ -72,17 +100,33 @@ def export_command(args: argparse.Namespace) -> int:
     if staleness != UNBOUNDED:
         bounded = counts.bounded
         console.print(f"staleness: {bounded.masked_turns} turn(s) masked, {bounded.dropped_samples} sample(s) left out")
-    return 0
 
 
 @contextlib.contextmanager
-def _output(path: str) -> Iterator[IO[bytes]]:
-    if path == "-":
-        yield sys.stdout.buffer
-        sys.stdout.buffer.flush()
+def _closed(out: IO[bytes]) -> Iterator[None]:
+    """A file closed at the end, standard output flushed (it stays open)."""
+    if out is sys.stdout.buffer:
+        yield
+        out.flush()
         return
-    with open(path, "wb") as out:
-        yield out
+    with out:
+        yield
+
+
+def _discard(path: str) -> None:
+    """Remove an output file the export did not finish (a plain file only: never a device or a pipe it was given)."""
+    with contextlib.suppress(OSError):
+        if path != "-" and stat.S_ISREG(os.lstat(path).st_mode):
+            os.unlink(path)
+
+
+def _failed(console: Console, error: TrajproxyError) -> int:
+    _say(console, f"trajproxy export: {error.message}")
+    return 1 if isinstance(error, StorageError) else 2
+
+
+def _say(console: Console, message: str) -> None:
+    console.print(message, style="red", markup=False, soft_wrap=True)
 
 
 def _progress(console: Console, quiet: bool) -> Progress:

@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 from pkgutil import resolve_name
 
 from proxy import __version__
+from proxy.core.values import EpisodeStatus
 from proxy.settings import Settings
 
 PLUGINS = "trajproxy.commands"
@@ -111,7 +112,13 @@ def _parser() -> argparse.ArgumentParser:
         default="chat",
         help="chat: fine-tuning messages; tokens: token ids and loss mask; atif: Agent Trajectory Interchange Format",
     )
-    export.add_argument("--status", action="append", default=[], help="only episodes with this status (repeatable)")
+    export.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=[status.value for status in EpisodeStatus],
+        help="only episodes with this status (repeatable)",
+    )
     export.add_argument("--min-reward", type=float, help="only episodes whose reward is at least this")
     export.add_argument("--max-reward", type=float, help="only episodes whose reward is at most this")
     export.add_argument("--since", help="only episodes created at or after this (ISO 8601 or unix seconds)")

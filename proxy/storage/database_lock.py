@@ -33,7 +33,7 @@ def database_url(url: str) -> URL:
     password)."""
     try:
         return make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise StorageError(
             "the database URL is not one: expected sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DATABASE"
         ) from None

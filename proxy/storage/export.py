@@ -38,9 +38,9 @@ from typing import IO, Any, Literal
 
 import orjson
 from sqlalchemy import Connection, Engine, and_, create_engine, func, inspect, or_, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from proxy.core.errors import NotFound, StorageError
+from proxy.core.errors import BadRequest, NotFound, StorageError
 from proxy.core.fork_plan import REPLAYED
 from proxy.core.values import JsonObject, episode_return, text_of
 from proxy.settings import key_values
@@ -51,6 +51,7 @@ from proxy.storage.samples import not_continued, sample_lines, turn_failure
 from proxy.storage.sql import episodes, rewards, turns
 from proxy.storage.staleness import UNBOUNDED, Bounded, Staleness, bound, version_order
 from proxy.storage.stored_turns import CHAIN_COLUMNS, ID_COLUMNS, with_requests
+from proxy.storage.upgrade import outdated
 
 Shape = Literal["chat", "tokens", "atif"]
 Lines = Callable[[Any, float | None, dict[str, float], list[Any]], Iterator[Any]]  # one episode's lines in a shape
@@ -97,19 +98,36 @@ class Counts:
 
 
 def source(url: str) -> Engine:
-    """The database to export from; NotFound if it does not exist or trajproxy never served it."""
-    parsed = database_url(engine_url(url))
+    """The database to export from: BadRequest for a URL trajproxy cannot open, NotFound if the database does not
+    exist or trajproxy never served it, StorageError if an older trajproxy wrote it or it fails; each in one line."""
+    try:
+        parsed = database_url(engine_url(url))
+    except StorageError as e:
+        raise BadRequest(e.message) from None
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
         raise NotFound(f"no database at {parsed.database} (see --database-url)")
-    engine = create_engine(parsed)
     try:
-        served = inspect(engine).has_table("turn")
+        engine = create_engine(parsed)
+    except (ArgumentError, ImportError) as e:  # a database SQLAlchemy knows no dialect for, or has no driver for
+        raise BadRequest(
+            f"cannot open a {parsed.get_backend_name()} database ({one_line(e)}): trajproxy reads sqlite:///PATH or "
+            "postgresql://USER:PASSWORD@HOST/DATABASE"
+        ) from None
+    try:
+        served = {"episode", "turn"} <= set(inspect(engine).get_table_names())
+        behind = served and outdated(engine)
     except SQLAlchemyError as e:
         engine.dispose()  # its connection closed now, not left to the garbage collector
-        raise StorageError(f"the database failed: {one_line(getattr(e, 'orig', None) or e)}") from e
+        raise StorageError(f"the database failed: {_said(e)}") from e
     if not served:
         engine.dispose()
         raise NotFound(f"{parsed.render_as_string()} holds no trajproxy tables")
+    if behind:
+        engine.dispose()
+        raise StorageError(
+            f"{parsed.render_as_string()} was written by an older trajproxy: start `trajproxy serve` on it once to "
+            "upgrade it"
+        )
     return engine
 
 
@@ -150,7 +168,7 @@ def export(
                 counts.turns += len(answered)
                 counts.not_continued += sum(1 for turn in answered if turn.reply and not_continued(turn.reply))
     except SQLAlchemyError as e:
-        raise StorageError(f"the database failed: {e}") from e
+        raise StorageError(f"the database failed: {_said(e)}") from e
     return counts
 
 
@@ -161,7 +179,12 @@ def count_episodes(engine: Engine, filters: Filters) -> int:
             query = select(func.count()).select_from(episodes).where(*_where(filters))
             return int(conn.execute(query).scalar_one())
     except SQLAlchemyError as e:
-        raise StorageError(f"the database failed: {e}") from e
+        raise StorageError(f"the database failed: {_said(e)}") from e
+
+
+def _said(error: SQLAlchemyError) -> str:
+    """What the driver said, in one line (SQLAlchemy's own message adds the statement and a link)."""
+    return one_line(getattr(error, "orig", None) or error)
 
 
 def parse_time(text: str) -> float:

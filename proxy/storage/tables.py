@@ -215,15 +215,23 @@ def _answerer_json(answerer: Answerer) -> JsonObject:
     return asdict(answerer)
 
 
+def missing_columns(conn: Connection) -> list[Column[Any]]:
+    """The columns of trajproxy's tables that a database made by an earlier version lacks (every column of a table
+    it lacks)."""
+    found = inspect(conn)
+    tables = set(found.get_table_names())
+    missing: list[Column[Any]] = []
+    for table in SQLModel.metadata.sorted_tables:
+        present = {column["name"] for column in found.get_columns(table.name)} if table.name in tables else set()
+        missing += [column for column in table.columns if column.name not in present]
+    return missing
+
+
 def add_missing_columns(conn: Connection) -> None:
     """Add the columns a database made by an earlier version lacks (create_all skips tables that exist); new
     columns are nullable, so rows written before read as before."""
     postgres = conn.dialect.name == "postgresql"
-    found = inspect(conn)
-    for table in SQLModel.metadata.sorted_tables:
-        present = {column["name"] for column in found.get_columns(table.name)}
-        for column in table.columns:
-            if column.name not in present:
-                kind = column.type.compile(conn.dialect)
-                maybe = "IF NOT EXISTS " if postgres else ""  # replicas starting at once add it once
-                conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {maybe}{column.name} {kind}"))
+    for column in missing_columns(conn):
+        kind = column.type.compile(conn.dialect)
+        maybe = "IF NOT EXISTS " if postgres else ""  # replicas starting at once add it once
+        conn.execute(text(f"ALTER TABLE {column.table.name} ADD COLUMN {maybe}{column.name} {kind}"))

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, bindparam, inspect, text, update
 
 from proxy.storage.content import CHAIN, insert_pieces, turns
 from proxy.storage.pieces import cut, encode_parts, pack
+from proxy.storage.tables import missing_columns
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -50,6 +51,15 @@ _EMPTIED = text("UPDATE turn SET wire = :nothing, request = '{}' WHERE id = :id"
 def needed(engine: Engine) -> bool:
     with engine.connect() as conn:
         return "wire" in {column["name"] for column in inspect(conn).get_columns("turn")}
+
+
+def outdated(engine: Engine) -> bool:
+    """Whether an older trajproxy wrote the database and none since has opened it to serve: tables or columns it
+    lacks, or turns held whole; a store's `open` brings it up to date, and until then the new code cannot read it."""
+    with engine.connect() as conn:
+        if missing_columns(conn):
+            return True
+    return needed(engine)
 
 
 _OWED = "upgrade_vacuum_owed"  # a table there while a SQLite file still holds the dropped columns' pages
