@@ -216,3 +216,15 @@ def test_errors_come_in_googles_shape(server: Any, trainer: TrainerClient) -> No
             client.models.generate_content(model="policy", contents="x")
         assert closed.value.code == 410 and "is finished" in str(closed.value.message)
         assert len(trainer.trajectory(episode.id).turns) == 1  # errors park nothing
+
+
+@pytest.mark.parametrize("method", ["generateContent", "streamGenerateContent", "countTokens"])
+def test_a_nul_in_the_paths_model_is_refused_as_a_bodys_is(server: Any, trainer: TrainerClient, method: str) -> None:
+    episode = trainer.create_episode()
+    url = f"{server.url}/v1beta/models/pol%00icy:{method}?alt=sse"
+    body = {"contents": [{"role": "user", "parts": [{"text": "x"}]}]}
+    refused = httpx.post(url, json=body, headers={"x-goog-api-key": episode.key}, timeout=5)
+    error = refused.json()["error"]
+    assert (refused.status_code, error["code"], error["status"]) == (400, 400, "INVALID_ARGUMENT")
+    assert error["message"] == "the path's model must not contain U+0000"
+    assert trainer.next_turns(episode=episode.id) == [] and trainer.trajectory(episode.id).turns == []

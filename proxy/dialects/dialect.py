@@ -57,10 +57,16 @@ def check_model(body: JsonObject) -> None:
     """A `model`, if the body names one, is a string without U+0000: it is stored as text (Postgres text cannot
     hold a NUL)."""
     model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest(f"'model' must be a string, not {type(model).__name__}")
-    if model is not None and "\x00" in model:
-        raise BadRequest("'model' must not contain U+0000")
+    if model is not None:
+        check_model_name(model, "'model'")
+
+
+def check_model_name(model: Any, where: str) -> None:
+    """A model's name, wherever the call gives it (the body, Gemini's path), is `check_model`'s string."""
+    if not isinstance(model, str):
+        raise BadRequest(f"{where} must be a string, not {type(model).__name__}")
+    if "\x00" in model:
+        raise BadRequest(f"{where} must not contain U+0000")
 
 
 def check_id(value: Any, where: str) -> None:

@@ -21,7 +21,7 @@ import orjson
 
 from proxy.core.errors import BadRequest
 from proxy.core.values import JsonObject, Turn
-from proxy.dialects.dialect import Call, arguments_of, check_id, text_field
+from proxy.dialects.dialect import Call, arguments_of, check_id, check_model_name, text_field
 
 FINISH_REASONS = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 TOOL_MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto"}
@@ -74,6 +74,7 @@ class GeminiDialect:
         return self.method == "streamGenerateContent"
 
     def parse(self, body: JsonObject) -> Call:
+        check_model_name(self.model, "the path's model")  # percent-decoded: `%00` is a U+0000 as in a body's
         if self.method == "countTokens":
             body = _count_request(body)
         contents = body.get("contents")
