@@ -183,3 +183,39 @@ def test_errors_come_in_anthropics_shape(server: Any, trainer: TrainerClient) ->
             agent.messages.create(**hello)
         assert closed.value.status_code == 410
         assert error_body(closed.value.body)["error"]["type"] == "episode_closed"
+
+
+BIG = '{"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("arguments", "given"),
+    [
+        (BIG, {"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}),
+        ("[1, 2]", {"_raw": "[1, 2]"}),  # `input` is an object: JSON that is not one comes as text that is not JSON
+    ],
+)
+def test_a_tool_uses_input_is_its_arguments_object_exactly(
+    server: Any, trainer: TrainerClient, background: Any, stream: bool, arguments: str, given: Any
+) -> None:
+    episode = trainer.create_episode()
+
+    def call() -> Any:
+        with agent_for(episode) as agent:
+            asked: Any = {
+                "model": "claude-x",
+                "max_tokens": 50,
+                "tools": TOOLS,
+                "messages": [{"role": "user", "content": "x"}],
+            }
+            if not stream:
+                return agent.messages.create(**asked)
+            with agent.messages.stream(**asked) as events:
+                return events.get_final_message()
+
+    message = background(call)
+    turn = trainer.next_turns(wait_s=5)[0]
+    trainer.reply(turn.id, tool_calls=[{"id": "toolu_1", "function": {"name": "bash", "arguments": arguments}}])
+    tool_use = message.result(timeout=5).content[0]
+    assert (tool_use.type, tool_use.input) == ("tool_use", given)

@@ -228,3 +228,33 @@ def test_a_nul_in_the_paths_model_is_refused_as_a_bodys_is(server: Any, trainer:
     assert (refused.status_code, error["code"], error["status"]) == (400, 400, "INVALID_ARGUMENT")
     assert error["message"] == "the path's model must not contain U+0000"
     assert trainer.next_turns(episode=episode.id) == [] and trainer.trajectory(episode.id).turns == []
+
+
+BIG = '{"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("arguments", "given"),
+    [
+        (BIG, {"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}),
+        ("[1, 2]", {"_raw": "[1, 2]"}),  # `args` is an object: JSON that is not one comes as text that is not JSON
+    ],
+)
+def test_a_function_calls_args_are_its_arguments_object_exactly(
+    server: Any, trainer: TrainerClient, background: Any, stream: bool, arguments: str, given: Any
+) -> None:
+    episode = trainer.create_episode()
+    with agent_for(episode) as client:
+
+        def call() -> Any:
+            if stream:
+                return list(client.models.generate_content_stream(model="policy", contents="x", config=CONFIG))[-1]
+            return client.models.generate_content(model="policy", contents="x", config=CONFIG)
+
+        response = background(call)
+        turn = trainer.next_turns(wait_s=5)[0]
+        called = {"id": "call_1", "function": {"name": "run_shell_command", "arguments": arguments}}
+        trainer.reply(turn.id, tool_calls=[called])
+        [function_call] = response.result(timeout=5).function_calls
+        assert (function_call.name, function_call.args) == ("run_shell_command", given)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,12 +84,34 @@ def text_field(value: Any, where: str) -> str:
     return value
 
 
-def arguments_of(function: JsonObject) -> Any:
-    """A chat tool call's arguments as the JSON value they encode; text that is not JSON, under `_raw`."""
+def arguments_of(function: JsonObject) -> JsonObject:
+    """A chat tool call's arguments as the JSON object they encode (Anthropic's `input` and Gemini's `args` are
+    objects); text that is not one, under `_raw`. Integers past 64 bits stay as written: orjson reads them as floats
+    (and cannot write them), so arguments with such long numbers are read again by the standard library."""
+    text = function.get("arguments") or "{}"
+    raw = {"_raw": function.get("arguments")}
     try:
-        return orjson.loads(function.get("arguments") or "{}")
+        arguments = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return {"_raw": function.get("arguments")}
+        return raw
+    if not isinstance(arguments, dict):
+        return raw
+    if _LONG_NUMBER.search(text) is None:
+        return arguments
+    # JSON that orjson read (no NaN, no lone surrogate), though maybe nested deeper than the standard library reads
+    try:
+        exact: JsonObject = json.loads(text, parse_int=_exact_int)
+    except RecursionError:
+        return raw
+    return exact
+
+
+_LONG_NUMBER = re.compile(r"\d{19}")  # any integer past 64 bits has as many digits (so do some within)
+
+
+def _exact_int(digits: str) -> Any:
+    """An integer as it was written, where a 64-bit integer cannot hold it (orjson writes a fragment as it is)."""
+    return int(digits) if len(digits.lstrip("-")) < 19 else orjson.Fragment(digits)
 
 
 def agent_env(base_url: str, key: str) -> dict[str, str]:
