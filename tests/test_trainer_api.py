@@ -1075,3 +1075,36 @@ def test_two_servers_in_one_process_share_one_framework_app_and_each_answers_fro
         running.stop()
     (served,) = {framework_app(server.app.table) for server in (first, second)}
     assert isinstance(served, FastAPI)
+
+
+# A reply's fields for the agent in shapes its dialect could not render (each crashed a dialect's rendering: a
+# 500, a cut stream or an SDK's error for the agent, after the reply was recorded), and what the 422 says.
+UNRENDERABLE: list[tuple[dict[str, Any], str]] = [
+    ({"reasoning_content": {"not": "text"}}, "reasoning_content must be a string or null, not dict"),
+    ({"thinking_blocks": "abc"}, "thinking_blocks must be a list of thinking blocks"),
+    ({"thinking_blocks": [{"thinking": "no type"}]}, "thinking_blocks must be a list of thinking blocks"),
+    ({"thinking_blocks": [{"type": "text"}]}, "thinking_blocks must be a list of thinking blocks"),
+    ({"thinking_blocks": [{"type": "thinking", "thinking": 5}]}, "thinking and signature must be strings"),
+    ({"reasoning_items": 5}, "reasoning_items must be a list of reasoning items"),
+    ({"reasoning_items": [{"id": "rs_1"}]}, "reasoning_items must be a list of reasoning items"),
+    ({"reasoning_items": [{"type": "message"}]}, "reasoning_items must be a list of reasoning items"),
+]
+
+
+def test_a_replys_fields_for_the_agent_in_a_shape_no_dialect_renders_are_refused(
+    server: Any, trainer: TrainerClient, lane: Lane, background: Callable[..., Future[Any]]
+) -> None:
+    episode = trainer.create_episode()
+    answer = background(ask_as, episode)
+    [turn] = lane.pull(episode.id, wait_s=5)
+    before = snapshot(server, episode.id)
+    for extras, says in UNRENDERABLE:
+        with pytest.raises(TrajproxyAPIError) as refused:
+            lane.reply(turn.id, message={"content": "hi", **extras}, lease_id=turn.lease_id)
+        assert refused.value.status == 422 and says in refused.value.message, (extras, refused.value)
+        assert "\n" not in refused.value.message
+    assert snapshot(server, episode.id) == before
+    thought = {"type": "thinking", "thinking": "hm", "signature": "s"}
+    rendered = {"reasoning_content": "hm", "thinking_blocks": [thought], "reasoning_items": [{"type": "reasoning"}]}
+    lane.reply(turn.id, message={"content": "hi", **rendered}, lease_id=turn.lease_id)
+    assert answer.result(timeout=10).choices[0].message.content == "hi"

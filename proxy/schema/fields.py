@@ -80,6 +80,40 @@ Json = Annotated[dict[str, Any], AfterValidator(_storable)]
 Metadata = Annotated[dict[str, Any], AfterValidator(lambda value: _storable(value, _no_nul))]
 
 
+# A reply's fields for the agent that its dialect renders itself, and the shape each rendering reads: Anthropic's
+# thinking blocks (a streamed block is rebuilt by its type, its thinking joined as text by the SDK), Responses'
+# reasoning items (a streamed item is rebuilt by its type), and the reasoning every dialect renders as text.
+_THINKING = "thinking_blocks must be a list of thinking blocks: objects of type 'thinking' or 'redacted_thinking'"
+_REASONING = "reasoning_items must be a list of reasoning items: objects of type 'reasoning'"
+
+
+def agent_extras(extras: dict[str, Any]) -> dict[str, Any]:
+    """Refuse a reply's extra fields in a shape its dialect could not render (see the note above)."""
+    reasoning = extras.get("reasoning_content")
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise ValueError(f"reasoning_content must be a string or null, not {type(reasoning).__name__}")
+    blocks = extras.get("thinking_blocks")
+    if not _all_of(blocks, ("thinking", "redacted_thinking")):
+        raise ValueError(_THINKING)
+    if not all(map(_thought_as_text, blocks or ())):
+        raise ValueError("thinking_blocks: a 'thinking' block's thinking and signature must be strings")
+    if not _all_of(extras.get("reasoning_items"), ("reasoning",)):
+        raise ValueError(_REASONING)
+    return extras
+
+
+def _all_of(items: Any, types: tuple[str, ...]) -> bool:
+    """Whether `items` is null or a list of objects, each of one of these types."""
+    if items is None:
+        return True
+    return isinstance(items, list) and all(isinstance(item, dict) and item.get("type") in types for item in items)
+
+
+def _thought_as_text(block: dict[str, Any]) -> bool:
+    """Whether a thinking block's thinking and signature, where it has them, are text: the SDKs join their deltas."""
+    return block["type"] != "thinking" or all(isinstance(block.get(k, ""), str) for k in ("thinking", "signature"))
+
+
 def _no_credentials(options: dict[str, Any]) -> dict[str, Any]:
     secret = [name for name in options if _credential(name)]
     if secret:

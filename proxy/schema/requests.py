@@ -23,6 +23,7 @@ from proxy.schema.fields import (
     _Open,
     _storable,
     _Strict,
+    agent_extras,
 )
 
 
@@ -159,7 +160,8 @@ class ToolCall(_Strict):
 
 
 class Message(_Open):
-    """An assistant message in chat shape; extra fields (`reasoning_content`, …) are passed to the agent."""
+    """An assistant message in chat shape; extra fields are passed to the agent, those its dialect renders in the shape
+    it reads: `reasoning_content` text, `thinking_blocks` (Anthropic) and `reasoning_items` (Responses) lists."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -170,7 +172,7 @@ class Message(_Open):
     @model_validator(mode="after")
     def _storable_extras(self) -> Message:
         if self.model_extra:
-            _storable(self.model_extra)
+            agent_extras(_storable(self.model_extra))
         return self
 
 
