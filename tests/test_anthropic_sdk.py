@@ -219,3 +219,67 @@ def test_a_tool_uses_input_is_its_arguments_object_exactly(
     trainer.reply(turn.id, tool_calls=[{"id": "toolu_1", "function": {"name": "bash", "arguments": arguments}}])
     tool_use = message.result(timeout=5).content[0]
     assert (tool_use.type, tool_use.input) == ("tool_use", given)
+
+
+def test_an_assistant_turn_of_several_blocks_reaches_the_trainer_block_for_block(
+    server: Any, trainer: TrainerClient, background: Any
+) -> None:
+    """An assistant turn a hosted model wrote (text, a web search of its own, more text, a tool use) is not joined
+    into one text, nor its hosted tool's blocks dropped; `disable_parallel_tool_use` says no parallel calls."""
+    search = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "grep"}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    history: list[Any] = [
+        {"role": "user", "content": "Find it."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Searching."},
+                search,
+                found,
+                {"type": "text", "text": "Now grep."},
+                {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "grep -r it"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "here"}]},
+    ]
+    episode = trainer.create_episode()
+    with agent_for(episode) as client:
+        asked = background(
+            client.messages.create,
+            model="claude-x",
+            max_tokens=100,
+            tools=TOOLS,
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+            messages=history,
+        )
+        turn = trainer.next_turns(wait_s=5)[0]
+        trainer.reply(turn.id, "found")
+        asked.result(timeout=5)
+    assistant = turn.request["messages"][1]
+    assert assistant["content"] == [
+        {"type": "text", "text": "Searching."},
+        search,
+        found,
+        {"type": "text", "text": "Now grep."},
+    ]
+    assert [call["id"] for call in assistant["tool_calls"]] == ["toolu_1"]
+    assert (turn.request["tool_choice"], turn.request["parallel_tool_calls"]) == ("auto", False)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("tools", "bash", "tools: must be an array"),
+        ("tools", [5], "tools: must be an array"),
+        ("tool_choice", "any", "tool_choice: must be an object"),
+    ],
+)
+def test_tools_or_a_tool_choice_of_the_wrong_kind_are_refused_not_dropped(
+    server: Any, trainer: TrainerClient, field: str, value: Any, said: str
+) -> None:
+    episode = trainer.create_episode()
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], field: value}
+    with agent_for(episode) as agent, pytest.raises(anthropic.BadRequestError) as refused:
+        agent.post("/v1/messages", body=body, cast_to=httpx.Response)
+    assert said in error_body(refused.value.body)["error"]["message"]
+    assert trainer.trajectory(episode.id).turns == []

@@ -41,15 +41,21 @@ class AnthropicDialect:
             raise BadRequest("messages: the conversation is empty (every message has empty content)")
         request = {k: v for k, v in body.items() if k not in CONVERTED}
         request["messages"] = chat
-        if isinstance(tools := body.get("tools"), list):
+        if (tools := body.get("tools")) is not None:
+            if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+                raise BadRequest("tools: must be an array of tool objects")
             request["tools"] = [_tool(tool) for tool in tools]
-        if isinstance(choice := body.get("tool_choice"), dict):
+        if (choice := body.get("tool_choice")) is not None:
+            if not isinstance(choice, dict):
+                raise BadRequest('tool_choice: must be an object, such as {"type": "auto"}')
             kind = choice.get("type")
             request["tool_choice"] = (
                 {"type": "function", "function": {"name": choice.get("name")}}
                 if kind == "tool"
                 else TOOL_CHOICES.get(str(kind), "auto")
             )
+            if choice.get("disable_parallel_tool_use") is True:
+                request["parallel_tool_calls"] = False
         for source, target in RENAMED.items():
             if source in body:
                 request[target] = body[source]
@@ -128,13 +134,16 @@ def _to_chat(message: JsonObject, index: int) -> list[JsonObject]:
 
 def _assistant(content: list[Any], index: int) -> JsonObject:
     message: JsonObject = {"role": "assistant", "content": None}
-    texts, calls, thinking = [], [], []
+    texts: list[JsonObject] = []  # its content as parts: text, and the blocks chat has no word for
+    calls, thinking = [], []
     for n, block in enumerate(content):
         if not isinstance(block, dict):
             raise BadRequest(f"messages.{index}.content: each block must be an object")
         kind = block.get("type")
         if kind == "text":
-            texts.append(text_field(block.get("text", ""), f"messages.{index}.content.{n}.text"))
+            texts.append(
+                {"type": "text", "text": text_field(block.get("text", ""), f"messages.{index}.content.{n}.text")}
+            )
         elif kind == "tool_use":
             check_id(block.get("id"), f"messages.{index}.content.{n}.id")
             arguments = orjson.dumps(block.get("input", {})).decode()
@@ -147,8 +156,12 @@ def _assistant(content: list[Any], index: int) -> JsonObject:
             )
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(block)
-    if texts:
-        message["content"] = "".join(texts)
+        else:  # a hosted tool's use or result (`server_tool_use`, `web_search_tool_result`, ...): kept as it is
+            texts.append(block)
+    if len(texts) == 1 and texts[0].get("type") == "text":
+        message["content"] = texts[0]["text"]  # one text block: the reply as a text, as a chat reply holds it
+    elif texts:
+        message["content"] = texts  # several blocks: each kept, none joined to the next
     if calls:
         message["tool_calls"] = calls
     if thinking:
