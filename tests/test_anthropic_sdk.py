@@ -185,17 +185,19 @@ def test_errors_come_in_anthropics_shape(server: Any, trainer: TrainerClient) ->
         assert error_body(closed.value.body)["error"]["type"] == "episode_closed"
 
 
-BIG = '{"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}'
+# A tool call's arguments as the trainer writes them, and the object an Anthropic or Gemini agent gets (`input`,
+# `args`): integers past 64 bits as written; JSON that is not an object comes as text that is not JSON does.
+EXACT_ARGUMENTS = [
+    (
+        '{"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}',
+        {"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]},
+    ),
+    ("[1, 2]", {"_raw": "[1, 2]"}),
+]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize(
-    ("arguments", "given"),
-    [
-        (BIG, {"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}),
-        ("[1, 2]", {"_raw": "[1, 2]"}),  # `input` is an object: JSON that is not one comes as text that is not JSON
-    ],
-)
+@pytest.mark.parametrize(("arguments", "given"), EXACT_ARGUMENTS)
 def test_a_tool_uses_input_is_its_arguments_object_exactly(
     server: Any, trainer: TrainerClient, background: Any, stream: bool, arguments: str, given: Any
 ) -> None:

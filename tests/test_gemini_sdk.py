@@ -13,6 +13,7 @@ from google import genai
 from google.genai import errors, types
 
 from proxy.client import TrainerClient
+from tests.test_anthropic_sdk import EXACT_ARGUMENTS
 
 SHELL = types.FunctionDeclaration(
     name="run_shell_command",
@@ -230,17 +231,8 @@ def test_a_nul_in_the_paths_model_is_refused_as_a_bodys_is(server: Any, trainer:
     assert trainer.next_turns(episode=episode.id) == [] and trainer.trajectory(episode.id).turns == []
 
 
-BIG = '{"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}'
-
-
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize(
-    ("arguments", "given"),
-    [
-        (BIG, {"account": 123456789012345678901234567890, "ids": [-98765432109876543210, 7]}),
-        ("[1, 2]", {"_raw": "[1, 2]"}),  # `args` is an object: JSON that is not one comes as text that is not JSON
-    ],
-)
+@pytest.mark.parametrize(("arguments", "given"), EXACT_ARGUMENTS)
 def test_a_function_calls_args_are_its_arguments_object_exactly(
     server: Any, trainer: TrainerClient, background: Any, stream: bool, arguments: str, given: Any
 ) -> None:

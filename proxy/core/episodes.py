@@ -90,8 +90,8 @@ class LiveEpisode:
                     if self.earlier_arguments is None:
                         self.earlier_arguments = {}
                     for text in (last, sent):
-                        if (key := _value_key(text)) is not None:
-                            self.earlier_arguments[given, key] = text
+                        if (value := _json_value(text)) is not _NOT_JSON:
+                            self.earlier_arguments[given, _value_key(value)] = text
             self.arguments[given] = sent
 
     def handed(self, turn: Turn) -> None:
@@ -152,14 +152,14 @@ class LiveEpisode:
         """The arguments sent under id `given` that `echoed` re-serialises, the last sent first (None: none does, or
         `echoed` is as sent)."""
         last = self.arguments.get(given)
-        if last is None or last == echoed:
+        if last is None or last == echoed or (value := _json_value(echoed)) is _NOT_JSON:
             return None
-        if _same_json(last, echoed):
+        if _json_value(last) == value:
             return last
-        if self.earlier_arguments is None or (key := _value_key(echoed)) is None:
+        if self.earlier_arguments is None:
             return None
-        earlier = self.earlier_arguments.get((given, key))
-        return earlier if earlier is not None and earlier != echoed and _same_json(earlier, echoed) else None
+        earlier = self.earlier_arguments.get((given, _value_key(value)))
+        return earlier if earlier is not None and earlier != echoed and _json_value(earlier) == value else None
 
     def side_answerer(self, request: JsonObject) -> Answerer | None:
         """The episode's routing rule that takes this call as a side call, if one does."""
@@ -279,16 +279,17 @@ def closed_error(episode: Episode) -> EpisodeClosed:
     return EpisodeClosed(f"episode {episode.id} is {episode.status}{why}; it takes no more calls")
 
 
-def _value_key(arguments: object) -> int | None:
-    """What arguments that parse to the same JSON value share (a hash of its sorted form); None if not JSON."""
-    try:
-        return hash(json.dumps(json.loads(arguments), sort_keys=True)) if isinstance(arguments, str) else None
-    except (ValueError, TypeError):
-        return None
+_NOT_JSON = object()
 
 
-def _same_json(a: object, b: object) -> bool:
+def _json_value(arguments: object) -> Any:
+    """The JSON value arguments text encodes; `_NOT_JSON` where it is not text, or not JSON."""
     try:
-        return isinstance(a, str) and isinstance(b, str) and json.loads(a) == json.loads(b)
+        return json.loads(arguments) if isinstance(arguments, str) else _NOT_JSON
     except ValueError:
-        return False
+        return _NOT_JSON
+
+
+def _value_key(value: Any) -> int:
+    """What arguments that encode the same JSON value share: a hash of its sorted form."""
+    return hash(json.dumps(value, sort_keys=True))
